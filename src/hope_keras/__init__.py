@@ -1,24 +1,36 @@
 """hope_keras: data-free, Keras-native compression of neural networks.
 
 * `analyze` finds every compressible neuron of a Keras model and scores it (HOPE).
+* `compress` runs the HOPE greedy encoder in place; `slim` rebuilds a smaller model;
+  `Trajectory` saves, loads and replays a run.
 * `reestimate_batchnorm_statistics` refreshes stale BN moving statistics.
+* `derivative_matching` compresses MLPs with analytic activations.
 """
 
 from hope_keras.analysis import Analysis, BlockReport, GroupReport, analyze
 from hope_keras.bn_stats import reestimate_batchnorm_statistics
+from hope_keras.engine import CompressionResult, Encoder, compress
 from hope_keras.graph import ModelGraph, NeuronGroup, Pinned, ResidualBlock, walk
+from hope_keras.slim import slim
+from hope_keras.trajectory import Step, Trajectory
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Analysis",
     "BlockReport",
+    "CompressionResult",
+    "Encoder",
     "GroupReport",
     "ModelGraph",
     "NeuronGroup",
     "Pinned",
     "ResidualBlock",
+    "Step",
+    "Trajectory",
     "analyze",
+    "compress",
     "reestimate_batchnorm_statistics",
+    "slim",
     "walk",
 ]

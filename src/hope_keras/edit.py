@@ -1,0 +1,249 @@
+"""Apply HOPE actions to a Keras model's weights (spec section 5, issue "edits in place").
+
+`ModelEditor` keeps a numpy mirror of the weights it touches, so a step costs a few
+slice assignments, and writes them back into the model's variables on `commit()`.
+Each action runs inside `step()`: if anything (an exception, KeyboardInterrupt)
+interrupts it, the mirror is restored to the last completed step.
+
+The editor decides nothing: the engine (or a replay, or a baseline) tells it what
+to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from hope_keras.graph import ModelGraph, NeuronGroup
+
+
+@dataclasses.dataclass(frozen=True)
+class ParentCoefficients:
+    """How a merged parent is built from its children (spec section 5).
+
+    ``v_k = a1·v_i + a2·v_j`` (augmented folded inputs), ``u_k = m1·u_i + m2·u_j``,
+    and the parent's BN scale and shift are ``gamma``, ``beta``.
+    """
+
+    a1: float
+    a2: float
+    m1: float
+    m2: float
+    gamma: float
+    beta: float
+
+
+class _MirrorLayer:
+    """Read-only view of one layer whose weights come from the editor's mirror."""
+
+    def __init__(self, editor: "ModelEditor", name: str):
+        self._editor = editor
+        self._layer = editor.model.get_layer(name)
+        self.name = name
+
+    def __getattr__(self, attr):
+        if attr in ("kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance"):
+            if getattr(self._layer, attr, None) is None:
+                return None
+            return self._editor.array(self.name, attr)
+        return getattr(self._layer, attr)
+
+
+class _MirrorModel:
+    """Duck-typed model for `hope_keras.neurons.extract_group` over the mirror."""
+
+    def __init__(self, editor: "ModelEditor"):
+        self._editor = editor
+
+    def get_layer(self, name):
+        return _MirrorLayer(self._editor, name)
+
+
+class ModelEditor:
+    """Edits a model's weights in place: prune, merge and evict.
+
+    Args:
+        model: The Keras model to edit.
+        graph: Its `ModelGraph` (from `hope_keras.graph.walk` or `analyze`).
+
+    Example:
+
+    >>> import keras, numpy as np
+    >>> from hope_keras.graph import walk
+    >>> inputs = keras.Input((4,))
+    >>> x = keras.layers.Dense(3)(inputs)
+    >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    >>> editor = ModelEditor(model, walk(model))
+    >>> with editor.step():
+    ...     editor.prune("dense", 1)
+    >>> editor.commit()
+    >>> float(np.abs(model.get_layer("dense_1").kernel.numpy()[1]).sum())
+    0.0
+    """
+
+    def __init__(self, model, graph: ModelGraph):
+        self.model = model
+        self.graph = graph
+        self._arrays: Dict[Tuple[str, str], np.ndarray] = {}
+        self._dirty: set = set()
+        self._undo: List = None
+        self._blocks = {b.name: b for b in graph.blocks}
+
+    # ------------------------------------------------------------------ mirror
+    def array(self, layer: str, attr: str) -> np.ndarray:
+        """The current (possibly edited) value of ``layer.attr`` as numpy."""
+        key = (layer, attr)
+        if key not in self._arrays:
+            var = getattr(self.model.get_layer(layer), attr)
+            self._arrays[key] = np.array(var.numpy())
+        return self._arrays[key]
+
+    def _write(self, layer: str, attr: str, index, values) -> None:
+        arr = self.array(layer, attr)
+        if self._undo is not None:
+            self._undo.append((arr, index, np.array(arr[index])))
+        arr[index] = values
+        self._dirty.add((layer, attr))
+
+    def mirror_model(self) -> _MirrorModel:
+        """A read-only model view over the current mirror (for re-extraction)."""
+        return _MirrorModel(self)
+
+    @contextlib.contextmanager
+    def step(self):
+        """Makes the edits inside atomic: on any exception they are undone."""
+        self._undo = []
+        try:
+            yield
+        except BaseException:
+            for arr, index, old in reversed(self._undo):
+                arr[index] = old
+            raise
+        finally:
+            self._undo = None
+
+    def commit(self) -> None:
+        """Writes every edited array back into the model's variables."""
+        for layer, attr in sorted(self._dirty):
+            getattr(self.model.get_layer(layer), attr).assign(self._arrays[(layer, attr)])
+        self._dirty.clear()
+
+    # ------------------------------------------------------------ channel edits
+    def _consumer_index(self, consumer, channel: int, channels: int):
+        kernel = self.array(consumer.layer, "kernel")
+        if consumer.kind == "conv":
+            return (Ellipsis, channel, slice(None))
+        return (np.arange(channel, kernel.shape[0], channels), slice(None))
+
+    def _zero_channel(self, producer: str, bn: str, channel: int) -> None:
+        """Makes `channel` of producer → BN output exactly zero."""
+        layer = self.model.get_layer(producer)
+        self._write(producer, "kernel", (Ellipsis, channel), 0.0)
+        if getattr(layer, "use_bias", False) and layer.bias is not None:
+            self._write(producer, "bias", channel, 0.0)
+        bn_layer = self.model.get_layer(bn)
+        for attr in ("gamma", "beta"):
+            if getattr(bn_layer, attr, None) is not None:
+                self._write(bn, attr, channel, 0.0)
+        # With γ fixed to 1 (scale=False) the output is (0 − μ)/s + β: zero μ too.
+        self._write(bn, "moving_mean", channel, 0.0)
+
+    def _group(self, name: str) -> NeuronGroup:
+        try:
+            return self.graph.groups[name]
+        except KeyError:
+            raise ValueError(
+                f"No neuron group named '{name}'. Known groups: {list(self.graph.groups)}"
+            ) from None
+
+    def prune(self, group: str, i: int) -> None:
+        """Neuron `i` of `group` outputs exactly zero; its output slices are zeroed."""
+        g = self._group(group)
+        self._zero_channel(g.producer, g.bn, i)
+        for c in g.consumers:
+            self._write(c.layer, "kernel", self._consumer_index(c, i, g.size), 0.0)
+
+    def merge(self, group: str, i: int, j: int, coef: ParentCoefficients) -> None:
+        """Writes the parent of `i` and `j` into slot `i` and zeroes slot `j`.
+
+        The parent's pre-activation is exactly ``a1·y_i + a2·y_j`` (BN folded), its
+        output slices are ``m1·u_i + m2·u_j``; both are computed from the current
+        weights, so channels pruned elsewhere stay zero.
+        """
+        g = self._group(group)
+        producer = self.model.get_layer(g.producer)
+        bn = self.model.get_layer(g.bn)
+        dtype = self.array(g.producer, "kernel").dtype
+        gamma_k2 = float(coef.gamma) ** 2
+        if gamma_k2 < bn.epsilon or not np.isfinite(gamma_k2):
+            # Inactive parent (appendix B.5.1): both slots go.
+            self.prune(group, i)
+            self.prune(group, j)
+            return
+        kernel = self.array(g.producer, "kernel").astype(np.float64)
+        has_bias = getattr(producer, "use_bias", False) and producer.bias is not None
+        bias = self.array(g.producer, "bias").astype(np.float64) if has_bias else None
+        gam = self.array(g.bn, "gamma").astype(np.float64) if bn.scale else None
+        bet = self.array(g.bn, "beta").astype(np.float64) if bn.center else None
+        mean = self.array(g.bn, "moving_mean").astype(np.float64)
+        var = self.array(g.bn, "moving_variance").astype(np.float64)
+
+        def folded(c):
+            s = (gam[c] if gam is not None else 1.0) / np.sqrt(var[c] + bn.epsilon)
+            w = s * kernel[..., c]
+            b = (bet[c] if bet is not None else 0.0) - s * (
+                mean[c] - (bias[c] if bias is not None else 0.0)
+            )
+            return w, b
+
+        (wi, bi), (wj, bj) = folded(i), folded(j)
+        w_v = coef.a1 * wi + coef.a2 * wj
+        b_v = coef.a1 * bi + coef.a2 * bj
+        s_k = float(np.sqrt(gamma_k2))  # moving variance γ_k² − ε gives s = γ_k
+        gamma_w = s_k if bn.scale else 1.0
+        beta_w = float(coef.beta) if bn.center else 0.0
+        new_filter = w_v * (s_k / gamma_w)
+        new_mean = (beta_w - b_v) * s_k / gamma_w
+        rows = []
+        for c in g.consumers:
+            idx_i = self._consumer_index(c, i, g.size)
+            idx_j = self._consumer_index(c, j, g.size)
+            k = self.array(c.layer, "kernel")
+            rows.append((c.layer, idx_i, coef.m1 * k[idx_i].astype(np.float64)
+                         + coef.m2 * k[idx_j].astype(np.float64)))
+        # All values are computed; now write (atomic under step()).
+        self._write(g.producer, "kernel", (Ellipsis, i), new_filter.astype(dtype))
+        if has_bias:
+            self._write(g.producer, "bias", i, 0.0)
+        if bn.scale:
+            self._write(g.bn, "gamma", i, gamma_w)
+        if bn.center:
+            self._write(g.bn, "beta", i, beta_w)
+        self._write(g.bn, "moving_mean", i, new_mean)
+        self._write(g.bn, "moving_variance", i, max(gamma_k2 - bn.epsilon, 0.0))
+        for layer, idx, value in rows:
+            self._write(layer, "kernel", idx, value)
+        self.prune(group, j)
+
+    def evict(self, block: str) -> None:
+        """The block's branch outputs exactly zero (its final BN γ = β = 0)."""
+        try:
+            b = self._blocks[block]
+        except KeyError:
+            raise ValueError(
+                f"No residual block named '{block}'. Known blocks: {list(self._blocks)}"
+            ) from None
+        if not b.evictable:
+            raise ValueError(f"Block '{block}' has a projection shortcut: it cannot be evicted.")
+        bn = self.model.get_layer(b.final_bn)
+        if bn.scale and bn.center:
+            self._write(b.final_bn, "gamma", slice(None), 0.0)
+            self._write(b.final_bn, "beta", slice(None), 0.0)
+        else:
+            n = self.array(b.final_bn, "moving_mean").shape[0]
+            for c in range(n):
+                self._zero_channel(b.final_producer, b.final_bn, c)

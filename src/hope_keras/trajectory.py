@@ -1,0 +1,265 @@
+"""The action log of a HOPE run: save, load, replay.
+
+File format (``.npz``, numpy's zip of arrays; no pickles):
+
+* ``meta``: a 0-d unicode array holding JSON: ``format`` (``"hope_keras.trajectory"``),
+  ``version`` (1), ``model_name``, ``fingerprint`` (sha256 of the weights HOPE
+  reads, taken before the first step), ``groups`` (``[[name, size], …]``),
+  ``blocks``, ``num_neurons`` (initial compressible neurons), ``num_params``
+  (original parameter count) and ``options``.
+* one array per step field, all of length ``num_steps``: ``kind`` (``"prune"``,
+  ``"merge"``, ``"evict"``), ``unit`` (group or block name), ``i``, ``j`` (slot
+  indices, −1 when unused), ``J``, ``P_init``, ``DR``, ``c_before`` and
+  ``c_after`` (the group's live capacity C around the step; for evictions the
+  block's internal capacity), ``active_after`` (compressible neurons left),
+  ``params_after`` (live parameter ratio) and ``coef`` (``(num_steps, 6)``:
+  a1, a2, m1, m2, γ_k, β_k of a merge's parent; NaN otherwise).
+
+Replaying applies the same edits with the same coefficients, so it reproduces the
+direct run's weights exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import List, Optional
+
+import numpy as np
+
+FORMAT = "hope_keras.trajectory"
+VERSION = 1
+_FIELDS = ("kind", "unit", "i", "j", "J", "P_init", "DR", "c_before", "c_after",
+           "active_after", "params_after", "coef")
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One executed action."""
+
+    kind: str
+    unit: str
+    i: int
+    j: int
+    J: float
+    P_init: float
+    DR: float
+    c_before: float
+    c_after: float
+    active_after: int
+    params_after: float
+    coef: tuple = (np.nan,) * 6
+
+
+def fingerprint(model, graph) -> str:
+    """sha256 of every weight HOPE reads (group producers, BNs, consumers, blocks)."""
+    names = []
+    for g in graph.groups.values():
+        names += [g.producer, g.bn] + [c.layer for c in g.consumers]
+    for b in graph.blocks:
+        names += [b.final_bn]
+    h = hashlib.sha256()
+    for name in sorted(set(names)):
+        h.update(name.encode())
+        for w in model.get_layer(name).weights:
+            h.update(np.ascontiguousarray(w.numpy()).tobytes())
+    return h.hexdigest()
+
+
+class Trajectory:
+    """The steps of a HOPE run and what is needed to replay them.
+
+    Attributes:
+        steps: The executed `Step` list, in order.
+        meta: Model identity and run options (see the module docstring).
+
+    Example:
+
+    >>> import hope_keras, keras, numpy as np
+    >>> inputs = keras.Input((6,))
+    >>> x = keras.layers.Dense(8)(inputs)
+    >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    >>> original = keras.models.clone_model(model); original.set_weights(model.get_weights())
+    >>> result = hope_keras.compress(model, steps=3, verbose=False)
+    >>> result.trajectory.save("/tmp/doctest_traj.npz")
+    >>> t = hope_keras.Trajectory.load("/tmp/doctest_traj.npz")
+    >>> _ = t.replay(original, step=3)
+    >>> all(np.array_equal(a, b) for a, b in zip(original.get_weights(), model.get_weights()))
+    True
+    """
+
+    def __init__(self, meta: dict, steps: Optional[List[Step]] = None):
+        self.meta = meta
+        self.steps: List[Step] = list(steps or [])
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __repr__(self) -> str:
+        return (f"Trajectory(model={self.meta.get('model_name')!r}, "
+                f"steps={len(self.steps)})")
+
+    def append(self, step: Step) -> None:
+        self.steps.append(step)
+
+    # ----------------------------------------------------------------- queries
+    def field(self, name: str) -> np.ndarray:
+        """One field of every step as an array (e.g. ``t.field("DR")``)."""
+        if name not in _FIELDS:
+            raise ValueError(f"Unknown step field {name!r}. Fields: {_FIELDS}")
+        return np.array([getattr(s, name) for s in self.steps])
+
+    def densities(self) -> np.ndarray:
+        """Neuron density after each step."""
+        return self.field("active_after") / float(self.meta["num_neurons"])
+
+    def step_for_density(self, density: float) -> int:
+        """The number of steps after which the density is first ≤ `density`."""
+        d = self.densities()
+        hit = np.flatnonzero(d <= density + 1e-12)
+        if hit.size == 0:
+            raise ValueError(
+                f"The trajectory ends at density {d[-1] if d.size else 1.0:.4f}; it "
+                f"never reaches density={density}. Received: density={density}"
+            )
+        return int(hit[0]) + 1
+
+    def prune_costs(self) -> dict:
+        """``{(group, neuron): (J_prune, C_rem)}`` for every neuron pruned (for DEFT)."""
+        out = {}
+        for s in self.steps:
+            if s.kind == "prune":
+                out[(s.unit, s.i)] = (s.J, s.c_after)
+        return out
+
+    # ------------------------------------------------------------------- files
+    def save(self, path: str) -> None:
+        """Writes the trajectory to `path` (``.npz``; see the module docstring)."""
+        arrays = {"meta": np.array(json.dumps({**self.meta, "format": FORMAT,
+                                               "version": VERSION}))}
+        for name in _FIELDS:
+            values = [getattr(s, name) for s in self.steps]
+            if name == "coef":
+                arrays[name] = np.array(values, dtype=np.float64).reshape(-1, 6)
+            elif name in ("kind", "unit"):
+                arrays[name] = np.array(values, dtype=str)
+            elif name in ("i", "j", "active_after"):
+                arrays[name] = np.array(values, dtype=np.int64)
+            else:
+                arrays[name] = np.array(values, dtype=np.float64)
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+
+    @classmethod
+    def load(cls, path: str) -> "Trajectory":
+        """Reads a trajectory written by `save`; a clear error if the file is not one."""
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"No trajectory file at '{path}'.")
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}
+            meta = json.loads(str(arrays["meta"]))
+        except Exception as e:  # zip, json or key errors: all mean "not a trajectory"
+            raise ValueError(
+                f"'{path}' is not a readable hope_keras trajectory file ({e}). "
+                "Re-create it with hope_keras.compress(...).trajectory.save(path)."
+            ) from None
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise ValueError(
+                f"'{path}' is not a hope_keras trajectory (format {meta.get('format')!r}, "
+                f"version {meta.get('version')!r}; expected {FORMAT!r} version {VERSION})."
+            )
+        missing = [k for k in _FIELDS if k not in arrays]
+        lengths = {k: len(arrays[k]) for k in _FIELDS if k in arrays}
+        if missing or len(set(lengths.values())) > 1:
+            raise ValueError(
+                f"Trajectory file '{path}' is corrupt: missing fields {missing}, "
+                f"field lengths {lengths}."
+            )
+        kinds = set(arrays["kind"].tolist())
+        if not kinds <= {"prune", "merge", "evict"}:
+            raise ValueError(f"Trajectory file '{path}' is corrupt: unknown kinds {kinds}.")
+        steps = [
+            Step(
+                kind=str(arrays["kind"][k]), unit=str(arrays["unit"][k]),
+                i=int(arrays["i"][k]), j=int(arrays["j"][k]), J=float(arrays["J"][k]),
+                P_init=float(arrays["P_init"][k]), DR=float(arrays["DR"][k]),
+                c_before=float(arrays["c_before"][k]), c_after=float(arrays["c_after"][k]),
+                active_after=int(arrays["active_after"][k]),
+                params_after=float(arrays["params_after"][k]),
+                coef=tuple(float(x) for x in arrays["coef"][k]),
+            )
+            for k in range(lengths["kind"])
+        ]
+        return cls(meta, steps)
+
+    # ------------------------------------------------------------------ replay
+    def replay(self, model, density: Optional[float] = None, step: Optional[int] = None,
+               check: bool = True):
+        """Applies the first steps of the trajectory to the original model, in place.
+
+        Args:
+            model: The model the trajectory was recorded on, before compression
+                (checked by fingerprint unless ``check=False``).
+            density: Replay until the neuron density is first ≤ this value.
+            step: Or replay exactly this many steps.
+            check: Verify the model's fingerprint first.
+
+        Returns:
+            The same model, edited.
+
+        Raises:
+            ValueError: if the model is not the one recorded (it is left untouched),
+                or the requested density/step is out of range.
+        """
+        from hope_keras import edit, graph as graph_lib
+
+        if (density is None) == (step is None):
+            raise ValueError(
+                f"Give exactly one of density= or step=. Received: density={density}, "
+                f"step={step}"
+            )
+        n_steps = self.step_for_density(density) if density is not None else int(step)
+        if not 0 <= n_steps <= len(self.steps):
+            raise ValueError(
+                f"step must be in [0, {len(self.steps)}]. Received: step={step}"
+            )
+        g = graph_lib.walk(model)
+        sizes = [[name, grp.size] for name, grp in g.groups.items()]
+        known = {name for name, _ in self.meta["groups"]}
+        g = graph_lib.ModelGraph(
+            groups={k: v for k, v in g.groups.items() if k in known},
+            blocks=tuple(b for b in g.blocks if b.name in set(self.meta["blocks"])),
+            pinned=g.pinned,
+        )
+        if check:
+            recorded = {name: size for name, size in self.meta["groups"]}
+            current = {name: size for name, size in sizes if name in recorded}
+            if current != recorded or fingerprint(model, g) != self.meta["fingerprint"]:
+                raise ValueError(
+                    f"This trajectory was recorded on model '{self.meta['model_name']}' "
+                    f"with other weights than model '{model.name}' has now (fingerprint "
+                    "mismatch). Replay it on the original, uncompressed model "
+                    "(e.g. reload it from its file), or pass check=False."
+                )
+        editor = edit.ModelEditor(model, g)
+        for s in self.steps[:n_steps]:
+            with editor.step():
+                apply_step(editor, s)
+        editor.commit()
+        return model
+
+
+def apply_step(editor, s: Step) -> None:
+    """Applies one recorded step with `editor` (shared by the engine and replay)."""
+    from hope_keras.edit import ParentCoefficients
+
+    if s.kind == "prune":
+        editor.prune(s.unit, s.i)
+    elif s.kind == "merge":
+        editor.merge(s.unit, s.i, s.j, ParentCoefficients(*s.coef))
+    else:
+        editor.evict(s.unit)
