@@ -1,0 +1,78 @@
+"""Shared test helpers: small Keras models built in the test, with non-trivial BN."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+L = keras.layers
+
+
+def randomize_bn(model, seed=0, gamma=(0.5, 1.5), beta_sd=0.5):
+    """Gives every BN non-trivial γ, β, moving mean and variance."""
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, L.BatchNormalization):
+            n = layer.moving_mean.shape[0]
+            values = {
+                "gamma": rng.uniform(*gamma, n),
+                "beta": rng.normal(0, beta_sd, n),
+                "moving_mean": rng.normal(0, 0.3, n),
+                "moving_variance": rng.uniform(0.5, 2.0, n),
+            }
+            for w in layer.weights:
+                w.assign(values[w.name].astype("float32"))
+    return model
+
+
+def bn_relu(x, name=None):
+    x = L.BatchNormalization(name=None if name is None else name + "_bn")(x)
+    return L.ReLU(name=None if name is None else name + "_relu")(x)
+
+
+def mlp(widths=(12, 10), d_in=6, d_out=3, seed=0, name="mlp"):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((d_in,), name="x")
+    x = inputs
+    for k, w in enumerate(widths):
+        x = bn_relu(L.Dense(w, name=f"fc{k}")(x), f"fc{k}")
+    outputs = L.Dense(d_out, name="head")(x)
+    return randomize_bn(keras.Model(inputs, outputs, name=name), seed)
+
+
+def small_resnet(seed=0, name="small_resnet"):
+    """Conv stem, one identity block, Conv → pool → Flatten → Dense → BN → ReLU → head."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((10, 10, 3), name="image")
+    x = bn_relu(L.Conv2D(8, 3, padding="same", name="stem")(inputs), "stem")
+    y = bn_relu(L.Conv2D(6, 3, padding="same", name="b1a")(x), "b1a")
+    y = L.Conv2D(8, 1, name="b1b")(y)
+    y = L.BatchNormalization(name="b1b_bn")(y)
+    x = L.ReLU(name="b1_out")(L.Add(name="b1_add")([x, y]))
+    x = bn_relu(L.Conv2D(7, 3, name="c2")(x), "c2")
+    x = L.MaxPooling2D(name="pool")(x)
+    x = L.Flatten(name="flat")(x)
+    x = bn_relu(L.Dense(9, name="fc")(x), "fc")
+    outputs = L.Dense(4, name="head")(x)
+    return randomize_bn(keras.Model(inputs, outputs, name=name), seed)
+
+
+def copy_model(model):
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def outputs_equal(a, b, x, rtol=1e-5, atol=1e-6):
+    ya, yb = np.asarray(a(x)), np.asarray(b(x))
+    scale = max(1.0, float(np.abs(ya).max()))
+    return float(np.abs(ya - yb).max()) <= atol + rtol * scale
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

@@ -1,0 +1,148 @@
+"""Walker expectations: groups, consumers, residual blocks and pinned reasons."""
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import L, bn_relu, mlp, small_resnet
+from hope_keras.graph import walk
+
+
+@pytest.fixture(scope="module")
+def resnet50_graph():
+    return walk(keras.applications.ResNet50(weights=None))
+
+
+def test_resnet50_stem_group_has_two_consumers(resnet50_graph):
+    stem = resnet50_graph.groups["conv1_conv"]
+    assert stem.size == 64
+    assert {c.layer for c in stem.consumers} == {"conv2_block1_0_conv", "conv2_block1_1_conv"}
+    assert stem.passthrough == ("pool1_pad", "pool1_pool")
+
+
+def test_resnet50_bottleneck_groups_and_blocks(resnet50_graph):
+    internal = [n for n in resnet50_graph.groups if n != "conv1_conv"]
+    assert len(internal) == 32
+    assert all(n.endswith(("_1_conv", "_2_conv")) for n in internal)
+    blocks = resnet50_graph.blocks
+    assert len(blocks) == 16
+    assert sum(b.evictable for b in blocks) == 12
+    projection = {b.name for b in blocks if not b.evictable}
+    assert projection == {f"conv{s}_block1_add" for s in (2, 3, 4, 5)}
+    b = next(b for b in blocks if b.name == "conv3_block2_add")
+    assert b.groups == ("conv3_block2_1_conv", "conv3_block2_2_conv")
+    assert b.final_bn == "conv3_block2_3_bn"
+    # Input of block 2 is the output of block 1 (a projection block): its last BN.
+    assert b.input_bn == "conv3_block1_3_bn"
+    assert b.block_input == "conv3_block1_out"
+
+
+def test_resnet50_pinned_reasons(resnet50_graph):
+    reasons = {p.layer: p.reason for p in resnet50_graph.pinned}
+    assert "Add" in reasons["conv2_block1_3_conv"]
+    assert "Add" in reasons["conv2_block1_0_conv"]
+    assert "softmax" in reasons["predictions"]
+
+
+def test_vgg_style_stack_every_hidden_layer():
+    inputs = keras.Input((16, 16, 3))
+    x = inputs
+    names = []
+    for k, f in enumerate((8, 8, 16, 16)):
+        x = bn_relu(L.Conv2D(f, 3, padding="same", name=f"conv{k}")(x))
+        names.append(f"conv{k}")
+        if k % 2:
+            x = L.MaxPooling2D()(x)
+    x = L.GlobalAveragePooling2D()(x)
+    x = bn_relu(L.Dense(12, name="fc")(x))
+    x = L.Dropout(0.5)(x)
+    model = keras.Model(inputs, L.Dense(5, name="head")(x))
+    g = walk(model)
+    assert list(g.groups) == names + ["fc"]
+    assert [c.layer for c in g.groups["conv3"].consumers] == ["fc"]
+    assert [p.layer for p in g.pinned] == ["head"]
+
+
+def test_bn_mlp_every_hidden_layer_and_sequential():
+    model = keras.Sequential([keras.Input((5,)), L.Dense(7), L.BatchNormalization(),
+                              L.ReLU(), L.Dense(6), L.BatchNormalization(),
+                              L.Activation("relu"), L.Dense(2)])
+    g = walk(model)
+    assert [grp.size for grp in g.groups.values()] == [7, 6]
+    assert walk(mlp((4, 5, 6))).groups.keys() == {"fc0", "fc1", "fc2"}
+
+
+def test_flatten_consumer_and_multiple_consumers():
+    inputs = keras.Input((6, 6, 2))
+    x = bn_relu(L.Conv2D(4, 3, name="c")(inputs))
+    a = L.Conv2D(3, 1, name="a")(x)
+    b = L.Dense(3, name="b")(L.Flatten()(L.MaxPooling2D()(x)))
+    model = keras.Model(inputs, [a, b])
+    grp = walk(model).groups["c"]
+    assert {(c.layer, c.kind) for c in grp.consumers} == {("a", "conv"), ("b", "dense")}
+
+
+def test_small_resnet_block():
+    g = walk(small_resnet())
+    assert list(g.groups) == ["b1a", "c2", "fc"]
+    (block,) = g.blocks
+    assert block.evictable and block.groups == ("b1a",)
+    assert block.input_bn == "stem_bn"
+    reasons = {p.layer: p.reason for p in g.pinned}
+    assert "Add" in reasons["stem"] and "Add" in reasons["b1b"]
+
+
+@pytest.mark.parametrize(
+    "build, layer, words",
+    [
+        (lambda x: L.Dense(3, activation="relu", name="p")(x), "p", "fused"),
+        (lambda x: L.Dense(3, name="p")(x), "p", "not followed by a single BatchNorm"),
+        (lambda x: L.LeakyReLU()(L.BatchNormalization()(L.Dense(3, name="p")(x))), "p",
+         "LeakyReLU"),
+        (lambda x: L.BatchNormalization()(L.Dense(3, name="p")(x)), "p", "not a plain ReLU"),
+        (lambda x: L.ReLU()(L.BatchNormalization()(L.Dense(3, name="p")(x))), "p",
+         "model output"),
+    ],
+)
+def test_pinned_reasons(build, layer, words):
+    inputs = keras.Input((4,))
+    out = build(inputs)
+    if words != "model output":
+        out = L.Dense(2)(out)
+    model = keras.Model(inputs, out)
+    reasons = {p.layer: p.reason for p in walk(model).pinned}
+    assert words.lower() in reasons[layer].lower()
+
+
+def test_pinned_concatenate_grouped_shared_and_non_channel_last():
+    inputs = keras.Input((8, 8, 4))
+    a = bn_relu(L.Conv2D(4, 3, padding="same", name="a")(inputs))
+    b = bn_relu(L.Conv2D(4, 3, padding="same", name="b")(inputs))
+    x = L.Concatenate()([a, b])
+    c = bn_relu(L.Conv2D(4, 3, padding="same", name="c")(x))
+    d = L.Conv2D(4, 3, padding="same", groups=2, name="grouped")(c)
+    e = L.ReLU()(L.BatchNormalization(axis=1)(L.Conv2D(4, 1, name="e")(d)))
+    shared = L.Dense(3, name="shared")
+    out = L.Add()([shared(L.GlobalAveragePooling2D()(e)), shared(L.GlobalMaxPooling2D()(e))])
+    reasons = {p.layer: p.reason for p in walk(keras.Model(inputs, out)).pinned}
+    assert "does not preserve channels" in reasons["a"]
+    assert "grouped" in reasons["c"] and "grouped" in reasons["grouped"]
+    assert "channel-last" in reasons["e"]
+    assert "shared" in reasons["shared"]
+
+
+def test_nested_model_is_rejected_with_its_name():
+    inner = keras.Sequential([keras.Input((4,)), L.Dense(3)], name="inner_net")
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, L.Dense(2)(inner(inputs)))
+    with pytest.raises(ValueError, match="inner_net"):
+        walk(model)
+
+
+def test_subclassed_model_is_rejected():
+    class Net(keras.Model):
+        def call(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="Functional or Sequential"):
+        walk(Net())

@@ -1,0 +1,86 @@
+"""BN folding, output vectors and P_init against direct evaluation of the layers."""
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import L, randomize_bn
+from hope_keras.graph import walk
+from hope_keras.neurons import consumer_rows, extract_group, rows_to_kernel
+
+
+@pytest.mark.parametrize("center,scale,use_bias", [(True, True, True), (False, True, True),
+                                                   (True, False, False), (False, False, True)])
+def test_folded_dense_neurons_reproduce_bn_output(center, scale, use_bias, rng):
+    inputs = keras.Input((5,))
+    z = L.Dense(4, use_bias=use_bias, name="p")(inputs)
+    y = L.BatchNormalization(center=center, scale=scale, name="bn")(z)
+    model = keras.Model(inputs, L.Dense(2, name="q")(L.ReLU()(y)))
+    randomize_bn(model)
+    if use_bias:
+        model.get_layer("p").bias.assign(rng.normal(size=4).astype("float32"))
+    state = extract_group(model, walk(model).groups["p"])
+    x = rng.normal(size=(7, 5))
+    pre = keras.Model(inputs, y)(x.astype("float32"), training=False).numpy()
+    folded = x @ state.w_eff.T + state.b_eff
+    np.testing.assert_allclose(folded, pre, rtol=1e-4, atol=1e-5)
+    if not scale:
+        assert np.all(state.gamma == 1)
+    if not center:
+        assert np.all(state.beta == 0)
+
+
+def test_folded_conv_neurons_with_bias(rng):
+    inputs = keras.Input((5, 5, 2))
+    z = L.Conv2D(3, 3, name="p")(inputs)
+    y = L.BatchNormalization(name="bn")(z)
+    model = keras.Model(inputs, L.Conv2D(2, 1, name="q")(L.ReLU()(y)))
+    randomize_bn(model)
+    model.get_layer("p").bias.assign(rng.normal(size=3).astype("float32"))
+    state = extract_group(model, walk(model).groups["p"])
+    x = rng.normal(size=(1, 5, 5, 2)).astype("float32")
+    pre = keras.Model(inputs, y)(x, training=False).numpy()[0, 1, 2]
+    patch = x[0, 1:4, 2:5, :].reshape(-1)  # kernel flattening order (kh, kw, c_in)
+    np.testing.assert_allclose(state.w_eff @ patch + state.b_eff, pre, rtol=1e-4, atol=1e-5)
+
+
+def test_flatten_dense_rows_are_interleaved():
+    C, S, units = 3, 4, 2
+    kernel = np.arange(S * C * units, dtype=float).reshape(S * C, units)
+    rows = consumer_rows(kernel, "dense", C)
+    for c in range(C):
+        expected = kernel[[c + C * s for s in range(S)]].reshape(-1)
+        np.testing.assert_array_equal(rows[c], expected)
+    np.testing.assert_array_equal(rows_to_kernel(rows, "dense", kernel.shape), kernel)
+    conv = np.arange(3 * 3 * C * units, dtype=float).reshape(3, 3, C, units)
+    np.testing.assert_array_equal(rows_to_kernel(consumer_rows(conv, "conv", C), "conv",
+                                                 conv.shape), conv)
+
+
+def test_u_concatenates_consumers_and_p_init_counts_nonzeros():
+    inputs = keras.Input((4, 4, 2))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(3, 1, name="p")(inputs)))
+    a = L.Conv2D(5, 3, name="a")(x)
+    b = L.Dense(2, name="b")(L.Flatten()(x))
+    model = keras.Model(inputs, [a, b])
+    model.get_layer("p").kernel.assign(np.array([[[[1, 0, 2], [0, 0, 3]]]], "float32"))
+    state = extract_group(model, walk(model).groups["p"])
+    ka = model.get_layer("a").kernel.numpy()
+    kb = model.get_layer("b").kernel.numpy()
+    expected_u1 = np.concatenate([ka[:, :, 1, :].reshape(-1), kb[1::3].reshape(-1)])
+    np.testing.assert_allclose(state.u[1], expected_u1)
+    assert state.u_split == [0, 45, 45 + 32]
+    # nnz(filter) + bias + nnz(u) + 4 BN parameters
+    nnz_u = np.count_nonzero(state.u, axis=1)
+    np.testing.assert_array_equal(state.p_init, np.array([1, 0, 2]) + 1 + nnz_u + 4)
+
+
+def test_nan_weights_raise_and_name_the_layer():
+    inputs = keras.Input((4,))
+    x = L.ReLU()(L.BatchNormalization(name="bn")(L.Dense(3, name="p")(inputs)))
+    model = keras.Model(inputs, L.Dense(2)(x))
+    k = model.get_layer("p").kernel.numpy()
+    k[0, 0] = np.nan
+    model.get_layer("p").kernel.assign(k)
+    with pytest.raises(ValueError, match="'p'.*NaN"):
+        extract_group(model, walk(model).groups["p"])
