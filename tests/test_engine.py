@@ -1,0 +1,301 @@
+"""The greedy engine: function-preserving edits, brute-force first action, budgets,
+interruptions and bad input."""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+import hope_keras
+from conftest import L, copy_model, mlp, outputs_equal, small_resnet
+from hope_keras.engine import Encoder
+
+
+def _x(model, n=6, seed=0):
+    shape = (n,) + tuple(model.inputs[0].shape[1:])
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def _set(layer, attr, fn):
+    var = getattr(layer, attr)
+    var.assign(fn(var.numpy()).astype("float32"))
+
+
+def test_pruning_a_dead_neuron_leaves_outputs_unchanged():
+    model = mlp((6, 5))
+    bn = model.get_layer("fc0_bn")
+    _set(bn, "gamma", lambda g: np.where(np.arange(6) == 2, 0.0, g))
+    _set(bn, "beta", lambda b: np.where(np.arange(6) == 2, 0.0, b))
+    before = copy_model(model)
+    enc = Encoder(model, actions=("prune",))
+    J = enc.best_group_action("fc0")
+    assert J[1:3] == ("prune", 2) and J[4] == 0.0  # zero capacity costs nothing
+    enc.execute("fc0", J)
+    enc.editor.commit()
+    assert outputs_equal(model, before, _x(model))
+    assert np.all(model.get_layer("fc1").kernel.numpy()[2] == 0)
+
+
+def _duplicate_neuron(model, group, src, dst, consumer, out_scale=1.0):
+    p, bn, nxt = (model.get_layer(n) for n in (group, group + "_bn", consumer))
+    _set(p, "kernel", lambda w: np.concatenate([w[..., :dst], w[..., src:src + 1],
+                                                w[..., dst + 1:]], axis=-1))
+    for attr in ("gamma", "beta", "moving_mean", "moving_variance"):
+        _set(bn, attr, lambda a: np.where(np.arange(a.size) == dst, a[src], a))
+
+
+@pytest.mark.parametrize("out_scale", [1.0, -0.4])
+def test_merging_duplicated_neurons_with_sum_scale_leaves_outputs_unchanged(out_scale):
+    model = mlp((6, 5), seed=2)
+    _duplicate_neuron(model, "fc0", 1, 4, "fc1")
+    # Different output slices: only the input side is duplicated.
+    nxt = model.get_layer("fc1")
+    _set(nxt, "kernel", lambda w: np.where((np.arange(6) == 4)[:, None], out_scale * w[1] + 0.3,
+                                           w))
+    before = copy_model(model)
+    enc = Encoder(model, actions=("merge",), merge_scale="sum")
+    gs = enc.groups["fc0"]
+    cap = gs.cache.capacity
+    J = hope_keras.costs.j_merge(cap[1] ** 2 + cap[4] ** 2, gs.cache.B[1, 4],
+                                 gs.C - cap[1] - cap[4], gs.n)
+    enc.execute("fc0", (0.0, "merge", 1, 4, float(J), 1.0))
+    enc.editor.commit()
+    assert outputs_equal(model, before, _x(model), rtol=1e-5, atol=1e-5)
+    assert np.all(model.get_layer("fc0").kernel.numpy()[:, 4] == 0)
+
+
+def test_identical_neurons_are_the_first_merge_and_cost_zero():
+    model = mlp((6,), seed=3)
+    _duplicate_neuron(model, "fc0", 0, 3, "head")
+    _set(model.get_layer("head"), "kernel", lambda w: np.where((np.arange(6) == 3)[:, None],
+                                                              w[0], w))
+    before = copy_model(model)
+    result = hope_keras.compress(model, steps=1, actions=("merge",), verbose=False)
+    (step,) = result.trajectory.steps
+    assert (step.kind, step.i, step.j) == ("merge", 0, 3)
+    assert step.J == pytest.approx(0.0, abs=1e-6)
+    assert outputs_equal(model, before, _x(model))
+
+
+def test_evicting_a_zero_branch_leaves_outputs_unchanged():
+    model = small_resnet()
+    bn = model.get_layer("b1b_bn")
+    _set(bn, "gamma", np.zeros_like)
+    _set(bn, "beta", np.zeros_like)
+    before = copy_model(model)
+    enc = Encoder(model, actions=("evict",))
+    dr, J, P = enc.eviction_cost("b1_add")
+    enc.execute("b1_add", (dr, "evict", -1, -1, J, P))
+    enc.editor.commit()
+    assert outputs_equal(model, before, _x(model))
+    assert enc.active == enc.num_neurons - 6
+
+
+# ----------------------------------------------------------------- brute force
+def _self_k(g, b):
+    g = abs(g)
+    if g == 0:
+        return max(b, 0.0) ** 2
+    t = b / g
+    return (g * g + b * b) * norm.cdf(t) + b * g * norm.pdf(t)
+
+
+def _cross_k(rho, kii, kjj):
+    rho = np.clip(rho, -1, 1)
+    return (np.sqrt(1 - rho * rho) + (np.pi - np.arccos(rho)) * rho) / np.pi * np.sqrt(kii * kjj)
+
+
+def _brute_force_first_action(model, groups, blocks):
+    """Every admissible action's DR, from the spec's formulas, read off raw weights."""
+    cands = []
+    info = {}
+    for name, consumer in groups.items():
+        p, bn, nxt = (model.get_layer(n) for n in (name, name + "_bn", consumer))
+        W, c = p.kernel.numpy().astype(float).T, p.bias.numpy().astype(float)
+        g, b = bn.gamma.numpy().astype(float), bn.beta.numpy().astype(float)
+        mu, var = bn.moving_mean.numpy().astype(float), bn.moving_variance.numpy().astype(float)
+        s = np.sqrt(var + bn.epsilon)
+        Weff = (g / s)[:, None] * W
+        beff = b - g * (mu - c) / s
+        V = np.hstack([Weff, beff[:, None]])
+        U = nxt.kernel.numpy().astype(float)
+        n = len(g)
+        K = np.array([_self_k(g[i], b[i]) for i in range(n)])
+        cap = np.linalg.norm(U, axis=1) * np.sqrt(K)
+        C = cap.sum()
+        P = np.count_nonzero(W, axis=1) + 1 + np.count_nonzero(U, axis=1) + 4
+        info[name] = (n, C)
+        for i in range(n):
+            J = n * cap[i] / (C - cap[i])
+            cands.append((J / P[i], "prune", name, i, -1, J))
+        for i, j in itertools.combinations(range(n), 2):
+            wi, wj = np.linalg.norm(Weff[i]), np.linalg.norm(Weff[j])
+            re = np.clip(Weff[i] @ Weff[j] / wi / wj, -1 + 1e-12, 1 - 1e-12)
+            kap = re / (1 - re * re) * abs(g[i]) / wi * abs(g[j]) / wj
+            rt = 2 * kap / (1 + np.sqrt(1 + 4 * kap * kap))
+            M = np.outer(U[i], V[i]) + np.outer(U[j], V[j])
+            direction = np.linalg.svd(M)[2][0]
+            lam = np.linalg.lstsq(V[[i, j]].T, direction, rcond=None)[0]
+            best_B = -1
+            for sign in (1, -1):
+                l1, l2 = sign * lam
+                mean = l1 * b[i] + l2 * b[j]
+                cij = abs(g[i] * g[j]) * rt
+                sd = np.sqrt(l1 * l1 * g[i] ** 2 + l2 * l2 * g[j] ** 2 + 2 * l1 * l2 * cij)
+                kvv = _self_k(sd, mean)
+                kvi = _cross_k((l1 * g[i] ** 2 + l2 * cij) / (sd * abs(g[i])), kvv, K[i])
+                kvj = _cross_k((l1 * cij + l2 * g[j] ** 2) / (sd * abs(g[j])), kvv, K[j])
+                best_B = max(best_B, np.linalg.norm(kvi * U[i] + kvj * U[j]) / np.sqrt(kvv))
+            A = cap[i] ** 2 + cap[j] ** 2
+            c_rem = C - cap[i] - cap[j]
+            a = (A + best_B * c_rem) / (2 * c_rem + best_B)
+            J = n * np.sqrt(2 * a * a - 2 * a * best_B + A) / (c_rem + a)
+            cands.append((J / P[j], "merge", name, i, j, J))
+    for block, (internal, in_bn) in blocks.items():
+        bn = model.get_layer(in_bn)
+        c_id = np.sqrt(bn.gamma.numpy().astype(float) ** 2
+                       + bn.beta.numpy().astype(float) ** 2).sum()
+        J = sum(info[g][0] * info[g][1] for g in internal) / c_id
+        P = 0
+        for g in internal:
+            P += np.count_nonzero(model.get_layer(g).kernel.numpy()) + np.count_nonzero(
+                model.get_layer(g).bias.numpy())
+        for layer in model.layers:
+            if isinstance(layer, L.BatchNormalization) and layer.name in internal_bns(block):
+                P += 4 * layer.moving_mean.shape[0]
+        cands.append((J / P, "evict", block, -1, -1, J))
+    return min(cands)
+
+
+def internal_bns(block):
+    return {"b_in_bn", "b_out_bn"}
+
+
+def _brute_model(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((5,))
+    x = L.ReLU(name="stem_relu")(L.BatchNormalization(name="stem_bn")(L.Dense(6, name="stem")(inputs)))
+    y = L.ReLU()(L.BatchNormalization(name="b_in_bn")(L.Dense(4, name="b_in")(x)))
+    y = L.BatchNormalization(name="b_out_bn")(L.Dense(6, name="b_out")(y))
+    x = L.ReLU()(L.Add(name="blk")([x, y]))
+    x = L.ReLU()(L.BatchNormalization(name="h_bn")(L.Dense(5, name="h")(x)))
+    model = keras.Model(inputs, L.Dense(3, name="head")(x))
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if hasattr(layer, "bias") and layer.bias is not None:
+            layer.bias.assign(rng.normal(0, 0.2, layer.bias.shape).astype("float32"))
+    from conftest import randomize_bn
+
+    return randomize_bn(model, seed, gamma=(0.2, 1.5))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_first_action_equals_brute_force_argmin(seed):
+    model = _brute_model(seed)
+    expected = _brute_force_first_action(
+        model, {"b_in": "b_out", "h": "head"}, {"blk": (["b_in"], "stem_bn")})
+    result = hope_keras.compress(model, steps=1, verbose=False)
+    step = result.trajectory.steps[0]
+    assert (step.kind, step.unit, step.i, step.j) == expected[1:5]
+    assert step.J == pytest.approx(expected[5], rel=1e-6)
+    assert step.DR == pytest.approx(expected[0], rel=1e-6)
+
+
+# --------------------------------------------------------------------- budgets
+def test_density_budget_is_met_exactly_and_params_tracked():
+    model = small_resnet()
+    result = hope_keras.compress(model, density=0.5, verbose=False)
+    n0 = result.trajectory.meta["num_neurons"]
+    assert result.stopped == "budget"
+    assert result.density == np.floor(0.5 * n0) / n0
+    assert result.trajectory.steps[-2].active_after > np.floor(0.5 * n0)
+    slim = hope_keras.slim(model)
+    assert slim.count_params() == round(result.params_ratio * model.count_params())
+
+
+def test_params_budget_and_steps_budget():
+    model = mlp((20, 16), seed=4)
+    result = hope_keras.compress(model, params=0.6, verbose=False)
+    assert result.params_ratio <= 0.6
+    assert result.trajectory.steps[-2].params_after > 0.6
+    model2 = mlp((20, 16), seed=4)
+    assert len(hope_keras.compress(model2, steps=7, verbose=False).trajectory) == 7
+
+
+def test_until_no_action_keeps_one_neuron_per_layer():
+    model = mlp((5, 4), seed=5)
+    result = hope_keras.compress(model, actions=("prune",), verbose=False)
+    assert result.stopped == "no_action"
+    assert result.trajectory.steps[-1].active_after == 2
+
+
+@pytest.mark.parametrize("merge_scale,refresh,kernel", [("paper", "local", "approx"),
+                                                        ("sum", "neighbors", "exact")])
+def test_options_run_and_slim_matches(merge_scale, refresh, kernel):
+    model = small_resnet(seed=6)
+    hope_keras.compress(model, density=0.4, merge_scale=merge_scale, refresh=refresh,
+                        kernel=kernel, verbose=False)
+    assert outputs_equal(hope_keras.slim(model), model, _x(model))
+
+
+def test_met_or_unreachable_budgets_raise_and_leave_model_untouched():
+    model = mlp((5, 4), seed=7)
+    weights = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError, match="already met"):
+        hope_keras.compress(model, density=1.0, verbose=False)
+    with pytest.raises(ValueError, match="out of reach"):
+        hope_keras.compress(model, density=0.1, verbose=False)
+    with pytest.raises(ValueError, match="out of reach"):
+        hope_keras.compress(model, params=0.01, verbose=False)
+    with pytest.raises(ValueError, match="merge_scale"):
+        hope_keras.compress(model, density=0.5, merge_scale="half", verbose=False)
+    with pytest.raises(ValueError, match="actions"):
+        hope_keras.compress(model, density=0.5, actions=("shrink",), verbose=False)
+    for a, b in zip(weights, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_model_without_groups_raises():
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, L.Dense(2, activation="relu", name="only")(inputs))
+    with pytest.raises(ValueError, match="no compressible neuron group.*only"):
+        hope_keras.compress(model, density=0.5, verbose=False)
+
+
+def test_zero_moving_variance_is_pinned_with_a_reason():
+    model = mlp((5, 4), seed=8)
+    _set(model.get_layer("fc1_bn"), "moving_variance", np.zeros_like)
+    analysis = hope_keras.analyze(model)
+    assert [g.name for g in analysis.groups] == ["fc0"]
+    reasons = {p.layer: p.reason for p in analysis.pinned}
+    assert "zero moving variance" in reasons["fc1"] and "fc1_bn" in reasons["fc1"]
+
+
+# ---------------------------------------------------------------- interruption
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_interruption_leaves_model_at_last_completed_step(exc, monkeypatch):
+    model = small_resnet(seed=9)
+    original = copy_model(model)
+    from hope_keras import edit
+
+    calls = {"n": 0}
+    real_prune = edit.ModelEditor.prune
+
+    def flaky_prune(self, group, i):
+        calls["n"] += 1
+        real_prune(self, group, i)  # writes half of the step, then fails
+        if calls["n"] == 6:
+            raise exc("interrupted")
+
+    monkeypatch.setattr(edit.ModelEditor, "prune", flaky_prune)
+    enc = Encoder(model)
+    with pytest.raises(exc):
+        enc.run(density=0.3, verbose=False)
+    done = len(enc.trajectory)
+    assert done >= 1
+    monkeypatch.setattr(edit.ModelEditor, "prune", real_prune)
+    replayed = enc.trajectory.replay(original, step=done)
+    for a, b in zip(replayed.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
