@@ -76,3 +76,21 @@ def outputs_equal(a, b, x, rtol=1e-5, atol=1e-6):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def plant_duplicate(model, producer, consumer, src, dst, noise=0.05, seed=0):
+    """Makes neuron `dst` of a Dense group a noisy copy of neuron `src` (inputs, BN and
+    output row), so that merging them is cheap."""
+    rng = np.random.default_rng(seed)
+    p, bn, c = (model.get_layer(n) for n in (producer, producer + "_bn", consumer))
+    k = p.kernel.numpy()
+    k[..., dst] = k[..., src] * (1 + noise * rng.normal(size=k[..., src].shape))
+    p.kernel.assign(k)
+    for w in bn.weights:
+        a = w.numpy()
+        a[dst] = a[src]
+        w.assign(a)
+    u = c.kernel.numpy()
+    u[dst] = u[src] * (1 + noise * rng.normal(size=u[src].shape))
+    c.kernel.assign(u)
+    return model
