@@ -1,0 +1,292 @@
+"""Re-estimation of BatchNormalization moving statistics.
+
+A short training run (a few hundred steps on CPU, say) leaves the moving mean
+and variance of every :class:`keras.layers.BatchNormalization` layer lagging
+behind the weights: with the default momentum of 0.99 the moving averages
+remember about 100 steps, most of them taken with older weights, and the
+model's inference-mode accuracy suffers (a ResNet-50 after 300 steps: 56 %
+with the stale statistics, 84 % once they were re-estimated). HOPE also reads
+these statistics to decide which neurons to prune or merge, so they should be
+the statistics of the model as it is.
+
+:func:`reestimate_batchnorm_statistics` replaces them with the population
+statistics of each layer's input over some calibration data, in a single
+forward pass.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Mapping
+
+import keras
+import numpy as np
+from keras import ops
+
+__all__ = ["reestimate_batchnorm_statistics"]
+
+
+def _batchnorm_layers(model):
+    """The model's BatchNormalization layers, checked for what we support."""
+    bns = []
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            bns.append(layer)
+        elif hasattr(layer, "_flatten_layers"):
+            nested = [
+                sub.name
+                for sub in layer._flatten_layers(include_self=False)
+                if isinstance(sub, keras.layers.BatchNormalization)
+            ]
+            if nested:
+                raise NotImplementedError(
+                    f"Layer {layer.name!r} is a nested model/layer that holds "
+                    f"BatchNormalization layers ({', '.join(nested)}); their "
+                    "inputs cannot be reached from the outer model's graph. "
+                    "Re-estimate the nested model on its own inputs, or "
+                    "flatten the model first."
+                )
+    for bn in bns:
+        ndim = len(bn.input.shape) if bn._inbound_nodes else None
+        if ndim is None:
+            raise ValueError(
+                f"BatchNormalization layer {bn.name!r} has not been called on "
+                "a symbolic input; build the model (e.g. with keras.Input) "
+                "first."
+            )
+        if bn.axis not in (-1, ndim - 1):
+            raise ValueError(
+                f"BatchNormalization layer {bn.name!r} normalises axis "
+                f"{bn.axis} of a rank-{ndim} input; only the last axis "
+                "(channels_last) is supported."
+            )
+        if len(bn._inbound_nodes) != 1:
+            raise ValueError(
+                f"BatchNormalization layer {bn.name!r} is called "
+                f"{len(bn._inbound_nodes)} times in the model; a shared "
+                "BatchNormalization layer has no single input to take "
+                "statistics of."
+            )
+    return bns
+
+
+def _iter_batches(data, batch_size):
+    """Yields the model input ``x`` of each batch of ``data``."""
+    if isinstance(data, np.ndarray) or (
+        ops.is_tensor(data) and not isinstance(data, Mapping)
+    ):
+        data = np.asarray(data)
+        for start in range(0, len(data), batch_size):
+            yield data[start : start + batch_size]
+        return
+    if isinstance(data, Mapping):
+        raise TypeError(
+            "A dict of arrays is ambiguous; pass a tf.data.Dataset or an "
+            "iterable of batches for multi-input models."
+        )
+    if not isinstance(data, Iterable):
+        raise TypeError(
+            "data must be a numpy array, a tf.data.Dataset or an iterable of "
+            f"batches, got {type(data).__name__}."
+        )
+    for element in data:
+        # Keras convention: a tuple is (x,), (x, y) or (x, y, sample_weight);
+        # a list or dict is the (multi-input) x itself.
+        if isinstance(element, tuple):
+            element = element[0]
+        yield element
+
+
+def _make_step(sub_model, bns):
+    """One forward pass through ``sub_model`` returning per-BN batch moments.
+
+    Every BatchNormalization layer met on the way normalises with the
+    statistics of the current batch (as in training mode, but without touching
+    its moving statistics and whatever its ``trainable`` flag); every other
+    layer runs in inference mode (so Dropout and friends do nothing).
+    """
+    bn_ids = {id(bn) for bn in bns}
+
+    def operation_fn(op):
+        if id(op) in bn_ids:
+
+            def call(inputs, *args, **kwargs):
+                x = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
+                axes = list(range(len(x.shape) - 1))
+                mean, variance = ops.moments(x, axes=axes)
+                out = ops.batch_normalization(
+                    x,
+                    mean,
+                    variance,
+                    axis=-1,
+                    offset=ops.cast(op.beta, x.dtype) if op.center else None,
+                    scale=ops.cast(op.gamma, x.dtype) if op.scale else None,
+                    epsilon=op.epsilon,
+                )
+                return ops.cast(out, op.compute_dtype)
+
+            return call
+
+        def call(*args, **kwargs):
+            if "training" in getattr(op, "_call_context_args", ()) or getattr(
+                op, "_call_has_training_arg", False
+            ):
+                kwargs["training"] = False
+            return op(*args, **kwargs)
+
+        return call
+
+    def step(x):
+        inputs = sub_model._standardize_inputs(x)
+        inputs = [
+            ops.cast(t, ref.dtype) for t, ref in zip(inputs, sub_model.inputs)
+        ]
+        outputs = sub_model._run_through_graph(inputs, operation_fn=operation_fn)
+        moments = []
+        for y in outputs:
+            y = ops.cast(y, "float64")
+            axes = list(range(len(y.shape) - 1))
+            count = ops.sum(ops.ones_like(y[..., :1]))
+            mean = ops.mean(y, axis=axes)
+            m2 = ops.sum(ops.square(y - mean), axis=axes)
+            moments.append((count, mean, m2))
+        return moments
+
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(step, reduce_retracing=True)
+    return step
+
+
+def reestimate_batchnorm_statistics(
+    model, data, batches=None, batch_size=256, verbose=0
+):
+    """Sets BatchNormalization moving statistics to population statistics.
+
+    Every :class:`keras.layers.BatchNormalization` layer of ``model`` gets its
+    ``moving_mean`` and ``moving_variance`` replaced by the mean and the
+    *biased* (population, divide-by-N) variance of its input over ``data``,
+    per channel. Biased is what Keras itself normalises with in training mode
+    and averages into ``moving_variance``, which inference mode then uses as
+    its estimate of the variance; with it, a model re-estimated on one batch
+    gives in inference mode the same outputs as in training mode on that
+    batch.
+
+    It takes one forward pass. A functional sub-model outputs the input of
+    every BatchNormalization layer; during the pass each BatchNormalization
+    layer normalises with the statistics of the current batch (as in
+    training, but its ``trainable`` flag and moving statistics are left
+    alone), all other layers run in inference mode (Dropout is off). Each
+    layer's input is therefore the one it sees once the layers before it
+    have population statistics, up to batch-to-batch noise in those upstream
+    statistics, which vanishes with the batch size: with a single batch the
+    result is exact, and batches of a few hundred are plenty in practice.
+    Per-batch counts, means and centred sums of squares are computed in
+    float64 and merged exactly (Chan et al.'s pairwise update), so there is
+    no float32 cancellation however much data is used.
+
+    Args:
+        model: A built Keras Functional or Sequential model. Its
+            BatchNormalization layers must normalise the last axis
+            (channels-last), must each be called once, and must not sit in
+            nested sub-models; otherwise a ValueError or NotImplementedError
+            naming the layer is raised before anything is changed.
+        data: Calibration inputs: a numpy array (or tensor) of inputs, split
+            into batches of ``batch_size``; or a ``tf.data.Dataset`` or any
+            iterable of batches, each either ``x`` or a tuple ``(x, y)`` /
+            ``(x, y, sample_weight)`` of which only ``x`` is used (``x`` may
+            be a list or dict for multi-input models). Inputs are cast to the
+            model's input dtype, so uint8 images are fine if the model
+            expects the raw pixel values.
+        batches: Use at most this many batches (``None``: all of ``data``).
+            Needed for an infinite (``repeat()``-ed) dataset.
+        batch_size: Batch size used to split a numpy array; ignored for
+            datasets and iterables.
+        verbose: 0 is silent, 1 prints one line per layer at the end, 2 also
+            prints progress per batch.
+
+    Returns:
+        dict: Maps each BatchNormalization layer's name to a
+        ``(mean, variance)`` pair of float64 numpy arrays, the values that
+        were assigned (cast to the variables' dtype).
+
+    Raises:
+        ValueError: If ``data`` yields no batch, or for an unsupported layer
+            (see ``model``).
+
+    Example:
+        >>> import numpy as np, keras
+        >>> from hope_keras.bn_stats import reestimate_batchnorm_statistics
+        >>> inputs = keras.Input((8, 8, 3))
+        >>> x = keras.layers.Conv2D(4, 3, name="conv")(inputs)
+        >>> x = keras.layers.BatchNormalization(name="bn")(x)
+        >>> model = keras.Model(inputs, keras.layers.ReLU()(x))
+        >>> calib = np.random.default_rng(0).normal(size=(64, 8, 8, 3))
+        >>> stats = reestimate_batchnorm_statistics(model, calib, batch_size=16)
+        >>> conv_out = model.get_layer("conv")(calib.astype("float32"))
+        >>> bn = model.get_layer("bn")
+        >>> np.allclose(bn.moving_mean.numpy(),
+        ...             np.mean(conv_out, axis=(0, 1, 2)), atol=1e-5)
+        True
+    """
+    if isinstance(batches, numbers.Number) and batches < 1:
+        raise ValueError(f"batches must be positive or None, got {batches}.")
+    bns = _batchnorm_layers(model)
+    if not bns:
+        if verbose:
+            print("reestimate_batchnorm_statistics: no BatchNormalization layers.")
+        return {}
+
+    sub_model = keras.Model(
+        model.inputs, [bn.input for bn in bns], name=f"{model.name}_bn_inputs"
+    )
+    step = _make_step(sub_model, bns)
+
+    n = [0.0] * len(bns)
+    mean = [np.zeros(bn.input.shape[-1], np.float64) for bn in bns]
+    m2 = [np.zeros(bn.input.shape[-1], np.float64) for bn in bns]
+    seen = 0
+    samples = 0
+    for x in _iter_batches(data, batch_size):
+        if batches is not None and seen >= batches:
+            break
+        moments = step(x)
+        for i, (count_b, mean_b, m2_b) in enumerate(moments):
+            count_b = float(count_b)
+            mean_b = np.asarray(mean_b, np.float64)
+            m2_b = np.asarray(m2_b, np.float64)
+            total = n[i] + count_b
+            delta = mean_b - mean[i]
+            mean[i] = mean[i] + delta * (count_b / total)
+            m2[i] = m2[i] + m2_b + delta**2 * (n[i] * count_b / total)
+            n[i] = total
+        seen += 1
+        samples += int(keras.tree.flatten(x)[0].shape[0])
+        if verbose >= 2:
+            print(f"  batch {seen}: {samples} samples")
+    if seen == 0:
+        raise ValueError("data yielded no batches.")
+
+    result = {}
+    for i, bn in enumerate(bns):
+        variance = m2[i] / n[i]
+        bn.moving_mean.assign(mean[i].astype(bn.moving_mean.dtype))
+        bn.moving_variance.assign(variance.astype(bn.moving_variance.dtype))
+        if getattr(bn, "renorm", False):
+            std = np.sqrt(variance + bn.epsilon)
+            bn.moving_stddev.assign(std.astype(bn.moving_stddev.dtype))
+            bn.renorm_mean.assign(mean[i].astype(bn.renorm_mean.dtype))
+            bn.renorm_stddev.assign(std.astype(bn.renorm_stddev.dtype))
+        result[bn.name] = (mean[i], variance)
+        if verbose:
+            print(
+                f"  {bn.name}: mean |mu| {np.mean(np.abs(mean[i])):.4g}, "
+                f"mean var {np.mean(variance):.4g}"
+            )
+    if verbose:
+        print(
+            f"reestimate_batchnorm_statistics: {len(bns)} layers, "
+            f"{seen} batches, {samples} samples."
+        )
+    return result
