@@ -41,7 +41,7 @@ class _MirrorLayer:
 
     def __init__(self, editor: "ModelEditor", name: str):
         self._editor = editor
-        self._layer = editor.model.get_layer(name)
+        self._layer = editor.layer(name)
         self.name = name
 
     def __getattr__(self, attr):
@@ -92,13 +92,20 @@ class ModelEditor:
         self._dirty: set = set()
         self._undo: List = None
         self._blocks = {b.name: b for b in graph.blocks}
+        # model.get_layer scans every layer: cache the lookups (a step must not
+        # cost O(number of layers)).
+        self._layers = {layer.name: layer for layer in model.layers}
+
+    def layer(self, name: str):
+        """The model's layer called `name` (cached lookup)."""
+        return self._layers[name]
 
     # ------------------------------------------------------------------ mirror
     def array(self, layer: str, attr: str) -> np.ndarray:
         """The current (possibly edited) value of ``layer.attr`` as numpy."""
         key = (layer, attr)
         if key not in self._arrays:
-            var = getattr(self.model.get_layer(layer), attr)
+            var = getattr(self.layer(layer), attr)
             self._arrays[key] = np.array(var.numpy())
         return self._arrays[key]
 
@@ -129,7 +136,7 @@ class ModelEditor:
     def commit(self) -> None:
         """Writes every edited array back into the model's variables."""
         for layer, attr in sorted(self._dirty):
-            getattr(self.model.get_layer(layer), attr).assign(self._arrays[(layer, attr)])
+            getattr(self.layer(layer), attr).assign(self._arrays[(layer, attr)])
         self._dirty.clear()
 
     # ------------------------------------------------------------ channel edits
@@ -141,11 +148,11 @@ class ModelEditor:
 
     def _zero_channel(self, producer: str, bn: str, channel: int) -> None:
         """Makes `channel` of producer → BN output exactly zero."""
-        layer = self.model.get_layer(producer)
+        layer = self.layer(producer)
         self._write(producer, "kernel", (Ellipsis, channel), 0.0)
         if getattr(layer, "use_bias", False) and layer.bias is not None:
             self._write(producer, "bias", channel, 0.0)
-        bn_layer = self.model.get_layer(bn)
+        bn_layer = self.layer(bn)
         for attr in ("gamma", "beta"):
             if getattr(bn_layer, attr, None) is not None:
                 self._write(bn, attr, channel, 0.0)
@@ -175,8 +182,8 @@ class ModelEditor:
         weights, so channels pruned elsewhere stay zero.
         """
         g = self._group(group)
-        producer = self.model.get_layer(g.producer)
-        bn = self.model.get_layer(g.bn)
+        producer = self.layer(g.producer)
+        bn = self.layer(g.bn)
         dtype = self.array(g.producer, "kernel").dtype
         gamma_k2 = float(coef.gamma) ** 2
         if gamma_k2 < bn.epsilon or not np.isfinite(gamma_k2):
@@ -239,7 +246,7 @@ class ModelEditor:
             ) from None
         if not b.evictable:
             raise ValueError(f"Block '{block}' has a projection shortcut: it cannot be evicted.")
-        bn = self.model.get_layer(b.final_bn)
+        bn = self.layer(b.final_bn)
         if bn.scale and bn.center:
             self._write(b.final_bn, "gamma", slice(None), 0.0)
             self._write(b.final_bn, "beta", slice(None), 0.0)

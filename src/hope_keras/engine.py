@@ -76,7 +76,7 @@ class _ParamCounter:
             if hasattr(layer, "kernel"):
                 kshape = tuple(layer.kernel.shape)
                 bias = int(getattr(layer, "use_bias", False))
-                self.info[name] = ("kernel", kshape, bias)
+                self.info[name] = ("kernel", (int(np.prod(kshape[:-1])), kshape[-1]), bias)
             elif isinstance(layer, keras.layers.BatchNormalization):
                 per = len(layer.weights)
                 self.info[name] = ("bn", int(layer.moving_mean.shape[0]), per)
@@ -94,8 +94,9 @@ class _ParamCounter:
         if kind == "bn":
             g = self.out_group.get(name)
             return extra * (self.live[g] if g else shape)
-        out = self.live[self.out_group[name]] if name in self.out_group else shape[-1]
-        rows = int(np.prod(shape[:-1]))
+        rows, out = shape
+        if name in self.out_group:
+            out = self.live[self.out_group[name]]
         if name in self.in_group:
             g = self.in_group[name]
             rows = rows // self.size0[g] * self.live[g]
@@ -339,7 +340,7 @@ class Encoder:
                                            cache.gram_u[i, i], cache.gram_u[j, j],
                                            cache.gram_u[i, j])
             coef = tuple(float(x) for x in pc)
-            eps = float(self.model.get_layer(self.graph.groups[unit].bn).epsilon)
+            eps = float(self.editor.layer(self.graph.groups[unit].bn).epsilon)
             dead_parent = coef[4] ** 2 < eps
             active_after = self.active - (2 if dead_parent else 1)
             c_after = max(c_rem + (0.0 if dead_parent else float(scale)), costs.FLOOR)
@@ -361,30 +362,36 @@ class Encoder:
 
     def _record(self, kind, unit, i, j, J, P, dr, c_before, c_after, active_after, coef,
                 changed_groups, evict=False):
-        """Computes the live-parameter ratio after the action and appends the step."""
-        saved = dict(self.params.now), self.params.total, set(self.params.evicted)
-        live_saved = dict(self.params.live)
+        """Updates the live parameter count and appends the step (O(touched layers))."""
+        counter = self.params
+        touched = set()
+        for g in changed_groups:
+            grp = self.graph.groups[g]
+            touched |= {grp.producer, grp.bn} | {c.layer for c in grp.consumers}
+        if evict:
+            touched |= set(self.blocks[unit].branch_layers)
+        lives = {unit} if not evict else set(self.blocks[unit].groups)
+        saved = ({k: counter.now[k] for k in touched}, counter.total,
+                 {g: counter.live[g] for g in lives}, set(counter.evicted) if evict else None)
         try:
-            touched = set()
             if evict:
-                self.params.evicted |= set(self.blocks[unit].branch_layers)
-                touched |= set(self.blocks[unit].branch_layers)
+                counter.evicted |= set(self.blocks[unit].branch_layers)
                 for g in self.blocks[unit].groups:
-                    self.params.live[g] = 0
+                    counter.live[g] = 0
             else:
-                self.params.live[unit] -= self.active - active_after
-            for g in changed_groups:
-                grp = self.graph.groups[g]
-                touched |= {grp.producer, grp.bn} | {c.layer for c in grp.consumers}
-            self.params.update(touched)
+                counter.live[unit] -= self.active - active_after
+            counter.update(touched)
             step = Step(kind, unit, int(i), int(j), float(J), float(P), float(dr),
                         float(c_before), float(c_after), int(active_after),
-                        float(self.params.ratio), tuple(coef))
+                        float(counter.ratio), tuple(coef))
             self.trajectory.append(step)
             self.active = active_after
         except BaseException:
-            self.params.now, self.params.total, self.params.evicted = saved
-            self.params.live = live_saved
+            counter.now.update(saved[0])
+            counter.total = saved[1]
+            counter.live.update(saved[2])
+            if evict:
+                counter.evicted = saved[3]
             raise
         return step
 
