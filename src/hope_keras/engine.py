@@ -207,8 +207,10 @@ class Encoder:
             "fingerprint": fingerprint(model, self.graph),
             "groups": [[n, g.size] for n, g in self.graph.groups.items()],
             "blocks": [b.name for b in self.graph.blocks],
+            "block_groups": {b.name: list(b.groups) for b in self.graph.blocks},
             "num_neurons": self.num_neurons,
             "num_params": self.params.total0,
+            "capacities": {n: g.C_init for n, g in self.groups.items()},
             "options": {"actions": sorted(self.actions), "merge_scale": merge_scale,
                         "refresh": refresh, "kernel": kernel},
         })

@@ -1,0 +1,84 @@
+"""`hope-keras` driven as a subprocess, and the plot files."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import hope_keras
+from conftest import copy_model, mlp, small_resnet
+from hope_keras import plots
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "hope_keras.cli", *args], env=ENV,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("cli") / "net.keras")
+    small_resnet(seed=21).save(path)
+    return path
+
+
+def test_cli_compress_replay_report(model_file, tmp_path):
+    out, traj, png = (str(tmp_path / n) for n in ("slim.keras", "t.npz", "r.png"))
+    r = run("compress", model_file, "--density", "0.5", "--out", out, "--trajectory", traj)
+    assert r.returncode == 0, r.stderr
+    assert "density 0.5" in r.stdout
+    original = keras.models.load_model(model_file)
+    small = keras.models.load_model(out)
+    assert small.count_params() < original.count_params()
+
+    replayed = str(tmp_path / "replayed.keras")
+    r = run("replay", model_file, traj, "--density", "0.5", "--out", replayed, "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    x = np.random.default_rng(0).normal(size=(3, 10, 10, 3)).astype("float32")
+    np.testing.assert_allclose(keras.models.load_model(replayed)(x), small(x), rtol=1e-6,
+                               atol=1e-6)
+
+    r = run("report", traj, "--out", png)
+    assert r.returncode == 0, r.stderr
+    assert os.path.getsize(png) > 10_000
+
+    r = run("analyze", model_file)
+    assert r.returncode == 0 and "b1_add" in r.stdout and "Pinned" in r.stdout
+
+
+def test_cli_errors_have_shell_exit_codes(model_file, tmp_path):
+    r = run("compress", str(tmp_path / "missing.keras"), "--density", "0.5", "--out", "x.keras")
+    assert r.returncode == 1 and "missing.keras" in r.stderr
+    r = run("compress", model_file, "--density", "1.0", "--out", str(tmp_path / "x.keras"))
+    assert r.returncode == 1 and "already met" in r.stderr
+    r = run("compress", model_file, "--out", str(tmp_path / "x.keras"))  # no budget
+    assert r.returncode == 2 and "one of the arguments" in r.stderr
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"junk")
+    r = run("replay", model_file, str(bad), "--step", "1", "--out", str(tmp_path / "y.keras"))
+    assert r.returncode == 1 and "bad.npz" in r.stderr
+
+
+def test_plot_functions_write_non_empty_files(tmp_path):
+    model = mlp((8, 6), seed=22)
+    analysis = hope_keras.analyze(model)
+    result = hope_keras.compress(copy_model(model), density=0.5, verbose=False)
+    w = plots.widths(result.trajectory)
+    assert [w["fc0"][0], w["fc1"][0]] == [8, 6]
+    assert w["fc0"][1] + w["fc1"][1] == result.trajectory.steps[-1].active_after
+    for name, draw in (("widths", lambda: plots.plot_widths(result.trajectory)),
+                       ("dr", lambda: plots.plot_dr(result.trajectory)),
+                       ("hist", lambda: plots.plot_capacity_histogram(analysis)),
+                       ("acc", lambda: plots.plot_accuracy_vs_density(
+                           {"HOPE": ([1.0, 0.5], [0.9, 0.8])}))):
+        ax = draw()
+        path = tmp_path / f"{name}.png"
+        ax.figure.savefig(path)
+        assert path.stat().st_size > 5_000
+    assert os.path.getsize(plots.report(result.trajectory, str(tmp_path / "r.png"))) > 10_000
