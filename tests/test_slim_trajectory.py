@@ -136,3 +136,21 @@ def test_prune_costs_for_deft(compressed):
     assert len(costs) == len(prunes)
     s = prunes[0]
     assert costs[(s.unit, s.i)] == (s.J, s.c_after)
+
+
+@pytest.mark.parametrize("conv, shape", [(L.Conv1D, (12, 3)), (L.Conv3D, (5, 5, 5, 2))])
+def test_conv1d_and_conv3d_groups_compress_and_slim(conv, shape):
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input(shape)
+    x = L.ReLU()(L.BatchNormalization()(conv(6, 3, padding="same", name="a")(inputs)))
+    x = L.ReLU()(L.BatchNormalization()(conv(5, 3, name="b")(x)))
+    x = L.Flatten()(x)
+    model = keras.Model(inputs, L.Dense(3)(x))
+    from conftest import randomize_bn
+
+    randomize_bn(model, 5)
+    assert set(hope_keras.walk(model).groups) == {"a", "b"}
+    hope_keras.compress(model, density=0.5, verbose=False)
+    small = hope_keras.slim(model)
+    assert small.get_layer("a").filters + small.get_layer("b").filters <= 5
+    assert outputs_equal(small, model, _x(model))
