@@ -163,12 +163,12 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
 
     >>> import keras, hope_keras
     >>> inputs = keras.Input((8,))
-    >>> x = keras.layers.Dense(16)(inputs)
+    >>> x = keras.layers.Dense(16, name="hidden")(inputs)
     >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
     >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
     >>> analysis = hope_keras.analyze(model)
     >>> [(g.name, g.size) for g in analysis.groups]
-    [('dense', 16)]
+    [('hidden', 16)]
     """
     g = graph_lib.walk(model)
     pinned = list(g.pinned)

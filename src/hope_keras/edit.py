@@ -74,14 +74,14 @@ class ModelEditor:
     >>> import keras, numpy as np
     >>> from hope_keras.graph import walk
     >>> inputs = keras.Input((4,))
-    >>> x = keras.layers.Dense(3)(inputs)
+    >>> x = keras.layers.Dense(3, name="hidden")(inputs)
     >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
-    >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    >>> model = keras.Model(inputs, keras.layers.Dense(2, name="head")(x))
     >>> editor = ModelEditor(model, walk(model))
     >>> with editor.step():
-    ...     editor.prune("dense", 1)
+    ...     editor.prune("hidden", 1)
     >>> editor.commit()
-    >>> float(np.abs(model.get_layer("dense_1").kernel.numpy()[1]).sum())
+    >>> float(np.abs(model.get_layer("head").kernel.numpy()[1]).sum())
     0.0
     """
 

@@ -95,12 +95,12 @@ def slim(model, name: str = None) -> keras.Model:
 
     >>> import keras, numpy as np, hope_keras
     >>> inputs = keras.Input((8,))
-    >>> x = keras.layers.Dense(16)(inputs)
+    >>> x = keras.layers.Dense(16, name="hidden")(inputs)
     >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
     >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
     >>> _ = hope_keras.compress(model, density=0.5, verbose=False)
     >>> small = hope_keras.slim(model)
-    >>> small.get_layer("dense").units
+    >>> small.get_layer("hidden").units
     8
     >>> x = np.random.rand(4, 8).astype("float32")
     >>> bool(np.allclose(small(x), model(x), atol=1e-5))
