@@ -7,6 +7,7 @@
 * `derivative_matching` compresses MLPs with analytic activations.
 """
 
+from hope_keras import derivative_matching
 from hope_keras.analysis import Analysis, BlockReport, GroupReport, analyze
 from hope_keras.bn_stats import reestimate_batchnorm_statistics
 from hope_keras.engine import CompressionResult, Encoder, compress
@@ -30,6 +31,7 @@ __all__ = [
     "Trajectory",
     "analyze",
     "compress",
+    "derivative_matching",
     "reestimate_batchnorm_statistics",
     "slim",
     "walk",
