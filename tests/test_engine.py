@@ -299,3 +299,23 @@ def test_interruption_leaves_model_at_last_completed_step(exc, monkeypatch):
     replayed = enc.trajectory.replay(original, step=done)
     for a, b in zip(replayed.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_rate_neurons_ranks_by_distortion_per_neuron():
+    model = small_resnet(seed=4)
+    enc = Encoder(model, rate="neurons")
+    best = {name: enc.best_group_action(name) for name in enc.groups}
+    for name, (dr, kind, i, j, J, P) in best.items():
+        assert dr == pytest.approx(J)  # no division by the footprint
+        gs = enc.groups[name]
+        if kind == "prune":
+            cap = gs.cache.capacity
+            others = [hope_keras.costs.j_prune(cap[k], gs.C, gs.n) for k in range(gs.n)]
+            assert J == pytest.approx(min(others))
+    dr, J, _ = enc.eviction_cost("b1_add")
+    assert dr == pytest.approx(J / 6)
+    result = hope_keras.compress(small_resnet(seed=4), density=0.5, rate="neurons",
+                                 verbose=False)
+    assert result.trajectory.meta["options"]["rate"] == "neurons"
+    with pytest.raises(ValueError, match="rate"):
+        hope_keras.compress(small_resnet(seed=4), density=0.5, rate="flops", verbose=False)

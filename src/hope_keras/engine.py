@@ -157,11 +157,14 @@ class Encoder:
         refresh: ``"local"`` (paper's decoupled cache) or ``"neighbors"`` (also
             rebuild the caches of the producer- and consumer-side groups).
         kernel: ``"approx"`` or ``"exact"`` cross-kernel.
+        rate: ``"params"`` (the spec's ``DR = J / P_init``) or ``"neurons"``
+            (distortion per neuron removed: ``DR = J`` for prunes and merges,
+            ``J / neurons removed`` for evictions; see docs/quality.md).
     """
 
     def __init__(self, model, analysis: Optional[Analysis] = None,
                  actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
-                 kernel: str = "approx", verbose: bool = False):
+                 kernel: str = "approx", verbose: bool = False, rate: str = "params"):
         actions = tuple(actions)
         bad = [a for a in actions if a not in ACTIONS]
         if bad or not actions:
@@ -170,6 +173,8 @@ class Encoder:
         if merge_scale not in ("sum", "paper"):
             raise ValueError(f"merge_scale must be 'sum' or 'paper'. "
                              f"Received: merge_scale={merge_scale!r}")
+        if rate not in ("params", "neurons"):
+            raise ValueError(f"rate must be 'params' or 'neurons'. Received: rate={rate!r}")
         if refresh not in ("local", "neighbors"):
             raise ValueError(f"refresh must be 'local' or 'neighbors'. "
                              f"Received: refresh={refresh!r}")
@@ -183,6 +188,7 @@ class Encoder:
         self.merge_scale = merge_scale
         self.refresh = refresh
         self.kernel = kernel
+        self.rate = rate
         a = self.analysis
         self.graph = a.graph
         self.groups = {name: _GroupState(name, a.caches[name], a.states[name].p_init)
@@ -212,7 +218,7 @@ class Encoder:
             "num_params": self.params.total0,
             "capacities": {n: g.C_init for n, g in self.groups.items()},
             "options": {"actions": sorted(self.actions), "merge_scale": merge_scale,
-                        "refresh": refresh, "kernel": kernel},
+                        "refresh": refresh, "kernel": kernel, "rate": rate},
         })
 
     # ----------------------------------------------------------- best actions
@@ -236,7 +242,7 @@ class Encoder:
         if "prune" in self.actions and gs.n > 1:
             idx = np.flatnonzero(gs.active)
             J = costs.j_prune(cap[idx], gs.C, gs.n)
-            dr = J / gs.p_init[idx]
+            dr = J / gs.p_init[idx] if self.rate == "params" else J
             k = int(np.argmin(dr))
             best = (float(dr[k]), "prune", int(idx[k]), -1, float(J[k]),
                     float(gs.p_init[idx[k]]))
@@ -247,7 +253,7 @@ class Encoder:
                 c_rem = gs.C - cap[ii] - cap[jj]
                 J = costs.j_merge(A, cache.B[ii, jj], c_rem, gs.n)
                 P = gs.p_init[jj]
-                dr = J / P
+                dr = J / P if self.rate == "params" else J
                 k = int(np.argmin(dr))
                 if best is None or dr[k] < best[0]:
                     best = (float(dr[k]), "merge", int(ii[k]), int(jj[k]), float(J[k]),
@@ -260,7 +266,10 @@ class Encoder:
         J = float(costs.j_evict(
             np.array([self.groups[g].n for g in b.groups], dtype=np.float64),
             np.array([self.groups[g].C for g in b.groups]), rep.c_identity))
-        return J / rep.p_init, J, rep.p_init
+        if self.rate == "params":
+            return J / rep.p_init, J, rep.p_init
+        removed = sum(self.groups[g].n for g in b.groups)
+        return J / max(removed, 1), J, rep.p_init
 
     def _push_group(self, name: str) -> None:
         gs = self.groups[name]
@@ -506,7 +515,7 @@ class Encoder:
 def compress(model, density: Optional[float] = None, params: Optional[float] = None,
              steps: Optional[int] = None, actions=ACTIONS, merge_scale: str = "sum",
              refresh: str = "local", kernel: str = "approx", verbose: bool = True,
-             analysis: Optional[Analysis] = None) -> CompressionResult:
+             analysis: Optional[Analysis] = None, rate: str = "params") -> CompressionResult:
     """Compresses a Keras model in place with HOPE, data-free.
 
     The greedy encoder executes, one step at a time, the prune, merge or block
@@ -528,6 +537,10 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         kernel: ``"approx"`` (default) or ``"exact"`` cross-kernel.
         verbose: Show a progress bar.
         analysis: A precomputed `hope_keras.analyze(model, kernel=...)` result.
+        rate: ``"params"`` (default, the spec's ``DR = J / P_init``) or
+            ``"neurons"`` (``DR`` = distortion per neuron removed). With a neuron
+            density budget ``"neurons"`` avoids draining the layer with the largest
+            per-neuron footprint first (docs/quality.md).
 
     Returns:
         A `CompressionResult` (``trajectory``, ``density``, ``params_ratio``,
@@ -554,7 +567,7 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
     if steps is not None and steps < 0:
         raise ValueError(f"steps must be ≥ 0. Received: steps={steps}")
     enc = Encoder(model, analysis=analysis, actions=actions, merge_scale=merge_scale,
-                  refresh=refresh, kernel=kernel, verbose=verbose)
+                  refresh=refresh, kernel=kernel, verbose=verbose, rate=rate)
     if density is not None and enc.active <= math.floor(density * enc.num_neurons + 1e-9):
         raise ValueError(
             f"The budget density={density} is already met: the model has "
