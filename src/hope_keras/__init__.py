@@ -4,10 +4,11 @@
 * `compress` runs the HOPE greedy encoder in place; `slim` rebuilds a smaller model;
   `Trajectory` saves, loads and replays a run.
 * `reestimate_batchnorm_statistics` refreshes stale BN moving statistics.
+* `deft` fine-tunes on a new task while keeping the old one (DEFT).
 * `derivative_matching` compresses MLPs with analytic activations.
 """
 
-from hope_keras import derivative_matching
+from hope_keras import deft, derivative_matching
 from hope_keras.analysis import Analysis, BlockReport, GroupReport, analyze
 from hope_keras.bn_stats import reestimate_batchnorm_statistics
 from hope_keras.engine import CompressionResult, Encoder, compress
@@ -31,6 +32,7 @@ __all__ = [
     "Trajectory",
     "analyze",
     "compress",
+    "deft",
     "derivative_matching",
     "reestimate_batchnorm_statistics",
     "slim",

@@ -1,0 +1,346 @@
+"""Transfer baselines in the DEFT harness: full FT, head-only, PEFT, EWC.
+
+Every method is a map of gradient multipliers for `ElasticOptimizer` (plus, for EWC,
+a penalty for `Trainer`), so all methods share one training loop:
+
+* ``"full"``: everything trains;
+* ``"head"``: only the new head trains;
+* ``"peft"``: all 1-D tensors (biases, BN γ/β) and the new head train, kernels are
+  frozen (appendix G.5);
+* ``"ewc"``: everything trains, with ``λ/2 Σ F_k (θ_k − θ*_k)²`` over the backbone, ``F``
+  the per-example diagonal Fisher over the source training set (eqs. 99–100);
+* ``"deft"``: the plan's elasticities.
+
+BatchNormalization runs in training mode for every method (as in DEFT), and source
+retention restores the source BN statistics (appendix G.5).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import keras
+import numpy as np
+
+from hope_keras.deft.plan import find_head
+
+__all__ = ["METHODS", "replace_head", "method_elasticity", "diagonal_fisher",
+           "EWCPenalty", "L2Penalty"]
+
+METHODS = ("deft", "full", "head", "peft", "ewc")
+
+
+def replace_head(model, units: int, head: Optional[str] = None, name: Optional[str] = None,
+                 activation=None, seed: Optional[int] = None):
+    """A new model: a copy of `model`'s backbone with a fresh Dense head.
+
+    The backbone layers keep their names and weights (copied, not shared); the new
+    head reads the old head's input. Call it inside ``strategy.scope()`` to create a
+    distributed model.
+
+    Args:
+        model: The source model.
+        units: Number of target classes.
+        head: The source head (found automatically for one-output models).
+        name: The new head's name (default ``"<head>_target"``).
+        activation: The new head's activation (default: the source head's).
+        seed: Seed of the new head's Glorot-uniform initialisation.
+
+    Returns:
+        The target `keras.Model`.
+
+    Example:
+
+    >>> import keras
+    >>> from hope_keras.deft import replace_head
+    >>> inputs = keras.Input((4,))
+    >>> x = keras.layers.Dense(8, name="feat")(inputs)
+    >>> model = keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+    >>> target = replace_head(model, 5)
+    >>> target.output_shape, target.layers[-1].name
+    ((None, 5), 'head_target')
+    """
+    head = head or find_head(model)
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    old = clone.get_layer(head)
+    if activation is None:
+        activation = keras.activations.serialize(old.activation)
+    new = keras.layers.Dense(
+        int(units), activation=activation, name=name or f"{head}_target",
+        kernel_initializer=keras.initializers.GlorotUniform(seed=seed))
+    outputs = new(old.input)
+    inputs = clone.inputs[0] if len(clone.inputs) == 1 else clone.inputs
+    return keras.Model(inputs, outputs, name=f"{model.name}_target")
+
+
+def method_elasticity(method: str, model, plan=None, head: Optional[str] = None
+                      ) -> Dict[str, object]:
+    """The `ElasticOptimizer` elasticity map of a method, for the target `model`.
+
+    Args:
+        method: One of ``METHODS``.
+        model: The target model (its new head, found or given, stays elastic).
+        plan: The `DeftPlan` (``"deft"`` only).
+        head: The target head's name (found automatically by default).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
+    head = head or find_head(model)
+    if method == "deft":
+        if plan is None:
+            raise ValueError("method='deft' needs plan=<DeftPlan>.")
+        return plan.elasticity_map()
+    if method in ("full", "ewc"):
+        return {}
+    out = {}
+    for layer in model.layers:
+        if layer.name == head or not layer.trainable_weights:
+            continue
+        if method == "head":
+            out[layer.name] = 0.0
+        else:  # peft: freeze tensors of rank ≥ 2
+            for v in layer.trainable_weights:
+                if len(v.shape) >= 2:
+                    out[v.path if v.path.count("/") == 1 else
+                        f"{layer.name}/{v.name}"] = 0.0
+    return out
+
+
+def diagonal_fisher(model, x, y, batch_size: int = 128, variables=None,
+                    from_logits: Optional[bool] = None, method: str = "auto",
+                    verbose: bool = False) -> Dict[str, np.ndarray]:
+    """Per-example empirical diagonal Fisher (eq. 99): ``E_x[(∂L_CE/∂θ)²]``.
+
+    Per-example gradients are squared and averaged over all of `x` (BN in inference
+    mode, so examples are independent); this is not the square of batch-averaged
+    gradients. Two vectorised implementations:
+
+    * ``"layerwise"``: one batched backward pass gives each layer's input and output
+      gradient for every example; per-example parameter gradients are then formed in
+      closed form (Dense: outer products; Conv2D: image patches × output gradients;
+      BN: sums of ``δ·x̂`` and ``δ``). Dense, Conv2D (linear activation, groups=1,
+      channels-last) and BatchNormalization variables only.
+    * ``"vmap"``: ``tf.vectorized_map`` over per-example gradient tapes (any layer;
+      TF runs ``Conv2DBackpropFilter`` in a while_loop inside it, slower).
+
+    ``"auto"`` uses ``"layerwise"`` when every scored variable allows it.
+
+    Args:
+        model: The source model (with its source head).
+        x, y: Source training inputs and integer labels.
+        batch_size: Examples per vectorised batch.
+        variables: Variables to score (default: trainable variables of every layer
+            but the head).
+        from_logits: Whether the model outputs logits (default: True unless its head
+            has a softmax activation).
+        method: ``"auto"``, ``"layerwise"`` or ``"vmap"``.
+
+    Returns:
+        ``{variable path: Fisher diagonal}``.
+
+    Example:
+
+    >>> import keras, numpy as np
+    >>> from hope_keras.deft import diagonal_fisher
+    >>> inputs = keras.Input((3,))
+    >>> h = keras.layers.Dense(4, name="feat")(inputs)
+    >>> model = keras.Model(inputs, keras.layers.Dense(2, name="head")(h))
+    >>> F = diagonal_fisher(model, np.ones((6, 3), "float32"), np.zeros(6, "int64"))
+    >>> sorted(F), F["feat/kernel"].shape
+    (['feat/bias', 'feat/kernel'], (3, 4))
+    """
+    import tensorflow as tf
+
+    if method not in ("auto", "layerwise", "vmap"):
+        raise ValueError(f"method must be 'auto', 'layerwise' or 'vmap'. Received: "
+                         f"method={method!r}")
+    head = find_head(model)
+    if variables is None:
+        variables = [v for l in model.layers if l.name != head for v in l.trainable_weights]
+    variables = list(variables)
+    if from_logits is None:
+        act = getattr(model.get_layer(head), "activation", None)
+        from_logits = getattr(act, "__name__", "") != "softmax"
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits,
+                                                         reduction=None)
+    batch_sum = None
+    if method in ("auto", "layerwise"):
+        batch_sum = _layerwise_fisher_fn(model, variables, loss_fn)
+        if batch_sum is None and method == "layerwise":
+            raise ValueError(
+                "method='layerwise' supports Dense, Conv2D (linear activation, "
+                "groups=1, channels_last) and BatchNormalization variables of a "
+                "single-output model; use method='vmap' for this model.")
+    if batch_sum is None:
+        batch_sum = _vmap_fisher_fn(model, variables, loss_fn)
+
+    total = [np.zeros(v.shape, np.float64) for v in variables]
+    n = len(x)
+    y = np.asarray(y).astype(np.int64).reshape(-1)
+    for start in range(0, n, batch_size):
+        parts = batch_sum(tf.convert_to_tensor(x[start:start + batch_size]),
+                          tf.convert_to_tensor(y[start:start + batch_size]))
+        for t, p in zip(total, parts):
+            t += p.numpy()
+        if verbose:
+            print(f"fisher: {min(start + batch_size, n)}/{n}", end="\r")
+    return {v.path: (t / max(n, 1)).astype(np.float32) for v, t in zip(variables, total)}
+
+
+def _vmap_fisher_fn(model, variables, loss_fn):
+    import tensorflow as tf
+
+    @tf.function(reduce_retracing=True)
+    def batch_sum(xb, yb):
+        def one(args):
+            xi, yi = args
+            with tf.GradientTape() as tape:
+                out = model(xi[None], training=False)
+                loss = loss_fn(yi[None], out)[0]
+            grads = tape.gradient(loss, variables)
+            return [tf.zeros(v.shape, v.dtype) if g is None else tf.square(g)
+                    for g, v in zip(grads, variables)]
+
+        sq = tf.vectorized_map(one, (xb, yb))
+        return [tf.reduce_sum(s, axis=0) for s in sq]
+
+    return batch_sum
+
+
+def _layerwise_fisher_fn(model, variables, loss_fn):
+    """The closed-form per-example Fisher of Dense/Conv2D/BN variables, or None."""
+    import tensorflow as tf
+
+    from hope_keras.graph import _LayerGraph
+
+    try:
+        lg = _LayerGraph(model)
+    except ValueError:
+        return None
+    if len(lg.outputs) != 1 or any(c > 1 for c in lg.calls.values()):
+        return None
+    owner = {}
+    for layer in model.layers:
+        for w in layer.trainable_weights:
+            owner[id(w)] = layer
+    kinds = {}
+    for v in variables:
+        layer = owner.get(id(v))
+        if layer is None:
+            return None
+        linear = getattr(getattr(layer, "activation", None), "__name__", "linear") == "linear"
+        if isinstance(layer, keras.layers.Dense) and linear:
+            kinds[layer.name] = "dense"
+        elif (isinstance(layer, keras.layers.Conv2D) and linear
+              and type(layer) is keras.layers.Conv2D and layer.groups == 1
+              and layer.data_format == "channels_last"):
+            kinds[layer.name] = "conv2d"
+        elif isinstance(layer, keras.layers.BatchNormalization) and layer.axis in (
+                -1, len(layer.input.shape) - 1):
+            kinds[layer.name] = "bn"
+        else:
+            return None
+    out_name = next(iter(lg.outputs))
+
+    @tf.function(reduce_retracing=True)
+    def batch_sum(xb, yb):
+        inputs, zeros = {}, {}
+        with tf.GradientTape() as tape:
+            values = {}
+            for name in lg.order:
+                layer = lg.layers[name]
+                if isinstance(layer, keras.layers.InputLayer):
+                    values[name] = xb
+                    continue
+                args = [values[p] for p in lg.parents[name]]
+                arg = args[0] if len(args) == 1 else args
+                out = layer(arg, training=False)
+                if name in kinds:
+                    z = tf.zeros_like(out)
+                    tape.watch(z)
+                    out = out + z
+                    inputs[name], zeros[name] = arg, z
+                values[name] = out
+            total = tf.reduce_sum(loss_fn(yb, values[out_name]))
+        names = list(zeros)
+        deltas = dict(zip(names, tape.gradient(total, [zeros[n] for n in names])))
+        result = []
+        for v in variables:
+            layer = owner[id(v)]
+            a, d, kind = inputs[layer.name], deltas[layer.name], kinds[layer.name]
+            b = tf.shape(d)[0]
+            if kind == "bn":
+                xhat = (a - layer.moving_mean) * tf.math.rsqrt(
+                    layer.moving_variance + layer.epsilon)
+                term = d * xhat if v is layer.gamma else d
+                per = tf.reduce_sum(tf.reshape(term, [b, -1, term.shape[-1]]), axis=1)
+                result.append(tf.reduce_sum(tf.square(per), axis=0))
+                continue
+            if v is getattr(layer, "bias", None):
+                per = tf.reduce_sum(tf.reshape(d, [b, -1, d.shape[-1]]), axis=1)
+                result.append(tf.reduce_sum(tf.square(per), axis=0))
+                continue
+            if kind == "dense":
+                a3 = tf.reshape(a, [b, -1, a.shape[-1]])
+                d3 = tf.reshape(d, [b, -1, d.shape[-1]])
+                g = tf.einsum("bpi,bpo->bio", a3, d3)
+            else:
+                kh, kw = layer.kernel_size
+                sh, sw = layer.strides
+                rh, rw = layer.dilation_rate
+                patches = tf.image.extract_patches(
+                    a, [1, kh, kw, 1], [1, sh, sw, 1], [1, rh, rw, 1],
+                    layer.padding.upper())
+                g = tf.einsum("bhwk,bhwo->bko", patches, d)
+            result.append(tf.reshape(tf.reduce_sum(tf.square(g), axis=0), v.shape))
+        return result
+
+    return batch_sum
+
+
+class EWCPenalty:
+    """``λ/2 Σ_k F_k (θ_k − θ*_k)²`` over the variables in `fisher` (eq. 100).
+
+    Args:
+        model: The target model; its current values of the Fisher's variables are the
+            anchor ``θ*`` (create the penalty before fine-tuning).
+        fisher: ``{variable path: Fisher diagonal}`` (`diagonal_fisher`).
+        lam: ``λ``.
+    """
+
+    def __init__(self, model, fisher: Dict[str, np.ndarray], lam: float):
+        import tensorflow as tf
+
+        by_path = {v.path: v for v in model.trainable_variables}
+        missing = [p for p in fisher if p not in by_path]
+        if missing:
+            raise ValueError(
+                f"EWC: model '{model.name}' has no trainable variables {missing[:5]} "
+                "(Fisher keys are variable paths of the source model).")
+        self.lam = float(lam)
+        self.paths = sorted(fisher)
+        self.fisher = [tf.constant(fisher[p]) for p in self.paths]
+        self.anchor = [tf.constant(by_path[p].numpy()) for p in self.paths]
+
+    def __call__(self, model):
+        import tensorflow as tf
+
+        by_path = {v.path: v for v in model.trainable_variables}
+        total = 0.0
+        for p, f, a in zip(self.paths, self.fisher, self.anchor):
+            total += tf.reduce_sum(f * tf.square(by_path[p] - a))
+        return 0.5 * self.lam * total
+
+
+class L2Penalty:
+    """``l2 · Σ ‖W‖²`` over trainable tensors of rank > 1 (appendix G.3 fine-tuning)."""
+
+    def __init__(self, l2: float):
+        self.l2 = float(l2)
+
+    def __call__(self, model):
+        import tensorflow as tf
+
+        return self.l2 * tf.add_n([tf.reduce_sum(tf.square(v))
+                                   for v in model.trainable_variables if len(v.shape) > 1])

@@ -1,0 +1,206 @@
+"""`ElasticOptimizer`: gradient scaling by neuron elasticity (spec section 6, eq. 29)."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import keras
+import numpy as np
+from keras import ops
+
+__all__ = ["ElasticOptimizer"]
+
+
+def _normalise_map(elasticity) -> Dict[str, object]:
+    out = {}
+    for key, value in dict(elasticity or {}).items():
+        arr = np.asarray(value, dtype=np.float64)
+        if arr.ndim > 1:
+            raise ValueError(
+                f"Elasticity of '{key}' must be a number or a 1-D list over the output "
+                f"channels. Received shape {arr.shape}.")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"Elasticity of '{key}' has NaN/Inf values.")
+        out[str(key)] = float(arr) if arr.ndim == 0 else [float(x) for x in arr]
+    return out
+
+
+@keras.saving.register_keras_serializable(package="hope_keras")
+class ElasticOptimizer(keras.optimizers.Optimizer):
+    """Wraps an optimizer and scales each gradient by its neuron's elasticity (eq. 29).
+
+    Every gradient of a parameter that belongs to output channel ``b`` of a layer (the
+    last axis of a kernel, bias, BN γ/β) is multiplied by ``e_b`` before the inner
+    optimizer sees it. With ``e_b = 0`` the parameter never moves and its optimizer
+    state (SGD momentum, Adam moments) stays exactly zero, so masked and frozen
+    weights stay bit-identical. Works in ``model.fit`` and in custom loops, under
+    ``tf.distribute`` strategies, like `keras.optimizers.LossScaleOptimizer`.
+
+    A variable's elasticity is looked up by its path (``"layer/kernel"``), then by its
+    layer name; variables of layers not in the map (for instance a new target head)
+    get ``default``.
+
+    Args:
+        inner_optimizer: The `keras.optimizers.Optimizer` to wrap. Decoupled weight
+            decay and EMA are refused (they would move frozen parameters); use a
+            kernel regularizer or an explicit L2 term instead (its gradient is scaled).
+        plan: A `hope_keras.deft.DeftPlan` (its ``elasticity_map()`` is used).
+        elasticity: Or a map ``{layer or "layer/variable": number or list over the
+            output channels}``; entries here override the plan's.
+        default: Elasticity of variables found in neither.
+        name: Optimizer name.
+
+    Example:
+
+    >>> import keras, numpy as np
+    >>> from hope_keras.deft import ElasticOptimizer
+    >>> inputs = keras.Input((4,))
+    >>> model = keras.Model(inputs, keras.layers.Dense(2, name="fc")(inputs))
+    >>> opt = ElasticOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+    ...                        elasticity={"fc": [1.0, 0.0]})
+    >>> model.compile(opt, "mse")
+    >>> before = model.get_layer("fc").kernel.numpy()
+    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 2)), epochs=2, verbose=0)
+    >>> after = model.get_layer("fc").kernel.numpy()
+    >>> bool((after[:, 1] == before[:, 1]).all()), bool((after[:, 0] != before[:, 0]).all())
+    (True, True)
+    """
+
+    def __init__(self, inner_optimizer, plan=None, *, elasticity=None,
+                 default: float = 1.0, name: Optional[str] = None, **kwargs):
+        if kwargs:
+            raise ValueError(
+                "ElasticOptimizer does not support arguments "
+                f"{sorted(kwargs)}; set them on the inner optimizer.")
+        if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+            raise ValueError(
+                "inner_optimizer must be a keras.optimizers.Optimizer. Received: "
+                f"{type(inner_optimizer).__name__}")
+        wd = getattr(inner_optimizer, "weight_decay", None)
+        if wd:
+            raise ValueError(
+                f"The inner optimizer {type(inner_optimizer).__name__} has decoupled "
+                f"weight_decay={wd}, which would move frozen parameters. Set "
+                "weight_decay=None and use an L2 term in the loss (its gradient is "
+                "scaled by the elasticity).")
+        if getattr(inner_optimizer, "use_ema", False):
+            raise ValueError(
+                "The inner optimizer has use_ema=True; EMA overwrites would move frozen "
+                "parameters. Received: use_ema=True.")
+        super().__init__(learning_rate=0.0, name=name)
+        self.inner_optimizer = inner_optimizer
+        merged = {}
+        if plan is not None:
+            if isinstance(plan, dict):
+                merged.update(plan)
+            elif hasattr(plan, "elasticity_map"):
+                merged.update(plan.elasticity_map())
+            else:
+                raise ValueError(
+                    "plan must be a DeftPlan or an elasticity dict. Received: "
+                    f"{type(plan).__name__}")
+        merged.update(elasticity or {})
+        self.elasticity = _normalise_map(merged)
+        self.default = float(default)
+        self._scale_cache: Dict[str, object] = {}
+
+    # ------------------------------------------------------------------ scaling
+    def elasticity_of(self, variable):
+        """The elasticity (float or numpy vector) that applies to `variable`."""
+        path = getattr(variable, "path", None) or getattr(variable, "name", "")
+        parts = path.split("/")
+        candidates = [path]
+        if len(parts) >= 2:
+            candidates += ["/".join(parts[-2:]), parts[-2]]
+        for key in candidates:
+            if key in self.elasticity:
+                value = self.elasticity[key]
+                if isinstance(value, list):
+                    value = np.asarray(value, dtype=np.float64)
+                    n = int(variable.shape[-1]) if len(variable.shape) else 0
+                    if value.shape != (n,):
+                        raise ValueError(
+                            f"Elasticity of '{key}' has {value.size} entries but variable "
+                            f"'{path}' has shape {tuple(variable.shape)}: the entries must "
+                            "match its last (output-channel) axis.")
+                    if np.all(value == value[0]):
+                        return float(value[0])
+                return value
+        return self.default
+
+    def scale_gradients(self, grads, trainable_variables):
+        """Returns the gradients multiplied by each variable's elasticity."""
+        out = []
+        for g, v in zip(grads, trainable_variables):
+            if g is None:
+                out.append(g)
+                continue
+            e = self.elasticity_of(v)
+            if isinstance(e, float):
+                if e == 1.0:
+                    out.append(g)
+                elif e == 0.0:
+                    out.append(ops.zeros_like(g))
+                else:
+                    out.append(ops.multiply(g, ops.cast(e, g.dtype)))
+            else:
+                out.append(ops.multiply(g, ops.convert_to_tensor(e, dtype=g.dtype)))
+        return out
+
+    # -------------------------------------------------------------- optimizer API
+    def build(self, var_list):
+        self.inner_optimizer.build(var_list)
+        super().build(var_list)
+
+    @property
+    def variables(self):
+        return self._variables + self.inner_optimizer.variables
+
+    def apply(self, grads, trainable_variables=None):
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        tvs = trainable_variables if trainable_variables is not None else \
+            self._trainable_variables
+        scaled = self.scale_gradients(list(grads), list(tvs))
+        return self.inner_optimizer.apply(scaled, trainable_variables=trainable_variables)
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        scaled = self.scale_gradients(list(grads), self._trainable_variables)
+        n_own = len(self._variables)
+        own = list(optimizer_variables[:n_own])
+        new_vars, new_inner = self.inner_optimizer.stateless_apply(
+            optimizer_variables[n_own:], scaled, trainable_variables)
+        return new_vars, own + list(new_inner)
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        if hasattr(self, "inner_optimizer"):
+            self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "elasticity": self.elasticity,
+            "default": self.default,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("inner_optimizer"), custom_objects=custom_objects)
+        return cls(inner, **config)

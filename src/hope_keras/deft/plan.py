@@ -1,0 +1,671 @@
+"""DEFT planning: core/slack partition, merges, elasticities and masks (spec section 6).
+
+`plan` runs the HOPE encoder on a copy of the model until no action is admissible,
+reads every neuron's ``J_prune`` from the trajectory, derives the locking threshold
+``τ_lock`` (eqs. 25–26), chooses the merges to replay, and computes the elasticity of
+every neuron (eq. 27) and the structural masks (eq. 28). `DeftPlan.apply` replays the
+chosen merges on the real model and applies the masks.
+
+Decisions (the paper leaves them open; see docs/deft.md):
+
+* Merges replayed: the trajectory's merges with ``J_merge < τ_lock``, in trajectory
+  order; a merge is skipped as well when one of its slots holds, in the trajectory,
+  the parent of a merge that was skipped (its coefficients would refer to a neuron the
+  real model does not have).
+* Freed vessels get fresh weights (``reinit_vessels=True``): random input filter,
+  BN ``γ = 1, β = 0``, zero output rows. A zeroed vessel (γ = β = 0, u = 0) has an
+  exactly zero gradient and could never learn; zero output rows keep the function
+  unchanged at the start of fine-tuning.
+* Masks use each kernel input's *drift*: a channel drifts when any elastic parameter
+  can change its value on source inputs (BN statistics restored). For a neuron → neuron
+  connection that is the upstream elasticity of eq. 28; through an ``Add`` it is the
+  channel-wise maximum of both inputs, so a core neuron never reads a residual-stream
+  channel that carries slack signal. Layers the walker does not understand are
+  treated conservatively (any drifting input makes every output channel drift).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import os
+from typing import Dict, List, Optional, Tuple
+
+import keras
+import numpy as np
+
+from hope_keras import graph as graph_lib
+from hope_keras.trajectory import Step, apply_step, fingerprint
+
+FORMAT = "hope_keras.deft_plan"
+VERSION = 1
+
+_KERNEL_TYPES = graph_lib._KERNEL_TYPES
+_ELEMENTWISE = (
+    keras.layers.Add,
+    keras.layers.Subtract,
+    keras.layers.Multiply,
+    keras.layers.Average,
+    keras.layers.Maximum,
+    keras.layers.Minimum,
+)
+# Weightless layers that map channel c of their input to channel c of their output.
+_CHANNEL_PRESERVING = tuple(
+    t for t in graph_lib._PASSTHROUGH_TYPES if t is not keras.layers.Flatten
+) + (
+    keras.layers.ReLU,
+    keras.layers.LeakyReLU,
+    keras.layers.ELU,
+    keras.layers.Cropping1D,
+    keras.layers.Cropping2D,
+    keras.layers.Cropping3D,
+    keras.layers.GaussianNoise,
+    keras.layers.GaussianDropout,
+    keras.layers.AlphaDropout,
+    keras.layers.ActivityRegularization,
+)
+
+
+# ----------------------------------------------------------------------------- τ_lock
+def lock_threshold(j_prune, c_rem, percentile: float, eps: float = 1e-6):
+    """The locking threshold of eqs. 25–26.
+
+    ``C = {J_prune(i) : C_rem(i) > ε}``; ``τ_p = percentile(C, p)``, ``τ_sup = max(C)``;
+    ``τ_lock = τ_p`` if ``τ_p ≥ ε``, else ``τ_sup`` if ``τ_sup ≥ ε``, else 1. An empty
+    ``C`` (nothing pruned with a live remainder) also gives 1.
+
+    Args:
+        j_prune: Prune costs of the pruned neurons (any shape).
+        c_rem: The layer's remaining capacity after each prune (same shape).
+        percentile: ``p`` in [0, 100] (numpy's linear interpolation).
+        eps: ``ε`` of eqs. 25–26.
+
+    Returns:
+        ``(tau_lock, tau_p, tau_sup, size)``; ``tau_p``/``tau_sup`` are NaN when ``C``
+        is empty; ``size`` is ``|C|``.
+
+    Example:
+
+    >>> lock_threshold([0.5, 1.0, 2.0, 9.0], [1.0, 1.0, 1.0, 0.0], 50)[:2]
+    (1.0, 1.0)
+    >>> lock_threshold([1e-9, 2e-9], [1.0, 1.0], 50)[0]   # τ_p, τ_sup < ε → 1
+    1.0
+    """
+    if not 0.0 <= float(percentile) <= 100.0:
+        raise ValueError(f"percentile must be in [0, 100]. Received: percentile={percentile}")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0. Received: eps={eps}")
+    j = np.asarray(j_prune, dtype=np.float64).ravel()
+    c = np.asarray(c_rem, dtype=np.float64).ravel()
+    if j.shape != c.shape:
+        raise ValueError(f"j_prune and c_rem differ in size: {j.shape} vs {c.shape}")
+    keep = np.isfinite(j) & (c > eps)
+    costs = j[keep]
+    if costs.size == 0:
+        return 1.0, math.nan, math.nan, 0
+    tau_p = float(np.percentile(costs, percentile))
+    tau_sup = float(costs.max())
+    if tau_p >= eps:
+        tau = tau_p
+    elif tau_sup >= eps:
+        tau = tau_sup
+    else:
+        tau = 1.0
+    return tau, tau_p, tau_sup, int(costs.size)
+
+
+# ------------------------------------------------------------------------------ head
+def find_head(model) -> str:
+    """Name of the classification head: the Dense layer that produces the output.
+
+    Walks back from the (single) model output through weightless layers (softmax
+    ``Activation``, ``Dropout``, …) to the first ``Dense``.
+
+    Raises:
+        ValueError: for several outputs, or when no Dense layer produces the output.
+    """
+    outputs = list(getattr(model, "outputs", None) or [])
+    if len(outputs) != 1:
+        raise ValueError(
+            f"Model '{model.name}' has {len(outputs)} outputs; pass head=<layer name> "
+            "explicitly."
+        )
+    layer = outputs[0]._keras_history.operation
+    seen = []
+    while not isinstance(layer, keras.layers.Dense):
+        seen.append(layer.name)
+        if layer.weights or not isinstance(layer, keras.layers.Layer):
+            break
+        parents = [t._keras_history.operation for t in _inbound(layer)]
+        if len(parents) != 1:
+            break
+        layer = parents[0]
+    if not isinstance(layer, keras.layers.Dense):
+        raise ValueError(
+            f"No Dense head found behind the output of model '{model.name}' (walked "
+            f"back through {seen}). Pass head=<layer name>."
+        )
+    return layer.name
+
+
+def _inbound(layer):
+    node = layer._inbound_nodes[0]
+    return list(node.input_tensors)
+
+
+def feature_layer_of(model, head: str) -> str:
+    """Name of the layer whose output feeds `head`."""
+    layer = _get_layer(model, head)
+    parents = _inbound(layer)
+    if len(parents) != 1:
+        raise ValueError(f"Head '{head}' has {len(parents)} inputs; expected 1.")
+    return parents[0]._keras_history.operation.name
+
+
+def _get_layer(model, name):
+    try:
+        return model.get_layer(name)
+    except ValueError:
+        raise ValueError(
+            f"Model '{model.name}' has no layer named '{name}'."
+        ) from None
+
+
+# ------------------------------------------------------------------------------ plan
+@dataclasses.dataclass
+class DeftPlan:
+    """What DEFT will do to a model; inspect it, save it, `apply` it.
+
+    Attributes:
+        percentile: ``p`` of eq. 26.
+        eps: ``ε`` of eqs. 25–26.
+        tau_lock, tau_p, tau_sup: The thresholds of eq. 26 (``tau_p``/``tau_sup`` NaN
+            when no cost qualified).
+        num_costs: ``|C|`` of eq. 25.
+        head: The classification head (elastic; replaced for the target task).
+        feature_layer: The layer whose output feeds the head.
+        groups: ``{group: size}`` of the compressible neuron groups.
+        j_prune, c_rem: Per group, each neuron's ``J_prune`` and the ``C_rem`` after
+            its prune (``inf``/NaN for neurons the encoder never pruned).
+        merges: The trajectory merges to replay (`hope_keras.Step`).
+        vessels: Per group, the slots freed by the replayed merges.
+        elasticity: Per group, ``e_i`` of eq. 27 (float32 0/1).
+        layer_elasticity: Per layer with weights, the elasticity of its output
+            channels (the gradient multiplier of eq. 29): a float or an array over
+            the last axis.
+        input_drift: Per kernel layer, whether each input channel (Dense: each kernel
+            row) can drift; the mask of eq. 28 zeroes ``drift_in > 0`` × ``e_out = 0``.
+        fingerprint: Fingerprint of the source weights the plan was made from.
+        options: Encoder options and plan settings.
+        trajectory: The full encoder `Trajectory` (in memory only; not saved).
+    """
+
+    percentile: float
+    eps: float
+    tau_lock: float
+    tau_p: float
+    tau_sup: float
+    num_costs: int
+    head: str
+    feature_layer: str
+    groups: Dict[str, int]
+    j_prune: Dict[str, np.ndarray]
+    c_rem: Dict[str, np.ndarray]
+    merges: List[Step]
+    vessels: Dict[str, List[int]]
+    elasticity: Dict[str, np.ndarray]
+    layer_elasticity: Dict[str, object]
+    input_drift: Dict[str, np.ndarray]
+    fingerprint: str
+    options: dict
+    trajectory: object = None
+
+    # --------------------------------------------------------------- inspection
+    def counts(self) -> Dict[str, Tuple[int, int, int]]:
+        """``{group: (core, slack, vessels)}``; slack excludes the vessels."""
+        out = {}
+        for g, e in self.elasticity.items():
+            v = len(self.vessels.get(g, []))
+            elastic = int(np.count_nonzero(e > 0))
+            out[g] = (int(e.size - elastic), elastic - v, v)
+        return out
+
+    @property
+    def head_input_drift(self) -> np.ndarray:
+        """Drift of the head's input features (the source-head graft mask)."""
+        return self.input_drift[self.head]
+
+    def elastic_fraction(self) -> float:
+        """Fraction of compressible neurons that are elastic."""
+        total = sum(e.size for e in self.elasticity.values())
+        return float(sum(np.count_nonzero(e > 0) for e in self.elasticity.values())
+                     / max(total, 1))
+
+    def mask(self, layer: str, kernel_shape) -> Optional[np.ndarray]:
+        """The structural mask (eq. 28) of a kernel layer, broadcastable to its kernel,
+        or None when it masks nothing."""
+        if layer not in self.input_drift:
+            return None
+        d_in = np.asarray(self.input_drift[layer]) > 0
+        e_out = _as_vector(self.layer_elasticity.get(layer, 1.0), kernel_shape[-1])
+        cut = np.outer(d_in, e_out == 0)
+        if not cut.any():
+            return None
+        m = (~cut).astype(np.float32)
+        return m.reshape((1,) * (len(kernel_shape) - 2) + m.shape)
+
+    def elasticity_map(self) -> Dict[str, object]:
+        """``{layer: elasticity}`` for `ElasticOptimizer` (JSON-friendly)."""
+        out = {}
+        for name, e in self.layer_elasticity.items():
+            arr = np.asarray(e, dtype=np.float64)
+            if arr.ndim == 0 or np.all(arr == arr.ravel()[0]):
+                out[name] = float(arr.ravel()[0])
+            else:
+                out[name] = [float(x) for x in arr]
+        return out
+
+    def summary(self, print_fn=print) -> None:
+        """Prints the per-group core/slack/vessel counts and the thresholds."""
+        out = io.StringIO()
+        w = 28
+        line = "─" * (w + 58)
+        out.write(f"DEFT plan (percentile {self.percentile:g}, ε {self.eps:g})\n{line}\n")
+        out.write(f"{'Group':<{w}}{'neurons':>9}{'core':>8}{'slack':>8}{'vessels':>9}"
+                  f"{'merges':>8}{'median J':>12}\n{line}\n")
+        merges_per = {}
+        for s in self.merges:
+            merges_per[s.unit] = merges_per.get(s.unit, 0) + 1
+        tot = np.zeros(4, dtype=int)
+        for g, size in self.groups.items():
+            core, slack, ves = self.counts()[g]
+            j = self.j_prune[g][np.isfinite(self.j_prune[g])]
+            med = f"{np.median(j):.4g}" if j.size else "-"
+            out.write(f"{g:<{w}}{size:>9}{core:>8}{slack:>8}{ves:>9}"
+                      f"{merges_per.get(g, 0):>8}{med:>12}\n")
+            tot += (size, core, slack, ves)
+        out.write(f"{line}\n{'Total':<{w}}{tot[0]:>9}{tot[1]:>8}{tot[2]:>8}{tot[3]:>9}"
+                  f"{len(self.merges):>8}\n{line}\n")
+        out.write(f"τ_lock = {self.tau_lock:.6g}  (τ_p = {self.tau_p:.6g}, τ_sup = "
+                  f"{self.tau_sup:.6g}, |C| = {self.num_costs})\n")
+        frozen = [n for n, e in self.layer_elasticity.items()
+                  if n not in self.groups and n not in {self._bn_of(g) for g in self.groups}
+                  and np.all(np.asarray(e) == 0)]
+        out.write(f"Head (elastic): {self.head}; other frozen layers with weights: "
+                  f"{len(frozen)}\n{line}")
+        print_fn(out.getvalue())
+
+    def _bn_of(self, group):
+        return self.options.get("bn_of", {}).get(group)
+
+    # --------------------------------------------------------------------- apply
+    def apply(self, model, merges: bool = True, mask: bool = True,
+              reinit_vessels: bool = True, seed: int = 0, check: bool = True):
+        """Replays the chosen merges and applies the structural masks, in place.
+
+        Args:
+            model: The source model the plan was made from (same weights).
+            merges: Replay the chosen merges (and free their vessels).
+            mask: Apply ``W ← M ⊙ W`` (eq. 28) to every kernel.
+            reinit_vessels: Give the freed vessels fresh weights (see module doc).
+            seed: Seed of the vessel initialisation.
+            check: Refuse a model whose weights differ from the planned ones (for
+                example a model the plan was already applied to).
+
+        Returns:
+            The same model.
+        """
+        return apply_plan(model, self, merges=merges, mask=mask,
+                          reinit_vessels=reinit_vessels, seed=seed, check=check)
+
+    # --------------------------------------------------------------------- files
+    def save(self, path: str) -> None:
+        """Writes the plan (``.npz`` of arrays plus JSON metadata; no pickles)."""
+        meta = {
+            "format": FORMAT, "version": VERSION,
+            "percentile": self.percentile, "eps": self.eps, "tau_lock": self.tau_lock,
+            "tau_p": _json_float(self.tau_p), "tau_sup": _json_float(self.tau_sup),
+            "num_costs": self.num_costs, "head": self.head,
+            "feature_layer": self.feature_layer, "groups": list(self.groups.items()),
+            "vessels": self.vessels, "fingerprint": self.fingerprint,
+            "options": self.options,
+            "merges": [_step_to_json(s) for s in self.merges],
+            "layer_elasticity_names": list(self.layer_elasticity),
+            "input_drift_names": list(self.input_drift),
+        }
+        arrays = {"meta": np.array(json.dumps(meta))}
+        for k, g in enumerate(self.groups):
+            arrays[f"j_{k}"] = self.j_prune[g]
+            arrays[f"c_{k}"] = self.c_rem[g]
+            arrays[f"e_{k}"] = self.elasticity[g]
+        for k, n in enumerate(self.layer_elasticity):
+            arrays[f"le_{k}"] = np.asarray(self.layer_elasticity[n], dtype=np.float32)
+        for k, n in enumerate(self.input_drift):
+            arrays[f"d_{k}"] = np.asarray(self.input_drift[n], dtype=np.float32)
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+
+    @classmethod
+    def load(cls, path: str) -> "DeftPlan":
+        """Reads a plan written by `save`."""
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"No DEFT plan file at '{path}'.")
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}
+            meta = json.loads(str(arrays["meta"]))
+        except Exception as e:
+            raise ValueError(f"'{path}' is not a readable DEFT plan file ({e}).") from None
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise ValueError(
+                f"'{path}' is not a hope_keras DEFT plan (format {meta.get('format')!r}, "
+                f"version {meta.get('version')!r}; expected {FORMAT!r} version {VERSION})."
+            )
+        groups = {g: int(n) for g, n in meta["groups"]}
+        le = {}
+        for k, n in enumerate(meta["layer_elasticity_names"]):
+            a = arrays[f"le_{k}"]
+            le[n] = float(a) if a.ndim == 0 else a
+        return cls(
+            percentile=meta["percentile"], eps=meta["eps"], tau_lock=meta["tau_lock"],
+            tau_p=float(meta["tau_p"]), tau_sup=float(meta["tau_sup"]),
+            num_costs=meta["num_costs"], head=meta["head"],
+            feature_layer=meta["feature_layer"], groups=groups,
+            j_prune={g: arrays[f"j_{k}"] for k, g in enumerate(groups)},
+            c_rem={g: arrays[f"c_{k}"] for k, g in enumerate(groups)},
+            merges=[_step_from_json(s) for s in meta["merges"]],
+            vessels={g: [int(i) for i in v] for g, v in meta["vessels"].items()},
+            elasticity={g: arrays[f"e_{k}"] for k, g in enumerate(groups)},
+            layer_elasticity=le,
+            input_drift={n: arrays[f"d_{k}"]
+                         for k, n in enumerate(meta["input_drift_names"])},
+            fingerprint=meta["fingerprint"], options=meta["options"],
+        )
+
+
+def _json_float(x):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def _step_to_json(s: Step) -> dict:
+    d = dataclasses.asdict(s)
+    d["coef"] = [float(c) for c in s.coef]
+    return d
+
+
+def _step_from_json(d: dict) -> Step:
+    d = dict(d)
+    d["coef"] = tuple(float(c) for c in d["coef"])
+    return Step(**d)
+
+
+def _as_vector(e, n: int) -> np.ndarray:
+    arr = np.asarray(e, dtype=np.float64)
+    if arr.ndim == 0:
+        return np.full(n, float(arr))
+    if arr.shape != (n,):
+        raise ValueError(f"Elasticity of length {arr.shape} does not match {n} channels.")
+    return arr
+
+
+# --------------------------------------------------------------------- the planner
+def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
+         actions=("prune", "merge"), merge_scale: str = "sum", eps: float = 1e-6,
+         pinned_elasticity: float = 0.0, verbose: bool = False) -> DeftPlan:
+    """Plans DEFT fine-tuning of a BN network (spec section 6).
+
+    Runs the HOPE encoder on a copy of `model` until no action is admissible, reads
+    each neuron's ``J_prune``, and derives ``τ_lock`` (eqs. 25–26), the merges to
+    replay, the elasticities (eq. 27) and the structural masks (eq. 28). The model
+    itself is not changed; call `DeftPlan.apply` for that.
+
+    Args:
+        model: A built Functional/Sequential model with Conv/Dense → BN → ReLU
+            neurons and a Dense classification head.
+        percentile: ``p`` of eq. 26, in [0, 100]; neurons with ``J_prune < τ_p``
+            become elastic (roughly ``p`` % of the pruned neurons).
+        head: The classification head; found automatically for one-output models.
+        actions: Encoder actions; ``("prune", "merge")`` by default (eviction gives
+            no per-neuron ``J_prune``, so it is left out).
+        merge_scale: Parent output scale of the encoder (see `hope_keras.compress`).
+        eps: ``ε`` of eqs. 25–26.
+        pinned_elasticity: Elasticity of kernels that are not neuron groups (pinned
+            producers such as the last convolution of a residual branch) and of
+            their BN; 0 = core (spec default), 1 = elastic.
+        verbose: Show the encoder's progress bar.
+
+    Returns:
+        A `DeftPlan`.
+
+    Example:
+
+    >>> import keras
+    >>> from hope_keras import deft
+    >>> inputs = keras.Input((8,))
+    >>> x = keras.layers.Dense(16, use_bias=False)(inputs)
+    >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    >>> model = keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+    >>> p = deft.plan(model, percentile=50)
+    >>> p.head, sum(sum(c) for c in p.counts().values())
+    ('head', 16)
+    """
+    from hope_keras.engine import compress
+
+    if pinned_elasticity not in (0, 1, 0.0, 1.0):
+        raise ValueError(
+            f"pinned_elasticity must be 0 or 1. Received: {pinned_elasticity}")
+    head = head or find_head(model)
+    head_layer = _get_layer(model, head)
+    if not isinstance(head_layer, keras.layers.Dense):
+        raise ValueError(
+            f"The head '{head}' must be a Dense layer. Received: "
+            f"{type(head_layer).__name__}.")
+    feature_layer = feature_layer_of(model, head)
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    result = compress(copy, actions=actions, merge_scale=merge_scale, verbose=verbose)
+    traj = result.trajectory
+    graph = result.analysis.graph
+    sizes = {g: grp.size for g, grp in graph.groups.items()}
+    j_prune = {g: np.full(n, np.inf) for g, n in sizes.items()}
+    c_rem = {g: np.full(n, np.nan) for g, n in sizes.items()}
+    for (g, i), (J, c) in traj.prune_costs().items():
+        j_prune[g][i], c_rem[g][i] = J, c
+    all_j = np.concatenate([j_prune[g] for g in sizes]) if sizes else np.zeros(0)
+    all_c = np.concatenate([c_rem[g] for g in sizes]) if sizes else np.zeros(0)
+    tau, tau_p, tau_sup, size = lock_threshold(all_j, all_c, percentile, eps)
+
+    merges, vessels = _choose_merges(model, graph, traj.steps, tau)
+    elasticity = {}
+    for g, n in sizes.items():
+        e = (j_prune[g] < tau).astype(np.float32)
+        e[vessels[g]] = 1.0
+        elasticity[g] = e
+    layer_e, drift = _elasticities_and_drift(model, graph, elasticity, head,
+                                             float(pinned_elasticity))
+    return DeftPlan(
+        percentile=float(percentile), eps=float(eps), tau_lock=tau, tau_p=tau_p,
+        tau_sup=tau_sup, num_costs=size, head=head, feature_layer=feature_layer,
+        groups=sizes, j_prune=j_prune, c_rem=c_rem, merges=merges, vessels=vessels,
+        elasticity=elasticity, layer_elasticity=layer_e, input_drift=drift,
+        fingerprint=fingerprint(model, graph_lib.ModelGraph(
+            groups=dict(graph.groups), blocks=(), pinned=())),
+        options={"actions": list(actions), "merge_scale": merge_scale,
+                 "pinned_elasticity": float(pinned_elasticity),
+                 "bn_of": {g: grp.bn for g, grp in graph.groups.items()},
+                 "encoder_steps": len(traj)},
+        trajectory=traj,
+    )
+
+
+def _choose_merges(model, graph, steps, tau):
+    """The merges to replay (J < τ, clean slots) and the vessels they free."""
+    vessels = {g: [] for g in graph.groups}
+    dirty = {g: set() for g in graph.groups}
+    chosen = []
+    for s in steps:
+        if s.kind != "merge":
+            continue
+        d = dirty[s.unit]
+        if s.J < tau and s.i not in d and s.j not in d:
+            chosen.append(s)
+            vessels[s.unit].append(s.j)
+            eps = float(model.get_layer(graph.groups[s.unit].bn).epsilon)
+            if not (s.coef[4] ** 2 >= eps):  # inactive parent: both slots freed
+                vessels[s.unit].append(s.i)
+        else:
+            d.add(s.i)
+    return chosen, {g: sorted(set(v)) for g, v in vessels.items()}
+
+
+def _elasticities_and_drift(model, graph, elasticity, head, pinned):
+    """Per-layer parameter elasticity and per-kernel input drift (see module doc)."""
+    lg = graph_lib._LayerGraph(model)
+    producer_group = {grp.producer: g for g, grp in graph.groups.items()}
+    bn_group = {grp.bn: g for g, grp in graph.groups.items()}
+    layer_e: Dict[str, object] = {}
+    drift: Dict[str, np.ndarray] = {}
+    input_drift: Dict[str, np.ndarray] = {}
+    for name in lg.order:
+        layer = lg.layers[name]
+        parents = [drift[p] for p in lg.parents[name] if p in drift]
+        try:
+            n_out = int(layer.output.shape[-1])
+        except Exception:
+            n_out = None
+        any_in = any(np.any(p > 0) for p in parents)
+        conservative = (np.full(n_out, float(any_in)) if n_out else np.zeros(0))
+        if isinstance(layer, keras.layers.InputLayer):
+            drift[name] = np.zeros(n_out)
+            continue
+        if lg.calls[name] > 1:
+            if layer.weights:
+                layer_e[name] = 0.0
+            drift[name] = conservative
+            continue
+        if isinstance(layer, _KERNEL_TYPES):
+            if name in producer_group:
+                e = elasticity[producer_group[name]].astype(np.float64)
+            elif name == head:
+                e = np.ones(n_out)
+            else:
+                e = np.full(n_out, pinned)
+            layer_e[name] = e if name in producer_group else float(e[0]) if n_out else pinned
+            d_in = parents[0] if parents else np.zeros(int(layer.kernel.shape[-2]))
+            n_in = int(layer.kernel.shape[-2])
+            if d_in.shape != (n_in,):
+                d_in = np.full(n_in, float(any_in))
+            input_drift[name] = d_in.astype(np.float32)
+            drift[name] = (e > 0).astype(np.float64)
+        elif isinstance(layer, keras.layers.BatchNormalization):
+            src = lg.parents[name][0] if lg.parents[name] else None
+            if name in bn_group:
+                e = elasticity[bn_group[name]].astype(np.float64)
+                layer_e[name] = e
+            elif (src is not None and isinstance(lg.layers[src], _KERNEL_TYPES)
+                  and lg.only_child(src) == name and src != head):
+                e = _as_vector(layer_e[src], n_out)
+                layer_e[name] = float(e[0]) if np.all(e == e[0]) else e
+            else:
+                e = np.zeros(n_out)
+                layer_e[name] = 0.0
+            d_in = parents[0] if parents and parents[0].shape == (n_out,) else conservative
+            drift[name] = np.maximum(d_in, (e > 0).astype(np.float64))
+        elif layer.weights:
+            layer_e[name] = 0.0  # unsupported layer with weights: frozen
+            drift[name] = conservative
+        elif isinstance(layer, keras.layers.Flatten):
+            shape = tuple(int(s) for s in layer.input.shape[1:])
+            spatial = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+            d = parents[0] if parents else np.zeros(shape[-1])
+            drift[name] = np.tile(d, spatial)
+        elif isinstance(layer, _ELEMENTWISE):
+            if all(p.shape == (n_out,) for p in parents):
+                drift[name] = np.max(np.stack(parents), axis=0)
+            else:
+                drift[name] = conservative
+        elif isinstance(layer, keras.layers.Concatenate) and layer.axis in (-1, len(
+                layer.output.shape) - 1):
+            cat = np.concatenate(parents) if parents else np.zeros(0)
+            drift[name] = cat if cat.shape == (n_out,) else conservative
+        elif (isinstance(layer, _CHANNEL_PRESERVING) or (
+                isinstance(layer, keras.layers.Activation)
+                and getattr(layer.activation, "__name__", "") != "softmax")):
+            d = parents[0] if parents else conservative
+            drift[name] = d if d.shape == (n_out,) else conservative
+        else:
+            drift[name] = conservative
+    return layer_e, input_drift
+
+
+# ----------------------------------------------------------------------- applying
+def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
+               reinit_vessels: bool = True, seed: int = 0, check: bool = True):
+    """Applies a `DeftPlan` to `model` in place (see `DeftPlan.apply`).
+
+    Example:
+
+    >>> import keras
+    >>> from hope_keras import deft
+    >>> inputs = keras.Input((8,))
+    >>> x = keras.layers.Dense(16, use_bias=False)(inputs)
+    >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    >>> model = keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+    >>> p = deft.plan(model, percentile=50)
+    >>> _ = deft.apply_plan(model, p)
+    """
+    from hope_keras.edit import ModelEditor
+
+    g = graph_lib.walk(model)
+    missing = [n for n in plan.groups if n not in g.groups]
+    wrong = [n for n in plan.groups if n in g.groups and g.groups[n].size != plan.groups[n]]
+    if missing or wrong:
+        raise ValueError(
+            f"Model '{model.name}' does not match the plan: groups missing {missing}, "
+            f"groups of another size {wrong}."
+        )
+    g = graph_lib.ModelGraph(groups={k: g.groups[k] for k in plan.groups}, blocks=(),
+                             pinned=g.pinned)
+    if check and fingerprint(model, g) != plan.fingerprint:
+        raise ValueError(
+            f"The weights of model '{model.name}' are not those the plan was made from "
+            "(fingerprint mismatch; was the plan already applied?). Apply a plan once, "
+            "to the source model it was computed on, or pass check=False."
+        )
+    editor = ModelEditor(model, g)
+    if merges:
+        for s in plan.merges:
+            with editor.step():
+                apply_step(editor, s)
+        if reinit_vessels:
+            rng = np.random.default_rng(seed)
+            for name, slots in plan.vessels.items():
+                for j in slots:
+                    _reinit_vessel(editor, model, g.groups[name], j, rng)
+        editor.commit()
+    if mask:
+        for name in plan.input_drift:
+            layer = model.get_layer(name)
+            m = plan.mask(name, tuple(layer.kernel.shape))
+            if m is not None:
+                layer.kernel.assign(layer.kernel.numpy() * m)
+    return model
+
+
+def _reinit_vessel(editor, model, group, j, rng):
+    producer = model.get_layer(group.producer)
+    kernel = editor.array(group.producer, "kernel")
+    fan_in = int(np.prod(kernel.shape[:-1]))
+    col = rng.normal(0.0, math.sqrt(2.0 / fan_in), size=kernel[..., j].shape)
+    editor._write(group.producer, "kernel", (Ellipsis, j), col.astype(kernel.dtype))
+    if getattr(producer, "use_bias", False) and producer.bias is not None:
+        editor._write(group.producer, "bias", j, 0.0)
+    bn = model.get_layer(group.bn)
+    if bn.scale:
+        editor._write(group.bn, "gamma", j, 1.0)
+    if bn.center:
+        editor._write(group.bn, "beta", j, 0.0)
+    editor._write(group.bn, "moving_mean", j, 0.0)
+    editor._write(group.bn, "moving_variance", j, 1.0)

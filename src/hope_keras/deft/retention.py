@@ -1,0 +1,145 @@
+"""Source retention as the paper measures it (appendix G.5) and the H-score."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import keras
+import numpy as np
+
+from hope_keras.deft.plan import feature_layer_of, find_head
+
+__all__ = ["SourceRetention", "h_score", "accuracy"]
+
+
+def h_score(acc_target: float, acc_source: float) -> float:
+    """Harmonic mean ``2·a_t·a_s / (a_t + a_s)`` (0 when both are 0).
+
+    Example:
+
+    >>> round(h_score(0.9, 0.5), 4)
+    0.6429
+    """
+    s = float(acc_target) + float(acc_source)
+    return 0.0 if s <= 0 else 2.0 * float(acc_target) * float(acc_source) / s
+
+
+def accuracy(model, x, y, batch_size: int = 512) -> float:
+    """Top-1 accuracy of `model` in inference mode (argmax of its outputs)."""
+    correct = 0
+    y = np.asarray(y).reshape(-1)
+    for start in range(0, len(x), batch_size):
+        out = np.asarray(model(x[start:start + batch_size], training=False))
+        correct += int(np.sum(np.argmax(out, axis=-1) == y[start:start + batch_size]))
+    return correct / max(len(x), 1)
+
+
+class SourceRetention:
+    """Evaluates the source task on a fine-tuned backbone (appendix G.5).
+
+    Snapshots, from the source model (after `DeftPlan.apply` for DEFT), the source
+    head and the moving statistics of every BatchNormalization. `evaluate` then
+    grafts the source head back onto any model with the same backbone layer names,
+    with its inputs from slack features zeroed (the plan's head-input drift), swaps
+    the BN moving statistics to the source values, evaluates, and swaps them back.
+    Accuracy is the argmax of the source head's logits (its activation is monotonic).
+
+    Args:
+        source_model: The source model (its head and BN statistics are copied now).
+        plan: The `DeftPlan`, for the slack mask of the grafted head (None: no mask,
+            as for the baselines).
+        head: The source head's name (default: the plan's, or found automatically).
+        x, y: Default source evaluation data.
+
+    Example:
+
+    >>> import keras, numpy as np
+    >>> from hope_keras.deft import SourceRetention
+    >>> inputs = keras.Input((4,))
+    >>> h = keras.layers.Dense(5, name="feat")(inputs)
+    >>> model = keras.Model(inputs, keras.layers.Dense(3, name="head")(h))
+    >>> retention = SourceRetention(model)
+    >>> x = np.random.rand(10, 4).astype("float32")
+    >>> y = model.predict(x, verbose=0).argmax(-1)
+    >>> retention.evaluate(model, x, y)
+    1.0
+    """
+
+    def __init__(self, source_model, plan=None, head: Optional[str] = None,
+                 x=None, y=None):
+        head = head or (plan.head if plan is not None else find_head(source_model))
+        layer = source_model.get_layer(head)
+        self.head = head
+        self.feature_layer = feature_layer_of(source_model, head)
+        self.kernel = np.array(layer.kernel.numpy())
+        self.bias = (np.array(layer.bias.numpy()) if getattr(layer, "bias", None) is not None
+                     else np.zeros(self.kernel.shape[-1], self.kernel.dtype))
+        if plan is not None:
+            drift = np.asarray(plan.head_input_drift) > 0
+            if drift.shape != (self.kernel.shape[0],):
+                raise ValueError(
+                    f"The plan's head input ({drift.size} features) does not match head "
+                    f"'{head}' ({self.kernel.shape[0]} inputs).")
+            self.kernel[drift, :] = 0.0
+            self.num_masked = int(drift.sum())
+        else:
+            self.num_masked = 0
+        self.bn_stats = {
+            l.name: (np.array(l.moving_mean.numpy()), np.array(l.moving_variance.numpy()))
+            for l in source_model.layers if isinstance(l, keras.layers.BatchNormalization)
+        }
+        self.data = (x, y)
+        self._feature_models = {}
+
+    @contextlib.contextmanager
+    def source_statistics(self, model):
+        """Context in which `model`'s BN moving statistics are the source ones."""
+        saved = {}
+        try:
+            for name, (mean, var) in self.bn_stats.items():
+                try:
+                    bn = model.get_layer(name)
+                except ValueError:
+                    continue
+                saved[name] = (bn.moving_mean.numpy(), bn.moving_variance.numpy())
+                bn.moving_mean.assign(mean)
+                bn.moving_variance.assign(var)
+            yield model
+        finally:
+            for name, (mean, var) in saved.items():
+                bn = model.get_layer(name)
+                bn.moving_mean.assign(mean)
+                bn.moving_variance.assign(var)
+
+    def feature_model(self, model):
+        key = id(model)
+        if key not in self._feature_models:
+            try:
+                out = model.get_layer(self.feature_layer).output
+            except ValueError:
+                raise ValueError(
+                    f"Model '{model.name}' has no layer '{self.feature_layer}' (the "
+                    f"input of the source head '{self.head}').") from None
+            inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+            self._feature_models[key] = keras.Model(inputs, out)
+        return self._feature_models[key]
+
+    def logits(self, model, x, batch_size: int = 512) -> np.ndarray:
+        """Source-head logits of `model`'s backbone (BN statistics restored)."""
+        feats = self.feature_model(model)
+        outs = []
+        with self.source_statistics(model):
+            for start in range(0, len(x), batch_size):
+                f = np.asarray(feats(x[start:start + batch_size], training=False))
+                outs.append(f.reshape(len(f), -1) @ self.kernel + self.bias)
+        return np.concatenate(outs) if outs else np.zeros((0, self.kernel.shape[-1]))
+
+    def evaluate(self, model, x=None, y=None, batch_size: int = 512) -> float:
+        """Source accuracy of `model` with the source head grafted back."""
+        if x is None:
+            x, y = self.data
+        if x is None:
+            raise ValueError("No source data: pass x, y here or to SourceRetention().")
+        pred = np.argmax(self.logits(model, x, batch_size), axis=-1)
+        return float(np.mean(pred == np.asarray(y).reshape(-1)))

@@ -1,0 +1,102 @@
+"""DEFT baselines and retention: per-example Fisher, method elasticities, EWC penalty,
+source-head graft with restored BN statistics."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import mlp, small_resnet
+from hope_keras import deft
+
+
+def _data(model, n=12, seed=0, classes=3):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n,) + tuple(model.inputs[0].shape[1:])).astype("float32")
+    return x, (np.arange(n) % classes).astype("int64")
+
+
+@pytest.mark.parametrize("method", ["layerwise", "vmap"])
+def test_fisher_is_the_mean_of_per_example_squared_gradients(method):
+    model = mlp((5, 4), d_in=6, d_out=3)
+    x, y = _data(model)
+    F = deft.diagonal_fisher(model, x, y, batch_size=5, method=method)  # uneven batch
+    head = "head"
+    variables = [v for l in model.layers if l.name != head for v in l.trainable_weights]
+    assert set(F) == {v.path for v in variables}
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    expected = {v.path: np.zeros(v.shape) for v in variables}
+    for i in range(len(x)):
+        with tf.GradientTape() as tape:
+            li = loss(y[i:i + 1], model(x[i:i + 1], training=False))
+        for v, g in zip(variables, tape.gradient(li, variables)):
+            expected[v.path] += np.square(g.numpy()) / len(x)
+    for p, f in F.items():
+        np.testing.assert_allclose(f, expected[p], rtol=1e-4, atol=1e-7, err_msg=p)
+    # ... and not the square of the batch-mean gradient.
+    with tf.GradientTape() as tape:
+        lb = loss(y, model(x, training=False))
+    g = dict(zip([v.path for v in variables], tape.gradient(lb, variables)))
+    assert not np.allclose(F["fc0/kernel"], np.square(g["fc0/kernel"].numpy()))
+
+
+def test_layerwise_fisher_matches_vmap_on_a_convolutional_resnet():
+    model = small_resnet(seed=3)
+    x, y = _data(model, n=10, classes=4)
+    a = deft.diagonal_fisher(model, x, y, batch_size=4, method="layerwise")
+    b = deft.diagonal_fisher(model, x, y, batch_size=4, method="vmap")
+    assert set(a) == set(b) and {"stem/kernel", "b1b_bn/gamma", "fc/kernel"} <= set(a)
+    for p in a:
+        np.testing.assert_allclose(a[p], b[p], rtol=2e-3, atol=1e-7 * float(b[p].max()),
+                                   err_msg=p)
+
+
+def test_method_elasticities_and_ewc_penalty():
+    model = small_resnet()
+    target = deft.replace_head(model, 5, seed=0)
+    assert target.get_layer("head_target").kernel.shape == (9, 5)
+    assert deft.method_elasticity("full", target) == {}
+    head_only = deft.method_elasticity("head", target)
+    assert "head_target" not in head_only and set(head_only.values()) == {0.0}
+    assert {"stem", "c2_bn", "fc"} <= set(head_only)
+    peft = deft.method_elasticity("peft", target)
+    assert "fc/kernel" in peft and "fc/bias" not in peft and "c2_bn/gamma" not in peft
+    assert "head_target/kernel" not in peft
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(), elasticity=peft)
+    by = {v.path: v for v in target.trainable_variables}
+    assert opt.elasticity_of(by["fc/kernel"]) == 0.0 and opt.elasticity_of(by["fc/bias"]) == 1
+    with pytest.raises(ValueError, match="method='deft' needs plan"):
+        deft.method_elasticity("deft", target)
+    with pytest.raises(ValueError, match="Received: method='lora'"):
+        deft.method_elasticity("lora", target)
+    fisher = {"fc/kernel": np.full((by["fc/kernel"].shape), 2.0, "float32")}
+    pen = deft.EWCPenalty(target, fisher, lam=3.0)
+    assert float(pen(target)) == 0.0
+    by["fc/kernel"].assign(by["fc/kernel"].numpy() + 0.5)
+    n = int(np.prod(by["fc/kernel"].shape))
+    assert float(pen(target)) == pytest.approx(0.5 * 3.0 * 2.0 * 0.25 * n, rel=1e-5)
+    with pytest.raises(ValueError, match="no trainable variables"):
+        deft.EWCPenalty(target, {"nope/kernel": np.zeros(1)}, 1.0)
+
+
+def test_retention_grafts_the_masked_source_head_and_restores_statistics():
+    model = small_resnet(seed=5)
+    p = deft.plan(model, percentile=60)
+    p.apply(model)
+    retention = deft.SourceRetention(model, plan=p)
+    drift = p.head_input_drift > 0
+    assert retention.num_masked == int(drift.sum()) > 0
+    assert np.all(retention.kernel[drift] == 0)
+    x, _ = _data(model, n=16)
+    logits = retention.logits(model, x)
+    target = deft.replace_head(model, 5)
+    # Change the target's BN statistics: the graft must not see them, and must put
+    # them back afterwards.
+    bn = target.get_layer("c2_bn")
+    bn.moving_mean.assign(bn.moving_mean.numpy() + 3.0)
+    changed = bn.moving_mean.numpy().copy()
+    np.testing.assert_allclose(retention.logits(target, x), logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(bn.moving_mean.numpy(), changed)
+    y = logits.argmax(-1)
+    assert retention.evaluate(target, x, y) == 1.0
+    assert deft.h_score(1.0, 0.0) == 0.0 and deft.h_score(0.5, 0.5) == 0.5

@@ -1,0 +1,144 @@
+"""DEFT planning: τ_lock edge cases (eq. 26), vessels from duplicated neurons,
+elasticities, masks (eq. 28), save/load and apply."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import copy_model, mlp, outputs_equal, plant_duplicate, small_resnet
+from hope_keras import deft
+from hope_keras.deft.plan import DeftPlan
+
+
+# ------------------------------------------------------------------ eq. 25–26
+def test_lock_threshold_uses_the_percentile_when_it_is_at_least_eps():
+    tau, tau_p, tau_sup, n = deft.lock_threshold([1.0, 2.0, 3.0, 4.0, 5.0], [1.0] * 5, 50)
+    assert (tau, tau_p, tau_sup, n) == (3.0, 3.0, 5.0, 5)
+
+
+def test_lock_threshold_drops_costs_whose_remaining_capacity_is_below_eps():
+    # The 100.0 cost has C_rem = 1e-9 < ε: an extinction artifact, not in C.
+    tau, _, tau_sup, n = deft.lock_threshold([1.0, 2.0, 100.0], [1.0, 1.0, 1e-9], 100,
+                                             eps=1e-6)
+    assert (tau, tau_sup, n) == (2.0, 2.0, 2)
+
+
+def test_lock_threshold_falls_back_to_the_supremum():
+    # τ_p = percentile 10 of {0, 0, 0, 0.5} = 0 < ε, τ_sup = 0.5 ≥ ε.
+    tau, tau_p, tau_sup, _ = deft.lock_threshold([0.0, 0.0, 0.0, 0.5], [1.0] * 4, 10)
+    assert tau_p < 1e-6 and tau == tau_sup == 0.5
+
+
+def test_lock_threshold_falls_back_to_one():
+    tau, tau_p, tau_sup, _ = deft.lock_threshold([0.0, 1e-9], [1.0, 1.0], 50)
+    assert tau == 1.0 and tau_sup < 1e-6
+    # Empty C (every remainder below ε, or nothing pruned) also gives 1.
+    tau, tau_p, tau_sup, n = deft.lock_threshold([3.0], [0.0], 50)
+    assert tau == 1.0 and n == 0 and math.isnan(tau_p) and math.isnan(tau_sup)
+    assert deft.lock_threshold([], [], 50)[0] == 1.0
+
+
+def test_lock_threshold_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="percentile=120"):
+        deft.lock_threshold([1.0], [1.0], 120)
+    with pytest.raises(ValueError, match="differ in size"):
+        deft.lock_threshold([1.0, 2.0], [1.0], 50)
+
+
+# ------------------------------------------------------------------- the plan
+def _elastic_by_rule(p):
+    for g, e in p.elasticity.items():
+        rule = (p.j_prune[g] < p.tau_lock).astype(np.float32)
+        rule[p.vessels[g]] = 1.0
+        np.testing.assert_array_equal(e, rule)
+
+
+def test_plan_on_duplicated_neurons_frees_vessels():
+    model = mlp((12, 10), seed=3)
+    plant_duplicate(model, "fc0", "fc1", src=1, dst=5, noise=0.0)
+    before = copy_model(model)
+    p = deft.plan(model, percentile=30)
+    merged = [s for s in p.merges if s.unit == "fc0"]
+    assert merged and {merged[0].i, merged[0].j} == {1, 5}
+    vessel = merged[0].j
+    assert vessel in p.vessels["fc0"] and p.elasticity["fc0"][vessel] == 1.0
+    assert not np.isfinite(p.j_prune["fc0"][vessel])  # never pruned: only the vessel rule
+    _elastic_by_rule(p)
+    # Merging exact duplicates (sum scale) keeps the function; the vessel is freed.
+    p.apply(model, mask=False, reinit_vessels=False)
+    x = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
+    assert outputs_equal(model, before, x, rtol=1e-4, atol=1e-5)
+    assert np.all(model.get_layer("fc1").kernel.numpy()[vessel] == 0)
+
+
+def test_vessels_are_reinitialised_with_zero_output_rows():
+    model = mlp((12, 10), seed=3)
+    plant_duplicate(model, "fc0", "fc1", src=1, dst=5, noise=0.0)
+    p = deft.plan(model, percentile=30)
+    p.apply(model)
+    for j in p.vessels["fc0"]:
+        assert np.any(model.get_layer("fc0").kernel.numpy()[:, j] != 0)
+        assert model.get_layer("fc0_bn").gamma.numpy()[j] == 1.0
+        assert np.all(model.get_layer("fc1").kernel.numpy()[j] == 0)
+
+
+def test_plan_counts_masks_and_summary():
+    model = small_resnet()
+    p = deft.plan(model, percentile=50)
+    _elastic_by_rule(p)
+    assert p.head == "head" and p.feature_layer == "fc_relu"
+    for g, (core, slack, ves) in p.counts().items():
+        assert core + slack + ves == p.groups[g] and core >= 1  # the last neuron is core
+    lines = []
+    p.summary(print_fn=lines.append)
+    assert "τ_lock" in lines[0] and "c2" in lines[0]
+    # Pinned layers (stem, residual branch end) are core; the head is elastic.
+    emap = p.elasticity_map()
+    assert emap["stem"] == 0.0 and emap["b1b"] == 0.0 and emap["head"] == 1.0
+    p.apply(model)
+    # eq. 28: every weight from a drifting input to a core output is zero.
+    for name, drift in p.input_drift.items():
+        k = model.get_layer(name).kernel.numpy()
+        e_out = np.broadcast_to(np.asarray(p.layer_elasticity[name]), (k.shape[-1],))
+        cut = k[..., drift > 0, :][..., e_out == 0]
+        assert np.all(cut == 0), name
+    # Flatten → Dense: row r reads channel r % C of c2's output.
+    c = p.groups["c2"]
+    np.testing.assert_array_equal(p.input_drift["fc"],
+                                  np.tile(p.elasticity["c2"], len(p.input_drift["fc"]) // c))
+
+
+def test_plan_save_load_roundtrip_and_apply_once(tmp_path):
+    model = small_resnet(seed=1)
+    twin = copy_model(model)
+    p = deft.plan(model, percentile=40)
+    p.save(tmp_path / "plan.npz")
+    q = DeftPlan.load(tmp_path / "plan.npz")
+    assert (q.tau_lock, q.percentile, q.head, q.groups) == (p.tau_lock, p.percentile,
+                                                           p.head, p.groups)
+    for g in p.groups:
+        np.testing.assert_array_equal(q.elasticity[g], p.elasticity[g])
+        np.testing.assert_array_equal(q.j_prune[g], p.j_prune[g])
+    assert q.merges == p.merges and q.elasticity_map() == p.elasticity_map()
+    p.apply(model)
+    q.apply(twin)
+    for a, b in zip(model.get_weights(), twin.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="already applied"):
+        p.apply(model)
+    with pytest.raises(ValueError, match="not a readable DEFT plan"):
+        (tmp_path / "bad.npz").write_text("nope")
+        DeftPlan.load(tmp_path / "bad.npz")
+
+
+def test_plan_rejects_a_non_dense_head():
+    inputs = keras.Input((6,))
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(
+        keras.layers.Dense(4, name="fc")(inputs)))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(x))
+    with pytest.raises(ValueError, match="no layer named 'nope'"):
+        deft.plan(model, head="nope")
+    with pytest.raises(ValueError, match="pinned_elasticity"):
+        deft.plan(model, pinned_elasticity=0.5)

@@ -1,0 +1,185 @@
+"""DEFT training: frozen/masked weights stay bit-identical, dynamic decoupling,
+optimizer serialisation, model.fit == custom loop, MirroredStrategy on 2 CPUs."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import small_resnet
+from hope_keras import deft
+
+
+def _setup(seed=0, percentile=50):
+    model = small_resnet(seed=seed)
+    p = deft.plan(model, percentile=percentile)
+    p.apply(model)
+    retention = deft.SourceRetention(model, plan=p)
+    target = deft.replace_head(model, 5, seed=seed)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(48, 10, 10, 3)).astype("float32")
+    y = (np.arange(48) % 5).astype("int64")
+    return model, p, retention, target, x, y
+
+
+def _scale(opt, v):
+    return np.broadcast_to(np.asarray(opt.elasticity_of(v), dtype=np.float64), v.shape)
+
+
+@pytest.mark.parametrize("inner", ["sgd", "adam"])
+def test_frozen_and_masked_weights_stay_bit_identical(inner):
+    _, p, _, target, x, y = _setup()
+    base = (keras.optimizers.SGD(0.1, momentum=0.9) if inner == "sgd"
+            else keras.optimizers.Adam(0.01))
+    opt = deft.ElasticOptimizer(base, p)
+    target.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    start = {v.path: v.numpy().copy() for v in target.trainable_variables}
+    target.fit(x, y, batch_size=16, epochs=3, verbose=0)
+    moved_elastic = 0
+    for v in target.trainable_variables:
+        now, before, s = v.numpy(), start[v.path], _scale(opt, v)
+        np.testing.assert_array_equal(now[s == 0], before[s == 0], err_msg=v.path)
+        moved_elastic += int(np.count_nonzero(now[s > 0] != before[s > 0]))
+    assert moved_elastic > 100
+    # Masked weights (zeroed by eq. 28) are still exactly zero.
+    for name, drift in p.input_drift.items():
+        if name == p.head:
+            continue
+        k = target.get_layer(name).kernel.numpy()
+        e_out = np.broadcast_to(np.asarray(p.layer_elasticity[name]), (k.shape[-1],))
+        assert np.all(k[..., drift > 0, :][..., e_out == 0] == 0)
+    # The inner optimizer's state of frozen parameters is exactly zero.
+    slots = [s for s in base.variables if "momentum" in s.path or "momentum" in s.name
+             or "velocity" in s.path]
+    assert slots
+    by_name = {v.path.replace("/", "_"): v for v in target.trainable_variables}
+    for slot in slots:
+        owner = slot.path.split("/")[-1].rsplit("_", 1)[0]  # "<layer>_<var>_momentum"
+        mask = _scale(opt, by_name[owner]) == 0
+        assert np.all(slot.numpy()[mask] == 0), slot.path
+
+
+def test_dynamic_decoupling_core_activations_do_not_move():
+    model, p, retention, target, x, y = _setup(seed=2, percentile=60)
+    # The activations of every group (BN output; ReLU is applied channel-wise).
+    probe = keras.Model(target.input, [target.get_layer(p.options["bn_of"][g]).output
+                                       for g in p.groups])
+    with retention.source_statistics(target):
+        before = [np.asarray(a) for a in probe(x, training=False)]
+    src_before = retention.evaluate(target, x, y)
+    trainer = deft.Trainer(target, deft.ElasticOptimizer(
+        keras.optimizers.SGD(0.2, momentum=0.9), p), retention=retention)
+    trainer.fit((x, y), epochs=3, batch_size=8, restore_best=False)
+    with retention.source_statistics(target):
+        after = [np.asarray(a) for a in probe(x, training=False)]
+    slack_moved = False
+    for g, b, a in zip(p.groups, before, after):
+        core = p.elasticity[g] == 0
+        np.testing.assert_allclose(a[..., core], b[..., core], rtol=0, atol=1e-6,
+                                   err_msg=g)
+        slack_moved |= bool(np.any(a[..., ~core] != b[..., ~core]))
+    assert slack_moved
+    assert retention.evaluate(target, x, y) == src_before
+
+
+def test_optimizer_config_roundtrip_and_model_save(tmp_path):
+    _, p, _, target, x, y = _setup()
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), p,
+                                elasticity={"c2/bias": 0.0}, default=1.0, name="elastic")
+    config = opt.get_config()
+    again = deft.ElasticOptimizer.from_config(config)
+    assert again.get_config() == config
+    assert again.elasticity["c2/bias"] == 0.0 and again.elasticity["fc"] == \
+        p.elasticity_map()["fc"]
+    ser = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
+    assert isinstance(ser, deft.ElasticOptimizer) and ser.get_config() == config
+    assert float(ser.learning_rate) == pytest.approx(0.05)
+    target.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    target.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    target.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    assert isinstance(loaded.optimizer, deft.ElasticOptimizer)
+    assert loaded.optimizer.get_config() == config
+    assert int(loaded.optimizer.iterations) == int(opt.iterations) == 3
+
+
+def test_optimizer_refuses_weight_decay_and_bad_maps():
+    with pytest.raises(ValueError, match="weight_decay=0.1"):
+        deft.ElasticOptimizer(keras.optimizers.AdamW(weight_decay=0.1))
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(), elasticity={"fc": [1.0, 0.0]})
+    v = keras.Variable(np.zeros((3, 4)), name="kernel")
+    v_path = type("V", (), {"path": "fc/kernel", "shape": (3, 4)})()
+    with pytest.raises(ValueError, match="'fc/kernel' has shape"):
+        opt.elasticity_of(v_path)
+    del v
+
+
+def test_model_fit_and_custom_loop_give_the_same_update():
+    _, p, _, target, x, y = _setup()
+    twin = keras.models.clone_model(target)
+    twin.set_weights(target.get_weights())
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    target.compile(deft.ElasticOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), p), loss)
+    target.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    trainer = deft.Trainer(twin, deft.ElasticOptimizer(
+        keras.optimizers.SGD(0.1, momentum=0.9), p))
+    trainer.fit((x, y), epochs=2, batch_size=16, shuffle=False, restore_best=False)
+    for a, b, w in zip(target.get_weights(), twin.get_weights(), target.weights):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=w.path)
+
+
+_MIRRORED = textwrap.dedent("""
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras, numpy as np
+    sys.path.insert(0, sys.argv[1])
+    from conftest import small_resnet
+    from hope_keras import deft
+
+    model = small_resnet(seed=4)
+    p = deft.plan(model, percentile=60)
+    p.apply(model)
+    retention = deft.SourceRetention(model, plan=p)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert strategy.num_replicas_in_sync == 2
+    with strategy.scope():
+        target = deft.replace_head(model, 5, seed=0)
+        opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), p)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 10, 10, 3)).astype("float32")
+    y = (np.arange(64) % 5).astype("int64")
+    ys = np.argmax(retention.logits(model, x), -1)  # the masked source head's labels
+    start = {v.path: v.numpy().copy() for v in target.trainable_variables}
+    trainer = deft.Trainer(target, opt, strategy=strategy, retention=retention)
+    hist = trainer.fit((x, y), epochs=2, batch_size=16, target_val=(x, y),
+                       source_val=(x, ys), restore_best=False)
+    moved = 0
+    for v in target.trainable_variables:
+        s = np.broadcast_to(np.asarray(opt.elasticity_of(v), float), v.shape)
+        now = v.numpy()
+        assert np.array_equal(now[s == 0], start[v.path][s == 0]), v.path
+        moved += int(np.count_nonzero(now[s > 0] != start[v.path][s > 0]))
+    assert moved > 100, moved
+    assert int(opt.iterations.numpy()) == 8, opt.iterations.numpy()
+    assert all(np.isfinite(e["loss"]) for e in hist.epochs)
+    assert hist.epochs[-1]["source_acc"] == 1.0, hist.epochs
+    print("MIRRORED_OK", hist.best_epoch, hist.best["h_score"])
+""")
+
+
+def test_trainer_under_mirrored_strategy_on_two_logical_cpus():
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow",
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", _MIRRORED, tests], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "MIRRORED_OK" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-3000:])
