@@ -3,7 +3,8 @@
     hope-keras analyze MODEL.keras
     hope-keras compress MODEL.keras (--density D | --params P | --steps N) --out SLIM.keras
                         [--trajectory T.npz] [--merge-scale sum|paper] [--refresh local|neighbors]
-                        [--actions prune,merge,evict] [--kernel approx|exact] [--quiet]
+                        [--actions prune,merge,evict] [--kernel approx|exact]
+                        [--rate auto|neurons|params] [--quiet]
     hope-keras replay MODEL.keras T.npz (--density D | --step K) --out OUT.keras [--no-slim]
     hope-keras report T.npz --out report.png
 
@@ -40,7 +41,7 @@ def _compress(args):
         model, density=args.density, params=args.params, steps=args.steps,
         actions=tuple(a.strip() for a in args.actions.split(",") if a.strip()),
         merge_scale=args.merge_scale, refresh=args.refresh, kernel=args.kernel,
-        verbose=not args.quiet)
+        rate=args.rate, verbose=not args.quiet)
     small = hope_keras.slim(model)
     small.save(args.out)
     if args.trajectory:
@@ -100,6 +101,8 @@ def _parser():
     c.add_argument("--refresh", choices=("local", "neighbors"), default="local")
     c.add_argument("--actions", default="prune,merge,evict")
     c.add_argument("--kernel", choices=("approx", "exact"), default="approx")
+    c.add_argument("--rate", choices=("auto", "neurons", "params"), default="auto",
+                   help="distortion per neuron or per parameter (auto: follows the budget)")
     c.set_defaults(fn=_compress)
 
     r = common(sub.add_parser("replay", help="replay a trajectory on the original model"))
