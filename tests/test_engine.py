@@ -320,3 +320,22 @@ def test_rate_neurons_ranks_by_distortion_per_neuron():
     assert result.trajectory.meta["options"]["rate"] == "params"
     with pytest.raises(ValueError, match="rate"):
         hope_keras.compress(small_resnet(seed=4), density=0.5, rate="flops", verbose=False)
+
+
+def test_width_initial_uses_the_initial_width_in_the_costs():
+    model = mlp((6,), seed=9)
+    live, initial = Encoder(model), Encoder(copy_model(model), width="initial")
+    for enc in (live, initial):  # prune two neurons: n drops to 4, n0 stays 6
+        for _ in range(2):
+            best = enc.best_group_action("fc0")
+            enc.execute("fc0", (best[0], "prune", best[2], -1, best[4], best[5]))
+    gs = initial.groups["fc0"]
+    dr, kind, i, j, J, P = initial.best_group_action("fc0")
+    if kind == "prune":
+        expected = hope_keras.costs.j_prune(gs.cache.capacity[i], gs.C, 6)
+    else:
+        cap = gs.cache.capacity
+        expected = hope_keras.costs.j_merge(cap[i] ** 2 + cap[j] ** 2, gs.cache.B[i, j],
+                                            gs.C - cap[i] - cap[j], 6)
+    assert J == pytest.approx(float(expected))
+    assert live.best_group_action("fc0")[4] < J  # live n = 4 < n0 = 6

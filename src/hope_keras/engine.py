@@ -160,11 +160,15 @@ class Encoder:
         rate: ``"params"`` (the spec's ``DR = J / P_init``) or ``"neurons"``
             (distortion per neuron removed: ``DR = J`` for prunes and merges,
             ``J / neurons removed`` for evictions; see docs/quality.md).
+        width: The ``n`` in front of the prune and merge costs: ``"live"`` (the
+            spec's active count) or ``"initial"`` (the group's initial width, so a
+            neuron costs more as its layer empties; an experiment of docs/quality.md).
     """
 
     def __init__(self, model, analysis: Optional[Analysis] = None,
                  actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
-                 kernel: str = "approx", verbose: bool = False, rate: str = "params"):
+                 kernel: str = "approx", verbose: bool = False, rate: str = "params",
+                 width: str = "live"):
         actions = tuple(actions)
         bad = [a for a in actions if a not in ACTIONS]
         if bad or not actions:
@@ -173,6 +177,8 @@ class Encoder:
         if merge_scale not in ("sum", "paper"):
             raise ValueError(f"merge_scale must be 'sum' or 'paper'. "
                              f"Received: merge_scale={merge_scale!r}")
+        if width not in ("live", "initial"):
+            raise ValueError(f"width must be 'live' or 'initial'. Received: width={width!r}")
         if rate not in ("params", "neurons"):
             raise ValueError(f"rate must be 'params' or 'neurons'. Received: rate={rate!r}")
         if refresh not in ("local", "neighbors"):
@@ -189,6 +195,7 @@ class Encoder:
         self.refresh = refresh
         self.kernel = kernel
         self.rate = rate
+        self.width = width
         a = self.analysis
         self.graph = a.graph
         self.groups = {name: _GroupState(name, a.caches[name], a.states[name].p_init)
@@ -218,7 +225,8 @@ class Encoder:
             "num_params": self.params.total0,
             "capacities": {n: g.C_init for n, g in self.groups.items()},
             "options": {"actions": sorted(self.actions), "merge_scale": merge_scale,
-                        "refresh": refresh, "kernel": kernel, "rate": rate},
+                        "refresh": refresh, "kernel": kernel, "rate": rate,
+                        "width": width},
         })
 
     # ----------------------------------------------------------- best actions
@@ -239,9 +247,10 @@ class Encoder:
             return None
         cache, best = gs.cache, None
         cap = cache.capacity
+        n = gs.n if self.width == "live" else cache.size
         if "prune" in self.actions and gs.n > 1:
             idx = np.flatnonzero(gs.active)
-            J = costs.j_prune(cap[idx], gs.C, gs.n)
+            J = costs.j_prune(cap[idx], gs.C, n)
             dr = J / gs.p_init[idx] if self.rate == "params" else J
             k = int(np.argmin(dr))
             best = (float(dr[k]), "prune", int(idx[k]), -1, float(J[k]),
@@ -251,7 +260,7 @@ class Encoder:
             if ii.size:
                 A = cap[ii] ** 2 + cap[jj] ** 2
                 c_rem = gs.C - cap[ii] - cap[jj]
-                J = costs.j_merge(A, cache.B[ii, jj], c_rem, gs.n)
+                J = costs.j_merge(A, cache.B[ii, jj], c_rem, n)
                 P = gs.p_init[jj]
                 dr = J / P if self.rate == "params" else J
                 k = int(np.argmin(dr))
@@ -515,7 +524,8 @@ class Encoder:
 def compress(model, density: Optional[float] = None, params: Optional[float] = None,
              steps: Optional[int] = None, actions=ACTIONS, merge_scale: str = "sum",
              refresh: str = "local", kernel: str = "approx", verbose: bool = True,
-             analysis: Optional[Analysis] = None, rate: str = "auto") -> CompressionResult:
+             analysis: Optional[Analysis] = None, rate: str = "auto",
+             width: str = "live") -> CompressionResult:
     """Compresses a Keras model in place with HOPE, data-free.
 
     The greedy encoder executes, one step at a time, the prune, merge or block
@@ -542,6 +552,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
             ``density`` is given, else ``"params"`` (the spec's ``DR = J / P_init``).
             With a density budget the spec's rate drains the layer with the largest
             per-neuron footprint first (docs/quality.md, docs/hope.md).
+        width: ``"live"`` (the spec's active count ``n`` in the costs) or
+            ``"initial"`` (the group's initial width; experimental).
 
     Returns:
         A `CompressionResult` (``trajectory``, ``density``, ``params_ratio``,
@@ -570,7 +582,7 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
     if rate == "auto":
         rate = "neurons" if density is not None else "params"
     enc = Encoder(model, analysis=analysis, actions=actions, merge_scale=merge_scale,
-                  refresh=refresh, kernel=kernel, verbose=verbose, rate=rate)
+                  refresh=refresh, kernel=kernel, verbose=verbose, rate=rate, width=width)
     if density is not None and enc.active <= math.floor(density * enc.num_neurons + 1e-9):
         raise ValueError(
             f"The budget density={density} is already met: the model has "
