@@ -21,3 +21,15 @@ def test_doc_code_blocks_run(path, tmp_path, monkeypatch):
             continue
         code = compile(match.group(2), f"{path.name}[block {k}]", "exec")
         exec(code, namespace)  # noqa: S102 - running our own documentation
+
+
+def test_api_reference_is_current():
+    import importlib.util
+
+    root = pathlib.Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("make_api_docs",
+                                                  root / "scripts" / "make_api_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (root / "docs" / "api.md").read_text() == module.render(), (
+        "docs/api.md is stale: run .venv/bin/python scripts/make_api_docs.py")

@@ -3,14 +3,17 @@
 * `analyze` finds every compressible neuron of a Keras model and scores it (HOPE).
 * `compress` runs the HOPE greedy encoder in place; `slim` rebuilds a smaller model;
   `Trajectory` saves, loads and replays a run.
-* `reestimate_batchnorm_statistics` refreshes stale BN moving statistics.
+* `reestimate_batchnorm_statistics` refreshes stale BN moving statistics;
+  `calibrate` makes BN-free ReLU networks compressible (spec section 7).
+* `baselines`: magnitude pruning criteria and Neuron Merging, through the same edits.
 * `deft` fine-tunes on a new task while keeping the old one (DEFT).
 * `derivative_matching` compresses MLPs with analytic activations.
 """
 
-from hope_keras import deft, derivative_matching
+from hope_keras import baselines, deft, derivative_matching
 from hope_keras.analysis import Analysis, BlockReport, GroupReport, analyze
 from hope_keras.bn_stats import reestimate_batchnorm_statistics
+from hope_keras.calibration import calibrate
 from hope_keras.engine import CompressionResult, Encoder, compress
 from hope_keras.graph import ModelGraph, NeuronGroup, Pinned, ResidualBlock, walk
 from hope_keras.slim import slim
@@ -31,6 +34,8 @@ __all__ = [
     "Step",
     "Trajectory",
     "analyze",
+    "baselines",
+    "calibrate",
     "compress",
     "deft",
     "derivative_matching",
