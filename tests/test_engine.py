@@ -314,10 +314,11 @@ def test_rate_neurons_ranks_by_distortion_per_neuron():
             assert J == pytest.approx(min(others))
     dr, J, _ = enc.eviction_cost("b1_add")
     assert dr == pytest.approx(J / 6)
+    result = hope_keras.compress(small_resnet(seed=4), density=0.5, rate="neurons",
+                                 verbose=False)
+    assert result.trajectory.meta["options"]["rate"] == "neurons"
     result = hope_keras.compress(small_resnet(seed=4), density=0.5, verbose=False)
-    assert result.trajectory.meta["options"]["rate"] == "neurons"  # "auto" follows density
-    result = hope_keras.compress(small_resnet(seed=4), params=0.7, verbose=False)
-    assert result.trajectory.meta["options"]["rate"] == "params"
+    assert result.trajectory.meta["options"]["rate"] == "params"  # the spec's, by default
     with pytest.raises(ValueError, match="rate"):
         hope_keras.compress(small_resnet(seed=4), density=0.5, rate="flops", verbose=False)
 

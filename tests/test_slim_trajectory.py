@@ -92,7 +92,7 @@ def test_replay_equals_direct_run_and_save_load_round_trips(compressed, tmp_path
     assert loaded.densities()[k - 1] <= 0.7 < loaded.densities()[k - 2]
     partial = loaded.replay(copy_model(original), density=0.7)
     direct = copy_model(original)
-    hope_keras.compress(direct, steps=k, rate="neurons", verbose=False)  # as the density run
+    hope_keras.compress(direct, steps=k, verbose=False)
     for a, b in zip(partial.get_weights(), direct.get_weights()):
         np.testing.assert_array_equal(a, b)
 

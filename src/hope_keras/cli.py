@@ -4,7 +4,7 @@
     hope-keras compress MODEL.keras (--density D | --params P | --steps N) --out SLIM.keras
                         [--trajectory T.npz] [--merge-scale sum|paper] [--refresh local|neighbors]
                         [--actions prune,merge,evict] [--kernel approx|exact]
-                        [--rate auto|neurons|params] [--quiet]
+                        [--rate params|neurons] [--quiet]
     hope-keras replay MODEL.keras T.npz (--density D | --step K) --out OUT.keras [--no-slim]
     hope-keras report T.npz --out report.png
 
@@ -101,8 +101,8 @@ def _parser():
     c.add_argument("--refresh", choices=("local", "neighbors"), default="local")
     c.add_argument("--actions", default="prune,merge,evict")
     c.add_argument("--kernel", choices=("approx", "exact"), default="approx")
-    c.add_argument("--rate", choices=("auto", "neurons", "params"), default="auto",
-                   help="distortion per neuron or per parameter (auto: follows the budget)")
+    c.add_argument("--rate", choices=("params", "neurons"), default="params",
+                   help="distortion per parameter (the spec's) or per neuron removed")
     c.set_defaults(fn=_compress)
 
     r = common(sub.add_parser("replay", help="replay a trajectory on the original model"))

@@ -524,7 +524,7 @@ class Encoder:
 def compress(model, density: Optional[float] = None, params: Optional[float] = None,
              steps: Optional[int] = None, actions=ACTIONS, merge_scale: str = "sum",
              refresh: str = "local", kernel: str = "approx", verbose: bool = True,
-             analysis: Optional[Analysis] = None, rate: str = "auto",
+             analysis: Optional[Analysis] = None, rate: str = "params",
              width: str = "live") -> CompressionResult:
     """Compresses a Keras model in place with HOPE, data-free.
 
@@ -547,11 +547,11 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         kernel: ``"approx"`` (default) or ``"exact"`` cross-kernel.
         verbose: Show a progress bar.
         analysis: A precomputed `hope_keras.analyze(model, kernel=...)` result.
-        rate: What the distortion rate divides ``J`` by. ``"auto"`` (default)
-            follows the budget: ``"neurons"`` (distortion per neuron removed) when
-            ``density`` is given, else ``"params"`` (the spec's ``DR = J / P_init``).
-            With a density budget the spec's rate drains the layer with the largest
-            per-neuron footprint first (docs/quality.md, docs/hope.md).
+        rate: What the distortion rate divides ``J`` by: ``"params"`` (default, the
+            spec's ``DR = J / P_init``) or ``"neurons"`` (distortion per neuron
+            removed). Neither wins everywhere: ``"neurons"`` keeps plain CNNs and
+            MLPs far more accurate under a density budget, the spec's rate keeps
+            ResNet-50 (docs/hope.md "Known limits", docs/quality.md).
         width: ``"live"`` (the spec's active count ``n`` in the costs) or
             ``"initial"`` (the group's initial width; experimental).
 
@@ -579,8 +579,6 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
             raise ValueError(f"{name} must be in (0, 1]. Received: {name}={value}")
     if steps is not None and steps < 0:
         raise ValueError(f"steps must be ≥ 0. Received: steps={steps}")
-    if rate == "auto":
-        rate = "neurons" if density is not None else "params"
     enc = Encoder(model, analysis=analysis, actions=actions, merge_scale=merge_scale,
                   refresh=refresh, kernel=kernel, verbose=verbose, rate=rate, width=width)
     if density is not None and enc.active <= math.floor(density * enc.num_neurons + 1e-9):
