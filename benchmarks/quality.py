@@ -117,52 +117,13 @@ def load(model_name: str, split: str = "subset"):
 
 
 def experimental_encoder(width="live", merge_cost="paper", rate="params"):
-    """An `Encoder` with the proposed cost changes (see EXPERIMENTS)."""
-    from hope_keras import costs
+    """An `Encoder` with the proposed cost changes (see EXPERIMENTS): all of them are
+    engine options now."""
+    import functools
+
     from hope_keras.engine import Encoder
 
-    class ExperimentalEncoder(Encoder):
-        def best_group_action(self, name):
-            gs = self.groups[name]
-            if gs.frozen or gs.n == 0:
-                return None
-            n = gs.n if width == "live" else gs.cache.size
-            cache, best = gs.cache, None
-            cap = cache.capacity
-            if "prune" in self.actions and gs.n > 1:
-                idx = np.flatnonzero(gs.active)
-                J = costs.j_prune(cap[idx], gs.C, n)
-                dr = J / (gs.p_init[idx] if rate == "params" else 1.0)
-                k = int(np.argmin(dr))
-                best = (float(dr[k]), "prune", int(idx[k]), -1, float(J[k]),
-                        float(gs.p_init[idx[k]]))
-            if "merge" in self.actions and gs.n > 1:
-                ii, jj = np.nonzero(gs.pair_ok)
-                if ii.size:
-                    A = cap[ii] ** 2 + cap[jj] ** 2
-                    c_rem = gs.C - cap[ii] - cap[jj]
-                    B = cache.B[ii, jj]
-                    if merge_cost == "residual":
-                        nss = A + 2.0 * cache.k_cross[ii, jj] * cache.gram_u[ii, jj]
-                        J = costs.j_merge_residual(nss, B, c_rem, n)
-                    else:
-                        J = costs.j_merge(A, B, c_rem, n)
-                    P = gs.p_init[jj] if rate == "params" else np.ones(len(jj))
-                    dr = J / P
-                    k = int(np.argmin(dr))
-                    if best is None or dr[k] < best[0]:
-                        best = (float(dr[k]), "merge", int(ii[k]), int(jj[k]),
-                                float(J[k]), float(P[k]))
-            return best
-
-        def eviction_cost(self, name):
-            dr, J, P = super().eviction_cost(name)
-            if rate == "neurons":
-                P = float(sum(self.groups[g].n for g in self.blocks[name].groups))
-                dr = J / max(P, 1.0)
-            return dr, J, P
-
-    return ExperimentalEncoder
+    return functools.partial(Encoder, width=width, merge_cost=merge_cost, rate=rate)
 
 
 def live_params(model, graph) -> int:

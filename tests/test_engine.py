@@ -340,3 +340,18 @@ def test_width_initial_uses_the_initial_width_in_the_costs():
                                             gs.C - cap[i] - cap[j], 6)
     assert J == pytest.approx(float(expected))
     assert live.best_group_action("fc0")[4] < J  # live n = 4 < n0 = 6
+
+
+def test_residual_merge_cost_matches_its_formula():
+    model = mlp((6,), seed=10)
+    enc = Encoder(model, actions=("merge",), merge_cost="residual")
+    gs = enc.groups["fc0"]
+    c = gs.cache
+    dr, kind, i, j, J, P = enc.best_group_action("fc0")
+    cap = c.capacity
+    norm_sum_sq = cap[i] ** 2 + cap[j] ** 2 + 2 * c.k_cross[i, j] * c.gram_u[i, j]
+    expected = 6 * np.sqrt(max(norm_sum_sq - c.B[i, j] ** 2, 0)) / (gs.C - cap[i] - cap[j]
+                                                                    + c.B[i, j])
+    assert J == pytest.approx(expected)
+    with pytest.raises(ValueError, match="merge_cost"):
+        Encoder(model, merge_cost="cheap")

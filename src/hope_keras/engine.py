@@ -163,12 +163,15 @@ class Encoder:
         width: The ``n`` in front of the prune and merge costs: ``"live"`` (the
             spec's active count) or ``"initial"`` (the group's initial width, so a
             neuron costs more as its layer empties; an experiment of docs/quality.md).
+        merge_cost: ``"paper"`` (eq. 6 with α*) or ``"residual"`` (the pair's
+            function-space residual ``n·sqrt(‖f_i+f_j‖² − B²)/(C_rem + B)``, spec
+            section 5; experimental).
     """
 
     def __init__(self, model, analysis: Optional[Analysis] = None,
                  actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
                  kernel: str = "approx", verbose: bool = False, rate: str = "params",
-                 width: str = "live"):
+                 width: str = "live", merge_cost: str = "paper"):
         actions = tuple(actions)
         bad = [a for a in actions if a not in ACTIONS]
         if bad or not actions:
@@ -177,6 +180,9 @@ class Encoder:
         if merge_scale not in ("sum", "paper"):
             raise ValueError(f"merge_scale must be 'sum' or 'paper'. "
                              f"Received: merge_scale={merge_scale!r}")
+        if merge_cost not in ("paper", "residual"):
+            raise ValueError(f"merge_cost must be 'paper' or 'residual'. "
+                             f"Received: merge_cost={merge_cost!r}")
         if width not in ("live", "initial"):
             raise ValueError(f"width must be 'live' or 'initial'. Received: width={width!r}")
         if rate not in ("params", "neurons"):
@@ -196,6 +202,7 @@ class Encoder:
         self.kernel = kernel
         self.rate = rate
         self.width = width
+        self.merge_cost = merge_cost
         a = self.analysis
         self.graph = a.graph
         self.groups = {name: _GroupState(name, a.caches[name], a.states[name].p_init)
@@ -226,7 +233,7 @@ class Encoder:
             "capacities": {n: g.C_init for n, g in self.groups.items()},
             "options": {"actions": sorted(self.actions), "merge_scale": merge_scale,
                         "refresh": refresh, "kernel": kernel, "rate": rate,
-                        "width": width},
+                        "width": width, "merge_cost": merge_cost},
         })
 
     # ----------------------------------------------------------- best actions
@@ -260,7 +267,11 @@ class Encoder:
             if ii.size:
                 A = cap[ii] ** 2 + cap[jj] ** 2
                 c_rem = gs.C - cap[ii] - cap[jj]
-                J = costs.j_merge(A, cache.B[ii, jj], c_rem, n)
+                if self.merge_cost == "residual":  # spec section 5, sum-consistent
+                    norm_sum_sq = A + 2.0 * cache.k_cross[ii, jj] * cache.gram_u[ii, jj]
+                    J = costs.j_merge_residual(norm_sum_sq, cache.B[ii, jj], c_rem, n)
+                else:
+                    J = costs.j_merge(A, cache.B[ii, jj], c_rem, n)
                 P = gs.p_init[jj]
                 dr = J / P if self.rate == "params" else J
                 k = int(np.argmin(dr))
