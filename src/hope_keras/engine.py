@@ -218,6 +218,7 @@ class Encoder:
         self._neighbors = self._neighbor_map() if refresh == "neighbors" else {}
         self._heap: list = []
         self._seq = 0
+        self._block_version: Dict[tuple, int] = {}
         for name in self.groups:
             self._push_group(name)
         for name in self.blocks:
@@ -307,7 +308,6 @@ class Encoder:
         dr, J, P = self.eviction_cost(name)
         self._seq += 1
         key = ("b", name)
-        self._block_version = getattr(self, "_block_version", {})
         v = self._block_version.get(key, 0) + 1
         self._block_version[key] = v
         heapq.heappush(self._heap, (dr, self._seq, "b", name, v,
