@@ -208,7 +208,6 @@ def alive_per_group(traj, analysis, densities):
 
 def run(model_name: str, n_test: int, methods=None, densities=DENSITIES,
         extra_densities=(), probe_steps=0, split="subset"):
-    import keras
 
     import hope_keras
     from hope_keras import baselines
@@ -418,11 +417,6 @@ def per_layer(model_name: str, n_test: int, densities=DENSITIES):
         model = calibrate(model, xc)
     analysis = hope_keras.analyze(model)
     original = [w.numpy().copy() for w in model.weights]
-    # An eviction removes a whole block at once, so replaying a run to 0.3 can
-    # overshoot a density; a run with that density as its budget skips such
-    # evictions. On small models with blocks, run each density directly.
-    direct = info["blocks"] > 0 and info["neurons"] < 2000
-    info["hope_densities"] = "direct runs" if direct else "replays of one run"
     ev = Evaluator(model, x, y, analysis.graph)
     scorers = {"capacity": {g: analysis.caches[g].capacity for g in analysis.caches}}
     for m in baselines.METHODS:

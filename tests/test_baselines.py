@@ -1,7 +1,6 @@
 """Magnitude baselines and Neuron Merging: global ranking, never an empty layer,
 same edit/slim path as HOPE, exact merging of duplicated neurons."""
 
-import keras
 import numpy as np
 import pytest
 

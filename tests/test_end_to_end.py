@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hope_keras
-from conftest import L, outputs_equal, randomize_bn
+from conftest import L, randomize_bn
 
 
 @pytest.mark.slow

@@ -1,7 +1,6 @@
 """Walker expectations: groups, consumers, residual blocks and pinned reasons."""
 
 import keras
-import numpy as np
 import pytest
 
 from conftest import L, bn_relu, mlp, small_resnet

@@ -109,7 +109,6 @@ def slim(model, name: str = None) -> keras.Model:
     g = graph_lib.walk(model)
     evicted = evicted_blocks(model, g)
     removed_layers = set()
-    shortcut_of: Dict[str, str] = {}
     frozen_groups = set()
     for b in g.blocks:
         if b.name in evicted:
