@@ -103,8 +103,6 @@ def _iter_batches(data, batch_size):
 
 def _rebuild(model, targets: Dict[str, str], name: str):
     """The split model, with identity BNs (statistics filled in later)."""
-    functional = graph_lib._functional_of(model)
-    tensors: Dict[int, object] = {}
     new_layers: Dict[str, keras.layers.Layer] = {}
     inserted: Dict[str, Tuple[str, str]] = {}
     used = {layer.name for layer in model.layers}
@@ -116,41 +114,29 @@ def _rebuild(model, targets: Dict[str, str], name: str):
         used.add(n)
         return n
 
-    for depth in sorted(functional._nodes_by_depth, reverse=True):
-        for node in functional._nodes_by_depth[depth]:
-            layer = node.operation
-            if isinstance(layer, keras.layers.InputLayer):
-                t = keras.Input(batch_shape=layer.batch_shape, dtype=layer.dtype,
-                                name=layer.name)
-                tensors[id(node.outputs[0])] = t
-                continue
-            config = layer.get_config()
-            target = targets.get(layer.name)
+    def call_node(node, tensors):
+        layer = node.operation
+        config = layer.get_config()
+        target = targets.get(layer.name)
+        if target == "fused":
+            config["activation"] = "linear"
+        new = layer.__class__.from_config(config)
+        args, kwargs = node.arguments.fill_in(tensors)
+        outputs = new(*args, **kwargs)
+        new_layers[layer.name] = new
+        if target is not None:
+            bn_name = fresh(f"{layer.name}_calib_bn")
+            z = keras.layers.BatchNormalization(
+                epsilon=EPSILON, name=bn_name, dtype=layer.dtype_policy)(outputs)
             if target == "fused":
-                config["activation"] = "linear"
-            new = layer.__class__.from_config(config)
-            args, kwargs = node.arguments.fill_in(tensors)
-            outputs = new(*args, **kwargs)
-            new_layers[layer.name] = new
-            if target is not None:
-                bn_name = fresh(f"{layer.name}_calib_bn")
-                z = keras.layers.BatchNormalization(
-                    epsilon=EPSILON, name=bn_name, dtype=layer.dtype_policy)(outputs)
-                if target == "fused":
-                    relu_name = fresh(f"{layer.name}_calib_relu")
-                    outputs = keras.layers.ReLU(name=relu_name)(z)
-                else:
-                    relu_name, outputs = target, z  # the existing ReLU layer follows
-                inserted[layer.name] = (bn_name, relu_name)
-            for old_t, new_t in zip(node.outputs, keras.tree.flatten(outputs)):
-                tensors[id(old_t)] = new_t
-    outputs = [tensors[id(t)] for t in functional.outputs]
-    inputs = [tensors[id(t)] for t in functional.inputs]
-    result = keras.Model(
-        inputs=inputs if len(inputs) > 1 else inputs[0],
-        outputs=outputs if len(outputs) > 1 else outputs[0],
-        name=name,
-    )
+                relu_name = fresh(f"{layer.name}_calib_relu")
+                outputs = keras.layers.ReLU(name=relu_name)(z)
+            else:
+                relu_name, outputs = target, z  # the existing ReLU layer follows
+            inserted[layer.name] = (bn_name, relu_name)
+        return outputs
+
+    result = graph_lib.rebuild(model, call_node, name)
     for lname, new in new_layers.items():
         old = model.get_layer(lname)
         if old.weights:

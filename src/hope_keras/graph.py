@@ -499,3 +499,36 @@ def walk(model: keras.Model) -> ModelGraph:
         if block is not None:
             blocks[name] = block
     return ModelGraph(groups=groups, blocks=tuple(blocks.values()), pinned=tuple(pinned))
+
+
+def rebuild(model: keras.Model, call_node, name: str) -> keras.Model:
+    """Rebuilds a Functional model node by node (shared by `slim` and `calibrate`).
+
+    Args:
+        model: The Functional or Sequential model to rebuild (not changed).
+        call_node: ``call_node(node, tensors)`` returns the new output(s) of ``node``
+            (usually a new layer called on ``node.arguments.fill_in(tensors)``), or
+            None to drop the node. ``tensors`` maps ``id(old tensor)`` to new tensors.
+        name: Name of the new model.
+
+    Returns:
+        A new Functional `keras.Model` with fresh inputs of the same shapes.
+    """
+    functional = _functional_of(model)
+    tensors: Dict[int, object] = {}
+    for depth in sorted(functional._nodes_by_depth, reverse=True):
+        for node in functional._nodes_by_depth[depth]:
+            layer = node.operation
+            if isinstance(layer, keras.layers.InputLayer):
+                tensors[id(node.outputs[0])] = keras.Input(
+                    batch_shape=layer.batch_shape, dtype=layer.dtype, name=layer.name)
+                continue
+            outputs = call_node(node, tensors)
+            if outputs is None:
+                continue
+            for old_t, new_t in zip(node.outputs, keras.tree.flatten(outputs)):
+                tensors[id(old_t)] = new_t
+    outputs = [tensors[id(t)] for t in functional.outputs]
+    inputs = [tensors[id(t)] for t in functional.inputs]
+    return keras.Model(inputs=inputs if len(inputs) > 1 else inputs[0],
+                       outputs=outputs if len(outputs) > 1 else outputs[0], name=name)

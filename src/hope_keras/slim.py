@@ -127,47 +127,29 @@ def slim(model, name: str = None) -> keras.Model:
         for c in grp.consumers:
             in_keep[c.layer] = (keep, c.kind)
 
-    functional = graph_lib._functional_of(model)
-    tensors: Dict[int, object] = {}
     new_layers: Dict[str, keras.layers.Layer] = {}
-    for depth in sorted(functional._nodes_by_depth, reverse=True):
-        for node in functional._nodes_by_depth[depth]:
-            layer = node.operation
-            if isinstance(layer, keras.layers.InputLayer):
-                t = keras.Input(batch_shape=layer.batch_shape, dtype=layer.dtype,
-                                name=layer.name)
-                tensors[id(node.outputs[0])] = t
-                continue
-            if layer.name in removed_layers:
-                continue
-            if layer.name in evicted:
-                # The Add of an evicted block: its output is the shortcut input.
-                b = next(b for b in g.blocks if b.name == layer.name)
-                branch_end = b.final_bn
-                sources = [t for t in node.input_tensors
-                           if t._keras_history.operation.name != branch_end]
-                tensors[id(node.outputs[0])] = tensors[id(sources[0])]
-                continue
-            config = layer.get_config()
-            if layer.name in out_keep and isinstance(layer, graph_lib._KERNEL_TYPES):
-                n = int(out_keep[layer.name].sum())
-                if isinstance(layer, keras.layers.Dense):
-                    config["units"] = n
-                else:
-                    config["filters"] = n
-            new = layer.__class__.from_config(config)
-            args, kwargs = node.arguments.fill_in(tensors)
-            outputs = new(*args, **kwargs)
-            for old_t, new_t in zip(node.outputs, keras.tree.flatten(outputs)):
-                tensors[id(old_t)] = new_t
-            new_layers[layer.name] = new
-    outputs = [tensors[id(t)] for t in functional.outputs]
-    inputs = [tensors[id(t)] for t in functional.inputs]
-    result = keras.Model(
-        inputs=inputs if len(inputs) > 1 else inputs[0],
-        outputs=outputs if len(outputs) > 1 else outputs[0],
-        name=name or f"{model.name}_slim",
-    )
+    blocks = {b.name: b for b in g.blocks}
+
+    def call_node(node, tensors):
+        layer = node.operation
+        if layer.name in removed_layers:
+            return None
+        if layer.name in evicted:
+            # The Add of an evicted block: its output is the shortcut input.
+            branch_end = blocks[layer.name].final_bn
+            sources = [t for t in node.input_tensors
+                       if t._keras_history.operation.name != branch_end]
+            return tensors[id(sources[0])]
+        config = layer.get_config()
+        if layer.name in out_keep and isinstance(layer, graph_lib._KERNEL_TYPES):
+            n = int(out_keep[layer.name].sum())
+            config["units" if isinstance(layer, keras.layers.Dense) else "filters"] = n
+        new = layer.__class__.from_config(config)
+        args, kwargs = node.arguments.fill_in(tensors)
+        new_layers[layer.name] = new
+        return new(*args, **kwargs)
+
+    result = graph_lib.rebuild(model, call_node, name or f"{model.name}_slim")
     for lname, new in new_layers.items():
         old = model.get_layer(lname)
         ok = out_keep.get(lname)
