@@ -355,3 +355,60 @@ def test_cost_option_resolves_names_and_objects_and_rejects_others():
         Encoder(model, cost="cheap")
     with pytest.raises(TypeError, match="Action"):
         enc.execute(("prune", "fc0", 1))
+
+
+def test_mean_compensation_moves_the_pruned_mean_into_the_consumer_bias():
+    """Pruning with mean compensation equals replacing the neuron's output by the
+    constant E[ReLU(N(β, γ²))] (computed here with scipy, independently)."""
+    model = mlp((6, 5), seed=11)
+    x = _x(model, n=4)
+    before = copy_model(model)
+    result = hope_keras.compress(model, steps=1, actions=("prune",),
+                                 mean_compensation=True, verbose=False)
+    (step,) = result.trajectory.steps
+    assert result.trajectory.meta["options"]["mean_compensation"] is True
+    bn = before.get_layer(step.unit + "_bn")
+    g, b = abs(float(bn.gamma.numpy()[step.i])), float(bn.beta.numpy()[step.i])
+    mean = b * norm.cdf(b / g) + g * norm.pdf(b / g)
+    # The same network with neuron i's activation replaced by that constant.
+    acts = keras.Model(before.inputs, before.get_layer(step.unit + "_bn").output)
+    consumer = "fc1" if step.unit == "fc0" else "head"
+    nxt = before.get_layer(consumer)
+    pre = np.maximum(acts.predict(x, verbose=0), 0)
+    pre[:, step.i] = mean
+    expected_next = pre @ nxt.kernel.numpy() + nxt.bias.numpy()
+    probe = keras.Model(model.inputs, model.get_layer(consumer).output)
+    np.testing.assert_allclose(probe.predict(x, verbose=0), expected_next, rtol=1e-5, atol=1e-5)
+    # Replay reproduces it bit for bit; slim matches the in-place model.
+    replayed = result.trajectory.replay(before, step=1)
+    for a, c in zip(replayed.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, c)
+    assert outputs_equal(hope_keras.slim(model), model, x)
+
+
+def test_mean_compensation_of_a_bias_free_consumer_goes_into_its_bn_mean():
+    keras.utils.set_random_seed(12)
+    inputs = keras.Input((6,))
+    h = L.ReLU()(L.BatchNormalization(name="a_bn")(L.Dense(6, name="a")(inputs)))
+    h = L.BatchNormalization(name="b_bn")(L.Dense(5, use_bias=False, name="b")(h))
+    model = keras.Model(inputs, L.Dense(3, name="head")(L.ReLU()(h)))
+    from conftest import randomize_bn
+
+    model = randomize_bn(model, 12)
+    before = copy_model(model)
+    editor = hope_keras.edit.ModelEditor(model, hope_keras.walk(model),
+                                         mean_compensation=True)
+    with editor.step():
+        editor.prune("a", 2)
+    editor.commit()
+    bn = before.get_layer("a_bn")
+    g, b = abs(float(bn.gamma.numpy()[2])), float(bn.beta.numpy()[2])
+    mean = b * norm.cdf(b / g) + g * norm.pdf(b / g)
+    x = _x(model, n=4)
+    acts = np.maximum(keras.Model(before.inputs, bn.output).predict(x, verbose=0), 0)
+    acts[:, 2] = mean
+    z = acts @ before.get_layer("b").kernel.numpy()
+    ref_bn = before.get_layer("b_bn")
+    expected = ref_bn(z.astype("float32"), training=False).numpy()
+    probe = keras.Model(model.inputs, model.get_layer("b_bn").output)
+    np.testing.assert_allclose(probe.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-5)

@@ -195,7 +195,8 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
         )
     # Blocks whose groups were pinned after extraction are dropped.
     blocks = tuple(b for b in g.blocks if all(x in groups for x in b.groups))
-    g = graph_lib.ModelGraph(groups=groups, blocks=blocks, pinned=tuple(pinned))
+    g = graph_lib.ModelGraph(groups=groups, blocks=blocks, pinned=tuple(pinned),
+                             bn_after=g.bn_after)
     caches: Dict[str, GroupCache] = {}
     for name in progress(list(groups), verbose=verbose, what="cache"):
         caches[name] = build_group_cache(states[name], kernel=kernel)

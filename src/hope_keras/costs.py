@@ -5,7 +5,7 @@ Pure numpy float64 math, no Keras, vectorised over arrays of neurons / pairs.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -402,19 +402,25 @@ def parent_coefficients(sol, scale, gv_ii, gv_jj, gu_ii, gu_jj, gu_ij):
 
 
 class PruneCandidates(NamedTuple):
-    """The prune candidates of one group.
+    """The prune candidates of one group (every live neuron).
 
     Attributes:
-        capacity: ``‖f_i‖`` of each candidate.
+        capacity: ``‖f_i‖ = ‖u_i‖·sqrt(K(i,i))`` of each candidate.
         C: the group's live capacity.
         n: the group's live neuron count (before the action).
         n0: the group's initial neuron count.
+        k_self: ``K(i,i)``, the second moment of the neuron's activation.
+        u_norm: ``‖u_i‖``, the norm of its output vector.
+        gamma: ``|γ_i|``, its surrogate pre-activation standard deviation.
     """
 
     capacity: np.ndarray
     C: float
     n: int
     n0: int
+    k_self: Optional[np.ndarray] = None
+    u_norm: Optional[np.ndarray] = None
+    gamma: Optional[np.ndarray] = None
 
 
 class MergeCandidates(NamedTuple):

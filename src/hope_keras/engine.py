@@ -244,11 +244,14 @@ class Encoder:
         kernel: ``"approx"`` or ``"exact"`` cross-kernel.
         budget: What the ranking's budget counts (``"density"``, ``"params"`` or
             ``"flops"``); `run` sets it from the budget it is given.
+        mean_compensation: Replace each pruned neuron by its mean (under the BN
+            surrogate) in its consumers' biases (`ModelEditor.prune`).
     """
 
     def __init__(self, model, analysis: Optional[Analysis] = None, cost="hope",
                  actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
-                 kernel: str = "approx", verbose: bool = False, budget: str = "density"):
+                 kernel: str = "approx", verbose: bool = False, budget: str = "density",
+                 mean_compensation: bool = False):
         actions = tuple(actions) if not isinstance(actions, str) else (actions,)
         bad = [a for a in actions if a not in ACTIONS]
         if bad or not actions:
@@ -285,7 +288,8 @@ class Encoder:
         self.num_neurons = a.num_neurons
         self.active = self.num_neurons
         self.sizes = _SizeCounter(model, a)
-        self.editor = ModelEditor(model, self.graph)
+        self.mean_compensation = bool(mean_compensation)
+        self.editor = ModelEditor(model, self.graph, mean_compensation=mean_compensation)
         self._neighbors = self._neighbor_map() if refresh == "neighbors" else {}
         self._heap: list = []
         self._seq = 0
@@ -302,7 +306,8 @@ class Encoder:
             "num_flops": self.sizes.flops0,
             "capacities": {n: g.C_init for n, g in self.groups.items()},
             "options": {"cost": self.cost.get_config(), "actions": sorted(self.actions),
-                        "merge_scale": merge_scale, "refresh": refresh, "kernel": kernel},
+                        "merge_scale": merge_scale, "refresh": refresh, "kernel": kernel,
+                        "mean_compensation": self.mean_compensation},
         })
 
     @property
@@ -354,7 +359,10 @@ class Encoder:
         cap = cache.capacity
         if "prune" in self.actions:
             idx = np.flatnonzero(gs.active)
-            J = self.cost.prune(costs.PruneCandidates(cap[idx], gs.C, gs.n, gs.size0))
+            u_norm = np.sqrt(np.maximum(np.diag(cache.gram_u)[idx], 0.0))
+            J = self.cost.prune(costs.PruneCandidates(cap[idx], gs.C, gs.n, gs.size0,
+                                                      cache.k_self[idx], u_norm,
+                                                      cache.gamma[idx]))
             dr = self.cost.rank(J, self._rank_info("prune", name, 1, gs.p_init[idx], name))
             k = int(np.argmin(dr))
             best = Action("prune", name, int(idx[k]), -1, float(J[k]), float(dr[k]),
@@ -644,7 +652,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
              flops: Optional[float] = None, steps: Optional[int] = None, cost="hope",
              actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
              kernel: str = "approx", verbose: bool = True,
-             analysis: Optional[Analysis] = None) -> CompressionResult:
+             analysis: Optional[Analysis] = None,
+             mean_compensation: bool = False) -> CompressionResult:
     """Compresses a Keras model in place with HOPE, data-free.
 
     The greedy encoder executes, one step at a time, the prune, merge or block
@@ -670,6 +679,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         kernel: ``"approx"`` (default) or ``"exact"`` cross-kernel.
         verbose: Show a progress bar.
         analysis: A precomputed `hope_keras.analyze(model, kernel=...)` result.
+        mean_compensation: When a neuron is pruned, add its mean output (under the
+            BN surrogate) to its consumers' biases, so the layer keeps its mean.
 
     Returns:
         A `CompressionResult` (``trajectory``, ``density``, ``params_ratio``,
@@ -696,7 +707,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
     if steps is not None and steps < 0:
         raise ValueError(f"steps must be ≥ 0. Received: steps={steps}")
     enc = Encoder(model, analysis=analysis, cost=cost, actions=actions,
-                  merge_scale=merge_scale, refresh=refresh, kernel=kernel, verbose=verbose)
+                  merge_scale=merge_scale, refresh=refresh, kernel=kernel, verbose=verbose,
+                  mean_compensation=mean_compensation)
     if density is not None and enc.active <= math.floor(density * enc.num_neurons + 1e-9):
         raise ValueError(
             f"The budget density={density} is already met: the model has "

@@ -276,7 +276,7 @@ class Trajectory:
         g = graph_lib.ModelGraph(
             groups={k: v for k, v in g.groups.items() if k in known},
             blocks=tuple(b for b in g.blocks if b.name in set(self.meta["blocks"])),
-            pinned=g.pinned,
+            pinned=g.pinned, bn_after=g.bn_after,
         )
         if check:
             recorded = {name: size for name, size in self.meta["groups"]}
@@ -288,7 +288,9 @@ class Trajectory:
                     "mismatch). Replay it on the original, uncompressed model "
                     "(e.g. reload it from its file), or pass check=False."
                 )
-        editor = edit.ModelEditor(model, g)
+        editor = edit.ModelEditor(
+            model, g, mean_compensation=self.meta.get("options", {}).get(
+                "mean_compensation", False))
         for s in self.steps[:n_steps]:
             with editor.step():
                 apply_step(editor, s)
