@@ -4,10 +4,13 @@ Every step executes the admissible action with the lowest ranking key ``DR`` amo
 all prunes, merges and evictions (``DR = cost.rank(J, ...)``: ``J`` per neuron
 removed for the default cost, ``J / P_init`` for the paper's), edits the model
 (through `hope_keras.edit`), records the step (`hope_keras.trajectory`), then
-refreshes only what changed: the touched group's best action (O(n²) elementwise
-over its pair table, with the merged parent's row recomputed in O(n) kernel work)
-and the eviction cost of the block that holds it. Each group's and block's best
-action sits in a heap, so a step does not grow with the number of layers.
+refreshes only what changed: the touched group's best action and the eviction cost
+of the block that holds it. A group's best merge comes from its bounded candidate
+table (`hope_keras.candidates.MergeTable`: each neuron's ``k`` best partners, lazy
+per-row bounds, exact for the built-in costs), so a step touches O(n) bounds and a
+few rows rather than the n²/2 pairs; a merge recomputes the parent's row in O(n)
+kernel work. Each group's and block's best action sits in a heap, so a step does not
+grow with the number of layers.
 """
 
 from __future__ import annotations
@@ -25,11 +28,15 @@ from hope_keras import costs
 from hope_keras import layers as layer_rules
 from hope_keras.analysis import Analysis, analyze
 from hope_keras.cache import build_group_cache
+from hope_keras.candidates import MergeTable
 from hope_keras.edit import ModelEditor, ParentCoefficients
 from hope_keras.neurons import extract_group
 from hope_keras.trajectory import Step, Trajectory, fingerprint
 
 ACTIONS = ("prune", "merge", "evict")
+
+#: Merge candidates kept per neuron by default (`Encoder`'s ``merge_candidates``).
+DEFAULT_MERGE_CANDIDATES = 16
 
 
 @dataclasses.dataclass
@@ -219,7 +226,7 @@ def _sized(layer) -> bool:
 
 
 class _GroupState:
-    """A group's live state during a run: active set, n, C_rem, pair mask."""
+    """A group's live state during a run: active set, n, C, merge table."""
 
     def __init__(self, name, cache, p_init):
         self.name = name
@@ -233,24 +240,15 @@ class _GroupState:
         self.C_init = self.C
         self.frozen = False
         self.mergeable = bool(getattr(cache, "mergeable", False))
-        if self.mergeable:
-            ok = cache.wnorm > 0
-            self.pair_ok = np.triu(np.outer(ok, ok), k=1)
-        else:
-            self.pair_ok = None
+        self.table: Optional[MergeTable] = None  # set by the Encoder when merges run
         self.version = 0
 
-    def refresh_pair_mask(self, i: int) -> None:
-        ok = self.active & (self.cache.wnorm > 0)
-        self.pair_ok[i, :], self.pair_ok[:, i] = False, False
-        if ok[i]:
-            self.pair_ok[i, i + 1:] = ok[i + 1:]
-            self.pair_ok[:i, i] = ok[:i]
+    def pair_ok(self) -> np.ndarray:
+        """Which neurons can merge now (active, non-zero input vector)."""
+        return self.active & (self.cache.wnorm > 0)
 
     def remove(self, j: int) -> None:
         self.active[j] = False
-        if self.pair_ok is not None:
-            self.pair_ok[j, :], self.pair_ok[:, j] = False, False
         self.n -= 1
 
 
@@ -304,12 +302,18 @@ class Encoder:
             ``"flops"``); `run` sets it from the budget it is given.
         mean_compensation: Replace each pruned neuron by its mean (under the BN
             surrogate) in its consumers' biases (`ModelEditor.prune`).
+        merge_candidates: Merge partners kept per neuron (an int ``k``), or None to
+            price every pair at every step (the exhaustive scan, for checking).
+            ``"auto"`` (default): `DEFAULT_MERGE_CANDIDATES` for the built-in costs,
+            whose bounds make the bounded scan select exactly the exhaustive scan's
+            pair (`hope_keras.candidates`); None for other costs (with an int they
+            get the best pair among the candidates).
     """
 
     def __init__(self, model, analysis: Optional[Analysis] = None, cost="hope",
                  actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
                  kernel: str = "approx", verbose: bool = False, budget: str = "density",
-                 mean_compensation: bool = False):
+                 mean_compensation: bool = False, merge_candidates="auto"):
         actions = tuple(actions) if not isinstance(actions, str) else (actions,)
         bad = [a for a in actions if a not in ACTIONS]
         if bad or not actions:
@@ -324,6 +328,16 @@ class Encoder:
         if budget not in BUDGETS:
             raise ValueError(f"budget must be one of {BUDGETS}. Received: budget={budget!r}")
         self.cost = costs.get(cost)
+        builtin = type(self.cost) in (costs.PaperCost, costs.HopeCost)
+        if merge_candidates == "auto":
+            merge_candidates = DEFAULT_MERGE_CANDIDATES if builtin else None
+        elif merge_candidates is not None and (
+                isinstance(merge_candidates, bool)
+                or not isinstance(merge_candidates, (int, np.integer)) or merge_candidates < 1):
+            raise ValueError("merge_candidates must be 'auto', None or an integer ≥ 1. "
+                             f"Received: merge_candidates={merge_candidates!r}")
+        self.merge_candidates = None if merge_candidates is None else int(merge_candidates)
+        self._bound = self.cost.name if builtin else None
         self.model = model
         if analysis is None:
             analysis = analyze(model, kernel=kernel, verbose=verbose)
@@ -346,6 +360,10 @@ class Encoder:
         self.blocks = {b.name: b for b in self.graph.blocks
                        if all(g in self.groups for g in b.groups)}
         self.block_reports = {b.name: b for b in a.blocks if b.name in self.blocks}
+        if "merge" in self.actions:
+            for gs in self.groups.values():
+                if gs.mergeable:
+                    gs.table = self._merge_table(gs)
         self.block_of = {g: b for g, b in self.graph.block_of_group().items()
                          if b in self.blocks}
         self.evicted: set = set()
@@ -379,7 +397,8 @@ class Encoder:
             "capacities": {n: g.C_init for n, g in self.groups.items()},
             "options": {"cost": self.cost.get_config(), "actions": sorted(self.actions),
                         "merge_scale": merge_scale, "refresh": refresh, "kernel": kernel,
-                        "mean_compensation": self.mean_compensation},
+                        "mean_compensation": self.mean_compensation,
+                        "merge_candidates": self.merge_candidates},
         })
 
     @property
@@ -413,14 +432,21 @@ class Encoder:
             out[name] = nb - {name}
         return out
 
-    def _rank_info(self, kind, unit, neurons, p_init, group=None):
-        if group is not None:
+    def _rank_info(self, kind, unit, neurons, p_init, group=None, sizes=None):
+        if sizes is not None:
+            dp, df = sizes
+        elif group is not None:
             dp, df = self.sizes.marginal(group, 1)
         else:
             dp, df = self._eviction_savings(unit)
         return costs.RankInfo(kind, np.asarray(neurons, dtype=np.float64),
                               np.asarray(p_init, dtype=np.float64),
                               np.asarray(float(dp)), np.asarray(float(df)), self.budget)
+
+    def _merge_table(self, gs: "_GroupState") -> MergeTable:
+        k = self.merge_candidates
+        return MergeTable(gs.cache, k, self._bound, gs.p_init, gs.pair_ok(),
+                          preselect=None if k is None else max(2 * k, 32))
 
     def best_group_action(self, name: str) -> Optional[Action]:
         """The group's cheapest prune or merge under the run's cost, or None."""
@@ -429,30 +455,30 @@ class Encoder:
             return None
         cache, best = gs.cache, None
         cap = cache.capacity
+        sizes = self.sizes.marginal(name, 1)
         if "prune" in self.actions:
             idx = np.flatnonzero(gs.active)
             u_norm = cache.u_norm[idx]
             J = self.cost.prune(costs.PruneCandidates(cap[idx], gs.C, gs.n, gs.size0,
                                                       cache.k_self[idx], u_norm,
                                                       cache.gamma[idx]))
-            dr = self.cost.rank(J, self._rank_info("prune", name, 1, gs.p_init[idx], name))
+            dr = self.cost.rank(J, self._rank_info("prune", name, 1, gs.p_init[idx],
+                                                   sizes=sizes))
             k = int(np.argmin(dr))
             best = Action("prune", name, int(idx[k]), -1, float(J[k]), float(dr[k]),
                           float(gs.p_init[idx[k]]), 1)
-        if "merge" in self.actions and gs.mergeable:
-            ii, jj = np.nonzero(gs.pair_ok)
-            if ii.size:
-                A = cap[ii] ** 2 + cap[jj] ** 2
-                norm_sum_sq = A + 2.0 * cache.k_cross[ii, jj] * cache.gram_u[ii, jj]
-                J = self.cost.merge(costs.MergeCandidates(
-                    A, cache.B[ii, jj], gs.C - cap[ii] - cap[jj], norm_sum_sq, gs.n,
-                    gs.size0))
-                P = gs.p_init[jj]
-                dr = self.cost.rank(J, self._rank_info("merge", name, 1, P, name))
-                k = int(np.argmin(dr))
-                if best is None or dr[k] < best.DR:
-                    best = Action("merge", name, int(ii[k]), int(jj[k]), float(J[k]),
-                                  float(dr[k]), float(P[k]), 1)
+        if "merge" in self.actions and gs.table is not None:
+            def price(A, B, c_rem, norm_sum_sq, P):
+                J = self.cost.merge(costs.MergeCandidates(A, B, c_rem, norm_sum_sq, gs.n,
+                                                          gs.size0))
+                return J, self.cost.rank(J, self._rank_info("merge", name, 1, P,
+                                                            sizes=sizes))
+
+            found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price)
+            if found is not None:
+                dr, J, i, j = found
+                if best is None or dr < best.DR:
+                    best = Action("merge", name, i, j, J, dr, float(gs.p_init[j]), 1)
         return best
 
     def _eviction_savings(self, name: str):
@@ -565,7 +591,7 @@ class Encoder:
                 cache.clear(j)
             else:
                 cache.replace_with_parent(i, j, *coef)
-                gs.refresh_pair_mask(i)
+                gs.table.on_merge(i, gs.pair_ok())
         gs.C = step.c_after
         self._after_group_change(unit)
         return step
@@ -644,8 +670,8 @@ class Encoder:
         gs.cache = build_group_cache(state, kernel=self.kernel)
         for j in np.flatnonzero(~gs.active):
             gs.cache.clear(int(j))
-        ok = gs.active & (gs.cache.wnorm > 0)
-        gs.pair_ok = np.triu(np.outer(ok, ok), k=1)
+        if gs.table is not None:
+            gs.table = self._merge_table(gs)
         gs.C = max(gs.cache.layer_capacity(gs.active), costs.FLOOR)
         self._push_group(name)
         if name in self.block_of:
@@ -728,7 +754,7 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
              actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
              kernel: str = "approx", verbose: bool = True,
              analysis: Optional[Analysis] = None,
-             mean_compensation: bool = False) -> CompressionResult:
+             mean_compensation: bool = False, merge_candidates="auto") -> CompressionResult:
     """Compresses a Keras model in place with HOPE, data-free.
 
     The greedy encoder executes, one step at a time, the prune, merge or block
@@ -756,6 +782,10 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         analysis: A precomputed `hope_keras.analyze(model, kernel=...)` result.
         mean_compensation: When a neuron is pruned, add its mean output (under the
             BN surrogate) to its consumers' biases, so the layer keeps its mean.
+        merge_candidates: Merge partners kept per neuron: ``"auto"`` (default: 16
+            for the built-in costs, whose bounded scan selects exactly what the
+            exhaustive scan selects; every pair for other costs), an int, or None
+            (price every pair at every step). See `Encoder`.
 
     Returns:
         A `CompressionResult` (``trajectory``, ``density``, ``params_ratio``,
@@ -783,7 +813,7 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         raise ValueError(f"steps must be ≥ 0. Received: steps={steps}")
     enc = Encoder(model, analysis=analysis, cost=cost, actions=actions,
                   merge_scale=merge_scale, refresh=refresh, kernel=kernel, verbose=verbose,
-                  mean_compensation=mean_compensation)
+                  mean_compensation=mean_compensation, merge_candidates=merge_candidates)
     if density is not None and enc.active <= math.floor(density * enc.num_neurons + 1e-9):
         raise ValueError(
             f"The budget density={density} is already met: the model has "

@@ -1,0 +1,123 @@
+"""Issue 12 benchmark: analyze and compress on wide layers and big models.
+
+One model per process (peak RSS is per process):
+
+* ``resnet50``: `keras.applications.ResNet50(weights=None)` at 224×224 prepared by
+  `_common.calibrated_resnet50`; analyze, then compress to density 0.5.
+* ``vgg16``: `keras.applications.VGG16(weights=None, input_shape=(64, 64, 3))`
+  through `hope_keras.calibrate` on 8 random images; analyze, compress to 0.8.
+* ``mlp``: 4 × Dense(8192) + BatchNormalization + ReLU (input 1024, head 10, random
+  BN γ/β); analyze, compress to 0.5.
+
+Targets (issue 12, 2 shared CPU cores): ResNet-50 analyze ≤ 1.5 s, compress ≤ 3 s;
+VGG16 analyze ≤ 5 s, compress ≤ 60 s, ≤ 3 GB; MLP compress ≤ 60 s, ≤ 3 GB.
+
+Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K]
+(``--candidates none``: the exhaustive scan; ``--steps N``: stop after N steps).
+"""
+
+import argparse
+import collections
+import os
+import time
+
+from _common import calibrated_resnet50, peak_rss_gb
+
+import keras
+import numpy as np
+
+import hope_keras
+
+
+def vgg16():
+    keras.utils.set_random_seed(0)
+    model = keras.applications.VGG16(weights=None, input_shape=(64, 64, 3))
+    x = np.random.default_rng(0).uniform(0, 255, (8, 64, 64, 3)).astype("float32")
+    return hope_keras.calibrate(model, x, batch_size=8)
+
+
+def mlp(width=8192, depth=4, d_in=1024, seed=0):
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+    inputs = keras.Input((d_in,))
+    x = inputs
+    for k in range(depth):
+        x = L.Dense(width, name=f"fc{k}")(x)
+        x = L.ReLU()(L.BatchNormalization(name=f"fc{k}_bn")(x))
+    model = keras.Model(inputs, L.Dense(10, name="head")(x))
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, L.BatchNormalization):
+            layer.gamma.assign(rng.uniform(0.3, 1.5, width).astype("float32"))
+            layer.beta.assign(rng.normal(0, 0.5, width).astype("float32"))
+    return model
+
+
+MODELS = {
+    "resnet50": (calibrated_resnet50, 0.5),
+    "vgg16": (vgg16, 0.8),
+    "mlp": (mlp, 0.5),
+}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("model", choices=sorted(MODELS))
+    p.add_argument("--density", type=float, default=None)
+    p.add_argument("--candidates", default="auto",
+                   help="Encoder merge_candidates: an int, 'none' (exhaustive) or 'auto'")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--profile", action="store_true", help="cProfile analyze and compress")
+    args = p.parse_args()
+    build, density = MODELS[args.model]
+    density = args.density or density
+    cand = {"none": None, "auto": "auto"}.get(args.candidates, None)
+    if args.candidates not in ("none", "auto"):
+        cand = int(args.candidates)
+    load = os.getloadavg()
+    model = build()
+    before = peak_rss_gb()
+    print(f"{args.model}: {model.count_params()} parameters; load average "
+          f"{load[0]:.1f} (1 min) at start; peak RSS before analyze {before:.2f} GB")
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    t, c = time.perf_counter(), time.process_time()
+    analysis = hope_keras.analyze(model)
+    t_an, c_an = time.perf_counter() - t, time.process_time() - c
+    print(f"analyze: {t_an:.2f} s wall, {c_an:.2f} s CPU; {len(analysis.groups)} groups, "
+          f"{analysis.num_neurons} neurons; peak RSS {peak_rss_gb():.2f} GB")
+    kwargs = {} if cand == "auto" else {"merge_candidates": cand}
+    t, c = time.perf_counter(), time.process_time()
+    try:
+        enc = hope_keras.Encoder(model, analysis=analysis, **kwargs)
+    except TypeError:  # an engine without the option
+        enc = hope_keras.Encoder(model, analysis=analysis)
+    t_init = time.perf_counter() - t
+    t = time.perf_counter()
+    stopped = enc.run(density=density, steps=args.steps, verbose=False)
+    t_run = time.perf_counter() - t
+    c_comp = time.process_time() - c
+    load = os.getloadavg()
+    if prof is not None:
+        import pstats
+
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
+    traj = enc.trajectory
+    kinds = dict(collections.Counter(s.kind for s in traj.steps))
+    n = max(len(traj), 1)
+    print(f"compress to density {density} ({stopped}): {len(traj)} steps {kinds}; "
+          f"density {enc.active / enc.num_neurons:.4f}, params ratio "
+          f"{enc.sizes.params_ratio:.4f}")
+    print(f"  encoder init {t_init:.2f} s + run {t_run:.2f} s ({1e3 * t_run / n:.2f} ms/step)"
+          f"; analyze + compress {t_an + t_init + t_run:.2f} s wall, "
+          f"{c_an + c_comp:.2f} s CPU (compress alone {c_comp:.2f} s CPU)")
+    print(f"peak RSS {peak_rss_gb():.2f} GB; load average {load[0]:.1f} (1 min) at end")
+
+
+if __name__ == "__main__":
+    main()
