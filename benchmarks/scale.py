@@ -75,6 +75,7 @@ def main():
     if args.candidates not in ("none", "auto"):
         cand = int(args.candidates)
     load = os.getloadavg()
+    keras.utils.set_random_seed(0)
     model = build()
     before = peak_rss_gb()
     print(f"{args.model}: {model.count_params()} parameters; load average "

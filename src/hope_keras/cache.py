@@ -41,7 +41,10 @@ FLOAT32_WIDTH = 2048
 
 
 def gram(x: np.ndarray, chunk_rows: int = CHUNK_ROWS * 4, dtype=np.float64) -> np.ndarray:
-    """``x @ x.T`` with TensorFlow, in row chunks, in ``dtype``.
+    """``x @ x.T`` with TensorFlow (on a GPU when there is one), in ``dtype``.
+
+    Up to `chunk_rows` rows: one matmul. Wider: the upper triangle in row chunks,
+    mirrored (about half the multiply-adds), so temporaries stay bounded.
 
     Example:
 
@@ -49,16 +52,24 @@ def gram(x: np.ndarray, chunk_rows: int = CHUNK_ROWS * 4, dtype=np.float64) -> n
     >>> x = np.arange(6.0).reshape(3, 2)
     >>> np.allclose(gram(x), x @ x.T)
     True
+    >>> x = np.random.default_rng(0).normal(size=(50, 7))
+    >>> np.allclose(gram(x, chunk_rows=16), x @ x.T)
+    True
     """
     import tensorflow as tf
 
     n = x.shape[0]
     tf_dtype = tf.float64 if np.dtype(dtype) == np.float64 else tf.float32
     xt = tf.constant(np.asarray(x, dtype=dtype), dtype=tf_dtype)
+    if n <= chunk_rows:
+        return tf.matmul(xt, xt, transpose_b=True).numpy()
     out = np.empty((n, n), dtype=dtype)
-    for start in range(0, n, chunk_rows):
-        stop = min(n, start + chunk_rows)
-        out[start:stop] = tf.matmul(xt[start:stop], xt, transpose_b=True).numpy()
+    step = max(chunk_rows // 2, 1)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        block = tf.matmul(xt[start:stop], xt[start:], transpose_b=True).numpy()
+        out[start:stop, start:] = block
+        out[stop:, start:stop] = block[:, stop - start:].T
     return out
 
 
@@ -101,10 +112,25 @@ class GroupCache:
     gram_w: np.ndarray
     gram_u: np.ndarray
     kernel: str = "approx"
+    _shared: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
         return self.gamma.shape[0]
+
+    def copy(self) -> "GroupCache":
+        """An independent copy; the Gram tables are shared until a merge writes
+        them (copy on write: a run that only prunes never copies them)."""
+        new = dataclasses.replace(self, _shared=True)
+        for f in ("gamma", "beta", "wnorm", "k_self", "capacity"):
+            setattr(new, f, getattr(self, f).copy())
+        return new
+
+    def _own_grams(self) -> None:
+        if self._shared:
+            self.gram_v, self.gram_w, self.gram_u = (
+                self.gram_v.copy(), self.gram_w.copy(), self.gram_u.copy())
+            self._shared = False
 
     @property
     def u_norm(self) -> np.ndarray:
@@ -213,6 +239,7 @@ class GroupCache:
 
         Pair values involving `i` change: callers recompute them (`pair_values`).
         """
+        self._own_grams()
         for gm, (c1, c2) in ((self.gram_v, (a1, a2)), (self.gram_w, (a1, a2)),
                              (self.gram_u, (m1, m2))):
             row = c1 * gm[i].astype(np.float64) + c2 * gm[j].astype(np.float64)
@@ -231,9 +258,11 @@ class GroupCache:
         self.capacity[[i, j]] = unorm * np.sqrt(self.k_self[[i, j]])
 
     def clear(self, j: int) -> None:
-        """Marks neuron `j` as removed (zero output): no more pair terms."""
-        for gm in (self.gram_v, self.gram_w, self.gram_u):
-            gm[j], gm[:, j] = 0.0, 0.0
+        """Marks neuron `j` as removed (zero output): no more pair terms.
+
+        Its Gram rows are left as they are (O(1)): nothing reads a removed
+        neuron's entries (pairs need ``wnorm > 0``).
+        """
         self.gamma[j] = self.beta[j] = self.wnorm[j] = 0.0
         self.k_self[j] = self.capacity[j] = 0.0
 
@@ -270,6 +299,10 @@ class PruneCache:
 
     def clear(self, j: int) -> None:
         self.capacity[j] = self.k_self[j] = self.u_norm[j] = 0.0
+
+    def copy(self) -> "PruneCache":
+        return PruneCache(self.capacity.copy(), self.k_self.copy(), self.u_norm.copy(),
+                          self.gamma.copy())
 
 
 def build_group_cache(state: LayerState, kernel: str = "approx") -> GroupCache:

@@ -2,33 +2,42 @@
 
 A greedy step needs the group's cheapest merge, and every pair's cost moves when the
 group's live capacity ``C`` changes (at every step in the group). Rescanning all
-n²/2 pairs per step does not scale to wide layers, so each neuron keeps only its
-``k`` best partners, ranked by a quantity that does not depend on ``C``: the merge
-residual ``R = 2A − B²`` (``A = ‖f_i‖² + ‖f_j‖²``, ``B`` the merge objective).
-Two facts about the paper's merge cost (`hope_keras.costs.j_merge`) make this exact
-rather than a heuristic:
+n²/2 pairs per step does not scale to wide layers, so each neuron keeps at most
+``k`` partners, ranked by a quantity that does not depend on ``C``: the merge
+residual ``R = 2A − B²`` (``A = ‖f_i‖² + ‖f_j‖²``, ``B`` the merge objective), and
+two bounds on the partners it does not hold. Facts about the paper's merge cost
+(`hope_keras.costs.j_merge`) make the scan exact rather than a heuristic:
 
 * with ``t = 2·C_rem + B``, ``J_merge = n·sqrt(2R / (t² + R))``: increasing in
-  ``R``, decreasing in ``t``; and ``B ≤ ‖f_i + f_j‖ ≤ ‖f_i‖ + ‖f_j‖`` (the parent
-  direction is a unit vector of the same function space), so
-  ``t ≤ 2C − ‖f_i‖`` and ``R ≥ ‖f_i − f_j‖²``. Each row keeps a lower bound
-  ``nc`` of ``R`` over the partners it does not hold, hence a lower bound of the
-  cost of every pair it does not hold; when that bound could beat the best
-  candidate, the row is rescanned in full (O(n) kernel work).
-* for fixed pair values, ``J_merge`` only grows when ``C`` shrinks: a row's best
-  cost computed at an earlier step (times ``n / n_then`` for the paper's cost) is a
-  lower bound of its cost now, so only rows whose bound reaches the best are
-  re-priced (lazy evaluation).
+  ``R``, decreasing in ``t``;
+* ``B ≤ ‖f_i + f_j‖ ≤ ‖f_i‖ + ‖f_j‖`` (the parent direction is a unit vector of the
+  same function space), so ``t ≤ 2C − ‖f_i‖`` and
+  ``R ≥ ‖f_i − f_j‖² ≥ ‖f_i‖² + ‖f_j‖² − 2·c·‖f_i‖‖f_j‖`` for any ``c`` at least
+  the cosine ``⟨f_i, f_j⟩ / (‖f_i‖‖f_j‖)``, itself at most the cosine of the output
+  vectors ``u_i, u_j`` (the kernel ratio ``K(i,j)/sqrt(K(i,i)K(j,j))`` is in [0, 1]).
 
-So a step touches O(n) bounds and a few rows of ``k`` entries; a merge recomputes
-the parent's row against all n neurons (O(n) kernel work, as before) and patches
-the rows that hold it. For the built-in costs the table selects exactly the pair an
-exhaustive scan selects (same floating-point values, same tie-break: the smallest
-``(i, j)``). For other costs it prices the candidates of every row at each step
-(no bounds: the result is the best pair among the candidates).
+Each row keeps ``nc`` (a lower bound of ``R``) and ``ncos`` (an upper bound of that
+cosine) over the partners it does not hold: with the smallest live capacity they
+give a lower bound of the cost of every such pair, at the current ``C``. A row
+whose bound could beat the best merge found (or the group's best prune) is
+rescanned: its partners are priced exactly where their own bound, from their
+capacity, allows it, and the row's candidates and bounds are refilled. A table
+starts empty (``nc = 0``, ``ncos`` from the Gram matrix of ``u``), so rows are only
+priced when they could matter.
 
-``k=None`` keeps every partner (n × n entries) and prices all of them at every step:
-the exhaustive scan, kept for checking.
+For fixed pair values ``J_merge`` only grows when ``C`` shrinks, so a row's best
+cost computed at an earlier step (times ``n / n_then`` for the paper's cost) is a
+lower bound of its cost now: only rows whose bound reaches the best are re-priced
+(lazy evaluation). A step therefore touches O(n) bounds and a few rows; a merge
+recomputes the parent's row against all n neurons in O(n) kernel work and patches
+the rows that hold it.
+
+For the built-in costs the table selects exactly the pair an exhaustive scan
+selects (same floating-point values, same tie-break: the smallest ``(i, j)``). For
+other costs it prices the candidates of every row at each step, without bounds: the
+result is the best pair among the candidates. ``k=None`` keeps every partner
+(n × n entries) and prices all of them at every step: the exhaustive scan, kept for
+checking.
 """
 
 from __future__ import annotations
@@ -39,10 +48,13 @@ import numpy as np
 
 from hope_keras import costs
 
-# Rows per chunk when a table is (re)built: bounds the (rows × n) temporaries.
+# Rows per chunk for (rows × n) temporaries.
 CHUNK_ROWS = 256
-# Safety margin of the bounds (relative): rows within it are priced exactly.
+# Relative safety margin of the bounds: pairs within it are priced exactly.
 _TOL = 1e-9
+# A rescan prices the partners whose bound of R is below HEADROOM × what the
+# current best needs (HEADROOM 4: a merge cost up to about twice the best).
+HEADROOM = 4.0
 
 
 class MergeTable:
@@ -53,11 +65,11 @@ class MergeTable:
         k: Candidates kept per neuron, or None for every partner (exhaustive).
         bound: How the run's cost moves, for the bounds: ``"paper"``
             (``DR = n·J₁(C)/P``), ``"hope"`` (``DR = J₁(C)``) or None (unknown:
-            every candidate is priced at every step, no certificate).
+            every candidate is priced at every step, no bounds).
         p_init: The group's static per-slot footprints (the paper's ``P``).
         ok: Which neurons can pair (active, non-zero input vector).
-        preselect: Partners priced exactly per row when a table is first built (the
-            rest are ranked by the cheap bound ``R ≥ ‖f_i − f_j‖²``).
+        preselect: Partners priced exactly when a merged parent's row is filled
+            (the rest are ranked by the cheap bound ``R ≥ ‖f_i − f_j‖²``).
 
     Example:
 
@@ -70,14 +82,17 @@ class MergeTable:
     >>> x = keras.layers.Dense(16)(inputs)
     >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
     >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
-    >>> cache = build_group_cache(extract_group(model, next(iter(walk(model).groups.values()))))
+    >>> group = next(iter(walk(model).groups.values()))
+    >>> cache = build_group_cache(extract_group(model, group))
     >>> table = MergeTable(cache, 4, "hope", np.ones(16), np.ones(16, bool))
-    >>> table.cand.shape
-    (16, 4)
+    >>> price = lambda A, B, c_rem, nss, P: (costs.j_merge(A, B, c_rem, 1.0),) * 2
+    >>> dr, J, i, j = table.select(cache.layer_capacity(), 16, np.ones(16, bool), price)
+    >>> i < j
+    True
     """
 
     def __init__(self, cache, k: Optional[int], bound: Optional[str], p_init: np.ndarray,
-                 ok: np.ndarray, preselect: Optional[int] = None):
+                 ok: np.ndarray, preselect: int = 32):
         if bound not in (None, "paper", "hope"):
             raise ValueError(f"bound must be None, 'paper' or 'hope'. Received: bound={bound!r}")
         self.cache = cache
@@ -88,15 +103,16 @@ class MergeTable:
         self.bound = None if self.exhaustive else bound
         self.p_init = np.asarray(p_init, dtype=np.float64)
         self.p_max = float(self.p_init.max()) if n else 1.0
-        self.preselect = preselect
+        self.preselect = max(int(preselect), self.k + 1)
         self.stamp = np.full(n, -1, dtype=np.int64)  # refresh order (pair orientation)
         self.clock = 0
-        self._init_storage()
         self.fill_all(ok)
 
-    # --------------------------------------------------------------- storage
-    def _init_storage(self) -> None:
+    # --------------------------------------------------------------- building
+    def fill_all(self, ok: np.ndarray) -> None:
+        """(Re)starts the table from the cache: every pair value is recomputed."""
         n, k = self.n, self.k
+        self.stamp[:] = -1
         if self.exhaustive:
             self.cand = np.broadcast_to(np.arange(n, dtype=np.int32), (n, n))
         else:
@@ -105,15 +121,37 @@ class MergeTable:
         self.kc = np.zeros((n, k))
         self.gu = np.zeros((n, k))
         self.R = np.full((n, k), np.inf)
-        self.nc = np.full(n, np.inf)  # R of every live partner not held is ≥ nc
-        self.row_dr = np.full(n, -np.inf)  # best DR among the row's candidates, then
-        self.row_C = np.full(n, np.inf)
-        self.row_n = np.ones(n)
-        self.dirty = np.ones(n, dtype=bool)
+        # Over the live partners a row does not hold: R ≥ nc, cosine ≤ ncos.
+        self.nc = np.full(n, np.inf if self.exhaustive else 0.0)
+        self.ncos = np.full(n, -1.0)
+        self.row_dr = np.full(n, -np.inf)  # the row's best DR when last priced, at
+        self.row_C = np.full(n, np.inf)  # this C
+        self.row_n = np.ones(n)  # and this live count
+        self.dirty = np.ones(n, dtype=bool)  # pair values changed since
+        for start in range(0, n, CHUNK_ROWS):
+            rows = np.arange(start, min(n, start + CHUNK_ROWS))
+            if self.exhaustive:
+                cols = np.broadcast_to(np.arange(n), (rows.size, n))
+                B, kc, gu = self._values(rows[:, None], cols)
+                self.B[rows], self.kc[rows], self.gu[rows] = B, kc, gu
+                self.R[rows] = self._residual(rows[:, None], cols, B)
+            else:
+                self.ncos[rows] = self._output_cosine(rows, ok)
 
+    def _output_cosine(self, rows, ok):
+        """Per row, max over partners of the cosine of the output vectors (an upper
+        bound of the function-space cosine), with a margin."""
+        gu = self.cache.gram_u[rows].astype(np.float64)
+        un = np.sqrt(np.maximum(self.cache.gram_diag("u"), 0.0))
+        den = un[rows, None] * un[None, :]
+        cos = np.where(den > 0, gu / np.where(den > 0, den, 1.0), 0.0)
+        valid = ok[None, :] & (np.arange(self.n)[None, :] != rows[:, None])
+        return np.minimum(np.max(np.where(valid, cos, -1.0), axis=1), 1.0) + 1e-6
+
+    # ------------------------------------------------------------ pair values
     def _orient(self, r, l):
         """(first, second) of each pair: the most recently refreshed neuron first,
-        else the smaller index (the order in which its values were computed)."""
+        else the smaller index (the order in which its values are computed)."""
         r, l = np.broadcast_arrays(np.asarray(r, dtype=np.intp), np.asarray(l, dtype=np.intp))
         sr, sl = self.stamp[r], self.stamp[l]
         r_first = (sr > sl) | ((sr == sl) & (r < l))
@@ -123,89 +161,112 @@ class MergeTable:
         first, second = self._orient(r, l)
         pv = self.cache.pair_values(first.ravel(), second.ravel())
         shape = first.shape
-        return (pv.B.reshape(shape), pv.k_cross.reshape(shape), pv.gram_u.reshape(shape))
+        return pv.B.reshape(shape), pv.k_cross.reshape(shape), pv.gram_u.reshape(shape)
 
     def _residual(self, r, l, B):
         cap = self.cache.capacity
         return 2.0 * (cap[r] ** 2 + cap[l] ** 2) - B * B
 
-    # ------------------------------------------------------------- building
-    def fill_all(self, ok: np.ndarray) -> None:
-        """(Re)builds every row from the cache (all pair values recomputed)."""
-        n = self.n
-        self.stamp[:] = -1
-        self._init_storage()
-        for start in range(0, n, CHUNK_ROWS):
-            rows = np.arange(start, min(n, start + CHUNK_ROWS))
-            if self.exhaustive:
-                cols = np.broadcast_to(np.arange(n), (rows.size, n))
-                B, kc, gu = self._values(rows[:, None], cols)
-                self.B[rows], self.kc[rows], self.gu[rows] = B, kc, gu
-                self.R[rows] = self._residual(rows[:, None], cols, B)
-            else:
-                self._fill_rows(rows, ok, preselect=True)
+    def _cos(self, r, l, cross):
+        """⟨f_r, f_l⟩ / (‖f_r‖ ‖f_l‖) (0 when a capacity is 0), with a margin."""
+        cap = self.cache.capacity
+        den = cap[r] * cap[l]
+        cos = np.where(den > 0, cross / np.where(den > 0, den, 1.0), 0.0)
+        return np.minimum(cos, 1.0) + 1e-6
 
-    def _fill_rows(self, rows: np.ndarray, ok: np.ndarray, preselect: bool = False):
-        """Chooses the candidates of `rows` among all their partners.
+    def _distance(self, r, l):
+        """A lower bound of R (minus a rounding margin) and ``⟨f_r, f_l⟩``,
+        elementwise.
 
-        Returns the exact pair values ``(B, kc, gu, R)`` of `rows` × all neurons
-        (R = inf for pairs that cannot merge) when every pair was priced exactly,
-        else None (``preselect``: only the best partners by the cheap bound were).
+        ``B`` is the projection of ``f_r + f_l`` on a parent ``e_v ⊗ û`` (unit
+        feature, unit output), so ``B² ≤`` the largest squared singular value of the
+        rank-2 operator ``e_r ⊗ w_r + e_l ⊗ w_l`` (``w = sqrt(K)·u``): with
+        ``κ = K(r,l)/sqrt(K(r,r)K(l,l))`` and ``s = ⟨w_r, w_l⟩``, that is
+        ``λ = T/2 + sqrt(T²/4 − (1 − κ²)(‖w_r‖²‖w_l‖² − s²))``, ``T = ‖f_r + f_l‖²``
+        (at most ``T``: so ``R ≥ 2A − λ ≥ ‖f_r − f_l‖²``).
+        """
+        shape = np.shape(r)
+        r, l = np.ravel(r), np.ravel(l)
+        c = self.cache
+        pv = c.pair_values(r, l, with_B=False)
+        cap, ks = c.capacity, c.k_self
+        a, b = cap[r] ** 2, cap[l] ** 2
+        A = a + b
+        cross = pv.k_cross * pv.gram_u
+        T = A + 2.0 * cross
+        kk = np.sqrt(np.maximum(ks[r], 0.0) * np.maximum(ks[l], 0.0))
+        kappa = np.minimum(np.where(kk > 0, pv.k_cross / np.where(kk > 0, kk, 1.0), 0.0), 1.0)
+        w = kk * pv.gram_u
+        det = (1.0 - kappa * kappa) * np.maximum(a * b - w * w, 0.0)
+        lam = 0.5 * T + np.sqrt(np.maximum(0.25 * T * T - det, 0.0))
+        D = 2.0 * A - lam - 1e-7 * A - 1e-300
+        return D.reshape(shape), cross.reshape(shape)
+
+    def _q(self, rows):
+        """(rows, n): the lower bound of R that (nc, ncos) give for every partner
+        the row does not hold."""
+        cap = self.cache.capacity
+        x, y = cap[rows, None], cap[None, :]
+        Q = x * x + y * y - 2.0 * self.ncos[rows, None] * x * y
+        Q = Q - 4.0 * _TOL * (x * x + y * y) - 1e-300
+        return np.maximum(Q, self.nc[rows, None])
+
+    # ---------------------------------------------------------------- rescans
+    def _rescan(self, rows, ok, r_cut):
+        """Prices exactly, for each row, every partner it does not hold whose bound
+        is below ``r_cut`` (per row), then refills its candidates (the k smallest R
+        among those and the ones it held) and bounds.
+
+        Returns:
+            Flat arrays ``(r, l, B, kc, gu, R)``: the row's old and new candidates.
         """
         n, k = self.n, self.k
         rows = np.asarray(rows, dtype=np.intp)
         cols = np.arange(n)
         valid = ok[None, :] & ok[rows, None] & (cols[None, :] != rows[:, None])
-        m = max(self.preselect, k + 1) if (preselect and self.preselect) else None
-        if m is not None and m < n - 1 and self.cache.kernel == "approx":
-            # Cheap lower bound of R for every pair; exact values for the best m.
-            D = self._distance(rows, valid)
-            idx = np.argpartition(D, m, axis=1)
-            sel = idx[:, :m]
-            # R of every partner left out is ≥ the smallest D left out.
-            rest = np.take_along_axis(D, idx[:, m:m + 1], axis=1)[:, 0]
-            vsel = np.take_along_axis(valid, sel, axis=1)
-            exact_all = False
-        else:
-            sel = np.broadcast_to(cols, (rows.size, n))
-            vsel = valid
-            rest = np.full(rows.size, np.inf)
-            exact_all = True
-        B, kc, gu = self._values(rows[:, None], sel)
-        R = np.where(vsel, self._residual(rows[:, None], sel, B), np.inf)
-        kk = min(k, sel.shape[1])
-        order = np.lexsort((sel, R), axis=1)  # smallest R first, ties by index
-        top = order[:, :kk]
-        pick = np.take_along_axis(R, top, axis=1)
+        held = self.cand[rows]
+        hp, hc = np.nonzero((held >= 0) & ok[np.maximum(held, 0)])
+        is_cand = np.zeros(valid.shape, dtype=bool)
+        is_cand[hp, held[hp, hc]] = True
+        # Partners left out whose capacity bound is below the cut; then their pair
+        # bound; exact values for those still below.
+        sp, sl = np.nonzero(valid & ~is_cand & (self._q(rows) < r_cut[:, None]))
+        if sp.size:
+            D, _ = self._distance(rows[sp], sl)
+            below = D < r_cut[sp]
+            sp, sl = sp[below], sl[below]
+        B, kc, gu = self._values(rows[sp], sl)
+        hr = rows[hp]
+        pr = np.concatenate([hp, sp])
+        r = rows[pr]
+        l = np.concatenate([held[hp, hc], sl])
+        B = np.concatenate([self.B[hr, hc], B])
+        kc = np.concatenate([self.kc[hr, hc], kc])
+        gu = np.concatenate([self.gu[hr, hc], gu])
+        R = np.concatenate([self.R[hr, hc], self._residual(rows[sp], sl, B[hp.size:])])
+        order = np.lexsort((l, R, pr))  # per row: smallest R first, ties by index
+        counts = np.bincount(pr, minlength=rows.size)
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        rank = np.empty(order.size, dtype=np.int64)
+        rank[order] = np.arange(order.size) - np.repeat(starts, counts)
+        keep = rank < k
         self.cand[rows] = -1
         self.R[rows] = np.inf
-        self.cand[rows, :kk] = np.where(np.isfinite(pick),
-                                        np.take_along_axis(sel, top, axis=1), -1)
-        self.B[rows, :kk] = np.take_along_axis(B, top, axis=1)
-        self.kc[rows, :kk] = np.take_along_axis(kc, top, axis=1)
-        self.gu[rows, :kk] = np.take_along_axis(gu, top, axis=1)
-        self.R[rows, :kk] = pick
-        nxt = (np.take_along_axis(R, order[:, kk:kk + 1], axis=1)[:, 0]
-               if order.shape[1] > kk else np.full(rows.size, np.inf))
-        self.nc[rows] = np.minimum(nxt, rest)
+        at = (r[keep], rank[keep])
+        self.cand[at] = l[keep]
+        self.B[at], self.kc[at], self.gu[at], self.R[at] = B[keep], kc[keep], gu[keep], R[keep]
+        nxt = np.full(rows.size, np.inf)
+        kth = rank == k
+        nxt[pr[kth]] = R[kth]
+        # Partners not priced: R ≥ their bound ≥ r_cut (and ≥ the old nc).
+        self.nc[rows] = np.minimum(nxt, np.maximum(self.nc[rows], r_cut))
+        drop = ~keep
+        if drop.any():
+            np.maximum.at(self.ncos, r[drop], self._cos(r[drop], l[drop], kc[drop] * gu[drop]))
         self.dirty[rows] = True
-        return (B, kc, gu, R) if exact_all else None
+        return r, l, B, kc, gu, R
 
-    def _distance(self, rows, valid):
-        """A lower bound of R for rows × all: ‖f_i − f_j‖² minus a rounding margin
-        (inf for invalid pairs)."""
-        c = self.cache
-        n = self.n
-        a = np.repeat(rows, n)
-        b = np.tile(np.arange(n), rows.size)
-        pv = c.pair_values(a, b, with_B=False)
-        cap = c.capacity
-        A = cap[a] ** 2 + cap[b] ** 2
-        cross = 2.0 * pv.k_cross * pv.gram_u
-        D = A - cross - _TOL * (A + np.abs(cross)) - 1e-300
-        return np.where(valid, D.reshape(rows.size, n), np.inf)
-
-    # ------------------------------------------------------------- updates
+    # ---------------------------------------------------------------- updates
     def on_merge(self, i: int, ok: np.ndarray) -> None:
         """Slot `i` now holds a merged parent (its partner was removed)."""
         self.clock += 1
@@ -219,121 +280,170 @@ class MergeTable:
                 arr[i, :] = val
                 arr[:, i] = val
             return
-        full = self._fill_rows(np.array([i]), ok)
-        if full is None:  # pragma: no cover (rescans are exact)
-            raise AssertionError("a parent's row must be priced exactly")
-        B, kc, gu, R = (x[0] for x in full)
         others = ok.copy()
         others[i] = False
-        # Rows that hold the parent: new values.
         hold_r, hold_p = np.nonzero((self.cand == i) & others[:, None])
-        self.B[hold_r, hold_p] = B[hold_r]
-        self.kc[hold_r, hold_p] = kc[hold_r]
-        self.gu[hold_r, hold_p] = gu[hold_r]
-        self.R[hold_r, hold_p] = R[hold_r]
         self.dirty[hold_r] = True
-        # Rows that do not hold it: insert it where it beats their bound.
+        self.cand[i] = -1
+        self.R[i] = np.inf
+        self.nc[i], self.ncos[i] = np.inf, -1.0
+        self.dirty[i] = True
+        if not ok[i] or not others.any():
+            self.cand[hold_r, hold_p] = -1
+            return
         holds = np.zeros(n, dtype=bool)
         holds[hold_r] = True
-        rows = np.flatnonzero(others & ~holds & (R < self.nc))
+        # The parent against every neuron: its bound, exact values where needed
+        # (rows that hold it or that it might enter, and its own best partners).
+        cols = np.flatnonzero(others)
+        if self.cache.kernel == "approx":
+            D, cross = self._distance(np.full(cols.size, i), cols)
+        else:
+            B0, kc0, gu0 = self._values(np.full(cols.size, i), cols)
+            D, cross = self._residual(i, cols, B0), kc0 * gu0
+        need = holds[cols] | (D < self.nc[cols])
+        m = min(self.preselect, cols.size)
+        top = np.argpartition(np.where(need, -np.inf, D), m - 1)[:m] if m else np.array([], int)
+        sel = np.zeros(cols.size, dtype=bool)
+        sel[top] = True
+        sel |= need
+        l = cols[sel]
+        B, kc, gu = self._values(np.full(l.size, i), l)
+        R = self._residual(i, l, B)
+        # Its own row: the k smallest R; the bounds over the rest.
+        order = np.lexsort((l, R))
+        kk = min(self.k, l.size)
+        keep, drop = order[:kk], order[kk:]
+        self.cand[i, :kk] = l[keep]
+        self.B[i, :kk], self.kc[i, :kk], self.gu[i, :kk], self.R[i, :kk] = (
+            B[keep], kc[keep], gu[keep], R[keep])
+        rest = D[~sel]
+        self.nc[i] = min(float(R[drop].min()) if drop.size else np.inf,
+                         float(rest.min()) if rest.size else np.inf)
+        cos_out = np.concatenate([self._cos(i, l[drop], kc[drop] * gu[drop]),
+                                  self._cos(i, cols[~sel], cross[~sel])])
+        self.ncos[i] = float(cos_out.max()) if cos_out.size else -1.0
+        # Rows that hold it: new values.
+        pos_of = np.full(n, -1)
+        pos_of[l] = np.arange(l.size)
+        p = pos_of[hold_r]
+        self.B[hold_r, hold_p], self.kc[hold_r, hold_p] = B[p], kc[p]
+        self.gu[hold_r, hold_p], self.R[hold_r, hold_p] = gu[p], R[p]
+        # Rows that do not: insert it where it beats their bound.
+        rows = np.flatnonzero(others & ~holds & (pos_of >= 0))
+        rows = rows[R[pos_of[rows]] < self.nc[rows]]
         if rows.size:
+            Ri = R[pos_of[rows]]
             cand = self.cand[rows]
             live = (cand >= 0) & ok[np.maximum(cand, 0)]
             Rr = np.where(live, self.R[rows], np.inf)
             free = ~live
-            slot = np.where(free.any(axis=1), np.argmax(free, axis=1), np.argmax(Rr, axis=1))
-            evicted = np.where(free.any(axis=1), np.inf, Rr[np.arange(rows.size), slot])
+            has_free = free.any(axis=1)
+            slot = np.where(has_free, np.argmax(free, axis=1), np.argmax(Rr, axis=1))
+            evicted = np.where(has_free, np.inf, Rr[np.arange(rows.size), slot])
             # Evict only a worse candidate; otherwise the parent stays out and
             # lowers the row's bound.
-            insert = evicted > R[rows]
-            ins, out = rows[insert], rows[~insert]
-            s = slot[insert]
+            insert = evicted > Ri
+            ins, out, s = rows[insert], rows[~insert], slot[insert]
+            gone = np.isfinite(evicted[insert])
+            if gone.any():
+                g, sg = ins[gone], s[gone]
+                self.ncos[g] = np.maximum(self.ncos[g], self._cos(
+                    g, self.cand[g, sg], self.kc[g, sg] * self.gu[g, sg]))
             self.nc[ins] = np.minimum(self.nc[ins], evicted[insert])
+            q = pos_of[ins]
             self.cand[ins, s] = i
-            self.B[ins, s], self.kc[ins, s], self.gu[ins, s] = B[ins], kc[ins], gu[ins]
-            self.R[ins, s] = R[ins]
+            self.B[ins, s], self.kc[ins, s], self.gu[ins, s] = B[q], kc[q], gu[q]
+            self.R[ins, s] = R[q]
             self.dirty[ins] = True
-            self.nc[out] = np.minimum(self.nc[out], R[out])
+            self.nc[out] = np.minimum(self.nc[out], Ri[~insert])
+        # Rows the parent did not enter: it is one of the partners they leave out.
+        left = others & ~(self.cand == i).any(axis=1)
+        lc = np.flatnonzero(left)
+        self.ncos[lc] = np.maximum(self.ncos[lc], self._cos(lc, i, cross[np.searchsorted(cols, lc)]))
 
-    # ------------------------------------------------------------ selection
-    def _price_rows(self, rows, C, n_live, ok, price):
-        """Prices the candidates of `rows`: per row (DR, J, partner), tie → smallest
-        partner."""
+    # -------------------------------------------------------------- selection
+    def _price(self, r, l, B, kc, gu, C, price):
+        """DR and J of the pairs (r, l) under the run's cost (i = min, j = max)."""
         cap = self.cache.capacity
-        cand = self.cand[rows]
-        valid = (cand >= 0) & ok[np.maximum(cand, 0)] & (cand != rows[:, None])
-        r = np.broadcast_to(rows[:, None], cand.shape)[valid]
-        l = cand[valid]
         ii, jj = np.minimum(r, l), np.maximum(r, l)
         A = cap[ii] ** 2 + cap[jj] ** 2
-        nss = A + 2.0 * self.kc[rows][valid] * self.gu[rows][valid]
-        J, dr = price(A, self.B[rows][valid], C - cap[ii] - cap[jj], nss, self.p_init[jj])
-        DR = np.full(cand.shape, np.inf)
-        JJ = np.zeros(cand.shape)
-        DR[valid] = dr
-        JJ[valid] = J
-        best = DR.min(axis=1)
-        tie = (DR == best[:, None]) & np.isfinite(DR)
-        partner = np.where(tie, cand, np.iinfo(np.int32).max)
-        pos = np.argmin(partner, axis=1)
-        at = np.arange(rows.size)
+        nss = A + 2.0 * kc * gu
+        J, dr = price(A, B, C - cap[ii] - cap[jj], nss, self.p_init[jj])
+        return np.broadcast_to(dr, ii.shape), np.broadcast_to(J, ii.shape)
+
+    def _price_rows(self, rows, C, n_live, ok, price):
+        """Prices the candidates of `rows`: per row (DR, J, partner), ties → the
+        smallest partner."""
+        cand = self.cand[rows]
+        valid = (cand >= 0) & ok[np.maximum(cand, 0)] & (cand != rows[:, None])
+        pr, pc = np.nonzero(valid)
+        l = cand[pr, pc]
+        r = rows[pr]
+        dr, J = self._price(r, l, self.B[r, pc], self.kc[r, pc], self.gu[r, pc], C, price)
+        best, Jb, part = _row_min(pr, l, dr, J, rows.size)
         self.row_dr[rows] = best
         self.row_C[rows] = C
         self.row_n[rows] = n_live
         self.dirty[rows] = False
-        return best, JJ[at, pos], np.where(np.isfinite(best), cand[at, pos], -1)
+        return best, Jb, part
 
-    def _price_full(self, rows, C, n_live, ok, price):
-        """Prices every partner of `rows` exactly (and refills their candidates):
-        per row (DR, J, partner), tie → smallest partner."""
-        B, kc, gu, R = self._fill_rows(rows, ok)
+    def _price_rescan(self, rows, C, n_live, ok, price, best):
+        """Rescans `rows` and prices every partner that could cost less than `best`:
+        per row (DR, J, partner)."""
+        c = best * self.p_max / n_live if self.bound == "paper" else best
+        c = c / (1.0 - _TOL)
+        t = self._t_max(C, ok)[rows]
+        with np.errstate(over="ignore", invalid="ignore"):
+            r_cut = np.where(c * c < 2.0, c * c * t * t / (2.0 - c * c) * (1.0 + _TOL), np.inf)
+        # Headroom: partners up to HEADROOM × the needed bound are priced too, so
+        # the row is not rescanned at every step while the best cost creeps up.
+        r, l, B, kc, gu, R = self._rescan(rows, ok, r_cut * HEADROOM)
+        pos = np.searchsorted(rows, r)
+        dr, J = self._price(r, l, B, kc, gu, C, price)
+        return _row_min(pos, l, dr, J, rows.size)
+
+    def _t_max(self, C, ok):
+        """Per row, an upper bound of ``t = 2·C_rem + B`` over its partners."""
         cap = self.cache.capacity
-        n = self.n
-        cols = np.broadcast_to(np.arange(n), (rows.size, n))
-        valid = np.isfinite(R)
-        r = np.broadcast_to(rows[:, None], cols.shape)[valid]
-        l = cols[valid]
-        ii, jj = np.minimum(r, l), np.maximum(r, l)
-        A = cap[ii] ** 2 + cap[jj] ** 2
-        nss = A + 2.0 * kc[valid] * gu[valid]
-        J, dr = price(A, B[valid], C - cap[ii] - cap[jj], nss, self.p_init[jj])
-        DR = np.full(cols.shape, np.inf)
-        JJ = np.zeros(cols.shape)
-        DR[valid] = dr
-        JJ[valid] = J
-        best = DR.min(axis=1)
-        pos = np.argmax(DR == best[:, None], axis=1)  # columns ascend: smallest partner
-        at = np.arange(rows.size)
-        return best, JJ[at, pos], np.where(np.isfinite(best), pos, -1)
+        x_max = float(cap[ok].max()) if ok.any() else 0.0
+        return np.maximum(2.0 * C - cap, 2.0 * costs.FLOOR + cap + x_max) * (1.0 + _TOL)
+
+    def _nc_residual(self, ok):
+        """Per row, a lower bound of R over the live partners it does not hold:
+        ``x_r² + x_l² − 2·ncos·x_r·x_l`` minimised over capacities ``x_l`` at least
+        the smallest live one, or ``nc``, whichever is larger."""
+        cap = self.cache.capacity
+        x_min = float(cap[ok].min()) if ok.any() else 0.0
+        rho = np.minimum(self.ncos, 1.0)
+        xm = np.maximum(x_min, np.maximum(rho, 0.0) * cap)
+        Q = cap * cap + xm * xm - 2.0 * rho * cap * xm
+        Q = Q - 4.0 * _TOL * (cap * cap + xm * xm) - 1e-300
+        return np.maximum(self.nc, Q)
 
     def _lazy_bounds(self, C, n_live, ok):
         lb = self.row_dr.copy()
         if self.bound == "paper":
             lb = lb * (n_live / self.row_n)
         lb = lb * (1.0 - _TOL) - 1e-300
-        stale = self.dirty | (C > self.row_C)
-        lb[stale] = -np.inf
+        lb[self.dirty | (C > self.row_C)] = -np.inf
         lb[~ok] = np.inf
         return lb
 
     def _nc_bounds(self, C, n_live, ok):
-        """Lower bound of DR over the partners each row does not hold."""
-        cap = self.cache.capacity
-        x_max = float(cap[ok].max()) if ok.any() else 0.0
-        t = np.maximum(2.0 * C - cap, 2.0 * costs.FLOOR + cap + x_max) * (1.0 + _TOL)
-        R = np.maximum(self.nc, 0.0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            J1 = np.sqrt(np.where(np.isinf(R), 2.0, 2.0 * R / (t * t + R)))
+        """Per row, a lower bound of DR over the partners it does not hold."""
+        t = self._t_max(C, ok)
+        R = np.maximum(self._nc_residual(ok), 0.0)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            J1 = np.sqrt(2.0 * R / (t * t + R))
         J1 = np.where(np.isnan(J1), 0.0, J1) * (1.0 - _TOL)
-        if self.bound == "paper":
-            lb = n_live * J1 / self.p_max
-        else:
-            lb = J1
-        lb = np.where(np.isinf(self.nc), np.inf, lb)
+        lb = n_live * J1 / self.p_max if self.bound == "paper" else J1
+        lb = np.where(np.isinf(self.nc), np.inf, lb)  # the row holds every partner
         lb[~ok] = np.inf
         return lb
 
-    def select(self, C: float, n_live: int, ok: np.ndarray, price: Callable):
+    def select(self, C: float, n_live: int, ok: np.ndarray, price: Callable,
+               cutoff: float = np.inf):
         """The group's cheapest merge: ``(DR, J, i, j)`` with ``i < j``, or None.
 
         Args:
@@ -342,6 +452,9 @@ class MergeTable:
             ok: Which neurons can pair now.
             price: ``price(A, B, c_rem, norm_sum_sq, P) -> (J, DR)`` arrays, the
                 run's cost.
+            cutoff: Only a merge with ``DR < cutoff`` matters (the group's best
+                prune): with bounds, rows that cannot go below it are not priced,
+                and None is returned when no merge does.
         """
         rows_ok = np.flatnonzero(ok)
         if rows_ok.size < 2:
@@ -356,29 +469,53 @@ class MergeTable:
         val = np.full(n, np.inf)
         Jv = np.zeros(n)
         part = np.full(n, -1)
+        best = float(cutoff)
         todo = np.isneginf(lb)
-        todo[int(np.argmin(lb))] = True
-        todo &= ok
-        best = np.inf
+        r0 = int(np.argmin(lb))
+        if lb[r0] <= best:
+            todo[r0] = True
         while True:
             rows = np.flatnonzero(todo)
             if rows.size:
                 val[rows], Jv[rows], part[rows] = self._price_rows(rows, C, n_live, ok, price)
                 fresh[rows] = True
-                best = float(val[fresh].min())
-            # Rows whose partners outside the table could reach the best: priced in
-            # full (this also refills their candidates).
-            full = np.flatnonzero((lbn <= best) & (lbn < np.inf))
-            if full.size:
-                val[full], Jv[full], part[full] = self._price_full(full, C, n_live, ok, price)
-                fresh[full] = True
-                lbn[full] = np.inf
-                best = float(val[fresh].min())
+                best = min(best, float(val[rows].min()))
+            # Rows whose partners outside the table could reach the best.
+            scan = (lbn <= best) & (lbn < np.inf)
+            if scan.any():
+                if best == np.inf:  # nothing to compare with yet: the likeliest row first
+                    scan[:] = False
+                    scan[int(np.argmin(lbn))] = True
+                rows = np.flatnonzero(scan)
+                d, j, p = self._price_rescan(rows, C, n_live, ok, price, best)
+                # The rescan priced the row's candidates too.
+                val[rows], Jv[rows], part[rows] = d, j, p
+                fresh[rows] = True
+                lbn[rows] = np.inf
+                best = min(best, float(d.min()))
             todo = ~fresh & (lb <= best) & (lb < np.inf)
             if not todo.any() and not ((lbn <= best) & (lbn < np.inf)).any():
                 break
         rows = np.flatnonzero(fresh)
-        return _pick(rows, val[rows], Jv[rows], part[rows])
+        found = _pick(rows, val[rows], Jv[rows], part[rows])
+        return found if found is not None and found[0] < cutoff else None
+
+
+def _row_min(pos, l, dr, J, nrows):
+    """Per row (flat pairs grouped by `pos`): the smallest DR, ties → the smallest
+    partner `l`; (inf, 0, -1) for rows without pairs."""
+    best = np.full(nrows, np.inf)
+    Jb = np.zeros(nrows)
+    part = np.full(nrows, -1)
+    if pos.size:
+        order = np.lexsort((l, dr, pos))
+        first = np.ones(order.size, dtype=bool)
+        first[1:] = pos[order][1:] != pos[order][:-1]
+        f = order[first]
+        best[pos[f]] = dr[f]
+        Jb[pos[f]] = J[f]
+        part[pos[f]] = np.where(np.isfinite(dr[f]), l[f], -1)
+    return best, Jb, part
 
 
 def _pick(rows, dr, J, part):

@@ -295,7 +295,7 @@ class ModelEditor:
             self.prune(group, i, compensate=False)
             self.prune(group, j, compensate=False)
             return
-        kernel = self.array(g.producer, "kernel").astype(np.float64)
+        kernel = self.array(g.producer, "kernel")  # columns i, j are read in float64
         has_bias = getattr(producer, "use_bias", False) and producer.bias is not None
         bias = self.array(g.producer, "bias").astype(np.float64) if has_bias else None
         gam = self.array(g.bn, "gamma").astype(np.float64) if bn.scale else None
@@ -305,7 +305,7 @@ class ModelEditor:
 
         def folded(c):
             s = (gam[c] if gam is not None else 1.0) / np.sqrt(var[c] + bn.epsilon)
-            w = s * kernel[..., c]
+            w = s * kernel[..., c].astype(np.float64)
             b = (bet[c] if bet is not None else 0.0) - s * (
                 mean[c] - (bias[c] if bias is not None else 0.0)
             )

@@ -343,7 +343,7 @@ class Encoder:
             analysis = analyze(model, kernel=kernel, verbose=verbose)
         else:  # the run mutates the caches: keep the caller's analysis intact
             analysis = dataclasses.replace(
-                analysis, caches={k: copy.deepcopy(v) for k, v in analysis.caches.items()})
+                analysis, caches={k: v.copy() for k, v in analysis.caches.items()})
         self.analysis = analysis
         self.actions = set(actions)
         self.merge_scale = merge_scale
@@ -446,7 +446,7 @@ class Encoder:
     def _merge_table(self, gs: "_GroupState") -> MergeTable:
         k = self.merge_candidates
         return MergeTable(gs.cache, k, self._bound, gs.p_init, gs.pair_ok(),
-                          preselect=None if k is None else max(2 * k, 32))
+                          preselect=32 if k is None else max(2 * k, 32))
 
     def best_group_action(self, name: str) -> Optional[Action]:
         """The group's cheapest prune or merge under the run's cost, or None."""
@@ -474,7 +474,8 @@ class Encoder:
                 return J, self.cost.rank(J, self._rank_info("merge", name, 1, P,
                                                             sizes=sizes))
 
-            found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price)
+            found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price,
+                                    cutoff=np.inf if best is None else best.DR)
             if found is not None:
                 dr, J, i, j = found
                 if best is None or dr < best.DR:

@@ -1,0 +1,197 @@
+"""Bounded merge candidates (hope_keras.candidates): the bounded scan selects what the
+exhaustive scan selects, its tables stay consistent with a rebuild, its bounds are
+lower bounds."""
+
+import numpy as np
+import pytest
+
+import hope_keras
+from conftest import mlp, small_resnet
+from hope_keras import costs
+from hope_keras.cache import build_group_cache
+from hope_keras.candidates import MergeTable
+from hope_keras.engine import Encoder
+from hope_keras.graph import walk
+from hope_keras.neurons import extract_group
+
+
+def clustered_mlp(seed, widths=(24, 20), noise=0.05):
+    """An MLP whose hidden neurons come in noisy pairs and triples (input filter,
+    BN statistics and output rows), so merges compete with prunes."""
+    model = mlp(widths, d_in=7, seed=seed)
+    rng = np.random.default_rng(seed)
+    names = [f"fc{k}" for k in range(len(widths))] + ["head"]
+    for k, w in enumerate(widths):
+        src = rng.integers(0, w // 3, size=w)  # each neuron copies one of the first third
+        src[: w // 3] = np.arange(w // 3)
+        scale = rng.uniform(0.5, 2.0, size=w)
+        p, bn, nxt = (model.get_layer(n) for n in (names[k], names[k] + "_bn", names[k + 1]))
+        kern = p.kernel.numpy()
+        new = kern[:, src] * (1 + noise * rng.normal(size=kern.shape))
+        p.kernel.assign(new.astype("float32"))
+        p.bias.assign((p.bias.numpy()[src] * (1 + noise * rng.normal(size=w))).astype("float32"))
+        for attr in ("gamma", "beta", "moving_mean", "moving_variance"):
+            v = getattr(bn, attr).numpy()[src]
+            getattr(bn, attr).assign((v * (1 + noise * np.abs(rng.normal(size=w)))).astype("float32"))
+        out = nxt.kernel.numpy()
+        out = out[src] / scale[:, None] * (1 + noise * rng.normal(size=out.shape))
+        nxt.kernel.assign(out.astype("float32"))
+    return model
+
+
+def _steps(result):
+    return [(s.kind, s.unit, s.i, s.j, s.J, s.DR) for s in result.trajectory.steps]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("cost", ["hope", "paper"])
+@pytest.mark.parametrize("options", [{}, {"merge_scale": "paper"}, {"actions": ("merge",)},
+                                     {"kernel": "exact"}])
+def test_bounded_scan_reproduces_the_exhaustive_trajectory(seed, cost, options):
+    """Same actions, bit for bit the same J and DR, at every step: with k = 1 and 3
+    the bounds force rescans, reinsertions of merged parents and lazy re-pricing."""
+    base = clustered_mlp(seed)
+    analysis = hope_keras.analyze(base, kernel=options.get("kernel", "approx"))
+    runs = {}
+    for k in (None, 1, 3):
+        model = clustered_mlp(seed)
+        runs[k] = hope_keras.compress(model, density=0.35, cost=cost, verbose=False,
+                                      merge_candidates=k, analysis=analysis, **options)
+    ref = _steps(runs[None])
+    assert sum(s[0] == "merge" for s in ref) >= 5  # the fixture exercises merges
+    for k in (1, 3):
+        assert _steps(runs[k]) == ref
+        for a, b in zip(runs[k].trajectory.steps, runs[None].trajectory.steps):
+            np.testing.assert_array_equal(a.coef, b.coef)
+
+
+def test_bounded_scan_on_a_residual_net_matches_the_exhaustive_one():
+    runs = [hope_keras.compress(small_resnet(seed=3), density=0.4, verbose=False,
+                                merge_candidates=k) for k in (None, 2)]
+    assert _steps(runs[0]) == _steps(runs[1])
+
+
+def test_tables_match_a_rebuild_of_the_edited_model_and_bounds_hold():
+    """After merges, the stored pair values equal those of a cache rebuilt from the
+    edited weights, and every live partner outside a row satisfies its bounds (one
+    hidden layer: with refresh="local" a group's cache is, by design, not updated
+    for its neighbours' edits)."""
+    model = clustered_mlp(2, widths=(30,))
+    enc = Encoder(model, merge_candidates=3)
+    merges = 0
+    while merges < 8:
+        action = enc.next_action()
+        enc.execute(action)
+        merges += action.kind == "merge"
+    enc.editor.commit()
+    for name, gs in enc.groups.items():
+        table = gs.table
+        fresh = build_group_cache(extract_group(model, walk(model).groups[name]))
+        ok = gs.pair_ok()
+        live = np.flatnonzero(ok)
+        np.testing.assert_allclose(fresh.capacity[live], gs.cache.capacity[live], rtol=1e-4)
+        for r in live:
+            held = {int(c) for c in table.cand[r] if c >= 0 and ok[c]}
+            for p, c in enumerate(table.cand[r]):
+                if c < 0 or not ok[c]:
+                    continue
+                i, j = min(r, c), max(r, c)
+                pv = fresh.pair_values([i], [j])
+                assert table.B[r, p] == pytest.approx(pv.B[0], rel=1e-3, abs=1e-5)
+                assert table.kc[r, p] * table.gu[r, p] == pytest.approx(
+                    pv.k_cross[0] * pv.gram_u[0], rel=1e-3, abs=1e-5)
+            others = [int(c) for c in live if c != r and c not in held]
+            if not others:
+                continue
+            pv = fresh.pair_values(np.full(len(others), r), others)
+            cap = fresh.capacity
+            R = 2 * (cap[r] ** 2 + cap[others] ** 2) - pv.B ** 2
+            assert np.all(R >= table.nc[r] - 1e-4 * (cap[r] ** 2 + cap[others] ** 2))
+            den = cap[r] * cap[others]
+            cos = np.where(den > 0, pv.k_cross * pv.gram_u / np.where(den > 0, den, 1), 0)
+            assert np.all(cos <= table.ncos[r] + 1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["approx", "exact"])
+def test_pair_bound_is_below_the_merge_residual(kernel):
+    """R = 2A − B² ≥ the singular-value bound ≥ ‖f_i − f_j‖², on every pair of a
+    fixture with duplicated, dead and near-collinear neurons."""
+    model = clustered_mlp(4, noise=0.0)
+    bn = model.get_layer("fc0_bn")
+    g = bn.gamma.numpy()
+    g[5] = 0.0  # a dead neuron
+    bn.gamma.assign(g)
+    bn.beta.assign(np.where(np.arange(g.size) == 5, -1.0, bn.beta.numpy()).astype("float32"))
+    for name in ("fc0", "fc1"):
+        cache = build_group_cache(extract_group(model, walk(model).groups[name]), kernel)
+        n = cache.size
+        table = MergeTable(cache, 2, "hope", np.ones(n), np.ones(n, bool))
+        r, l = np.nonzero(~np.eye(n, dtype=bool))
+        bound, cross = table._distance(r, l)
+        pv = cache.pair_values(np.minimum(r, l), np.maximum(r, l))
+        A = cache.capacity[r] ** 2 + cache.capacity[l] ** 2
+        R = 2 * A - pv.B ** 2
+        assert np.all(R >= bound)
+        assert np.all(bound >= A - 2 * cross - 1e-6 * A - 1e-12)
+        assert np.median((R - bound) / np.maximum(A, 1e-12)) < 0.2  # and it is tight
+
+
+def test_closed_form_of_the_merge_cost():
+    """J_merge = n·sqrt(2R/(t² + R)) with R = 2A − B², t = 2·C_rem + B (the bounds
+    rely on it)."""
+    rng = np.random.default_rng(0)
+    A = rng.uniform(0.1, 3.0, 200)
+    B = np.sqrt(2 * A) * rng.uniform(0, 1, 200)
+    c = rng.uniform(0.01, 10.0, 200)
+    R, t = 2 * A - B * B, 2 * c + B
+    np.testing.assert_allclose(costs.j_merge(A, B, c, 3), 3 * np.sqrt(2 * R / (t * t + R)),
+                               rtol=1e-10)
+
+
+def test_merge_candidates_option():
+    model = mlp((6, 5), seed=3)
+    hope = costs.get("hope")
+    custom = costs.Cost.from_functions("custom", hope.prune, hope.merge, hope.evict,
+                                       hope.rank)
+    assert Encoder(model).merge_candidates == 16
+    assert Encoder(model, cost=custom).merge_candidates is None  # no bounds: exhaustive
+    enc = Encoder(model, cost=custom, merge_candidates=2)
+    assert enc.groups["fc0"].table.bound is None and enc.groups["fc0"].table.k == 2
+    assert enc.next_action() is not None
+    for bad in (0, -1, 2.5, True, "all"):
+        with pytest.raises(ValueError, match="merge_candidates.*Received"):
+            Encoder(model, merge_candidates=bad)
+    result = hope_keras.compress(model, steps=2, verbose=False, merge_candidates=None)
+    assert result.trajectory.meta["options"]["merge_candidates"] is None
+
+
+def test_cache_copy_shares_grams_until_a_merge():
+    model = mlp((6,), seed=8)
+    cache = build_group_cache(extract_group(model, walk(model).groups["fc0"]))
+    before = cache.gram_u.copy()
+    c2 = cache.copy()
+    c2.clear(3)
+    assert cache.capacity[3] > 0 and c2.capacity[3] == 0
+    assert c2.gram_u is cache.gram_u  # a prune does not copy the tables
+    sol = c2.solve_pair(1, 4)
+    pc = costs.parent_coefficients(sol, sol.B, c2.gram_v[1, 1], c2.gram_v[4, 4],
+                                   c2.gram_u[1, 1], c2.gram_u[4, 4], c2.gram_u[1, 4])
+    c2.replace_with_parent(1, 4, *pc)
+    assert c2.gram_u is not cache.gram_u
+    np.testing.assert_array_equal(cache.gram_u, before)
+
+
+def test_wide_groups_keep_float32_grams():
+    from hope_keras import cache as cache_lib
+
+    model = mlp((40,), d_in=5, seed=1)
+    state = extract_group(model, walk(model).groups["fc0"])
+    narrow = build_group_cache(state)
+    old = cache_lib.FLOAT32_WIDTH
+    try:
+        cache_lib.FLOAT32_WIDTH = 32
+        wide = build_group_cache(state)
+    finally:
+        cache_lib.FLOAT32_WIDTH = old
+    assert narrow.gram_w.dtype == np.float64 and wide.gram_w.dtype == np.float32
+    np.testing.assert_allclose(wide.B, narrow.B, rtol=1e-4, atol=1e-6)
