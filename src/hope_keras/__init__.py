@@ -3,6 +3,8 @@
 * `analyze` finds every compressible neuron of a Keras model and scores it (HOPE).
 * `compress` runs the HOPE greedy encoder in place; `slim` rebuilds a smaller model;
   `Trajectory` saves, loads and replays a run.
+* `recover` wins back accuracy after compression: BN re-estimation, then knowledge
+  distillation from the original on a little unlabeled data (`Distiller`, Keras `fit`).
 * `reestimate_batchnorm_statistics` refreshes stale BN moving statistics;
   `calibrate` makes BN-free ReLU networks compressible (spec section 7).
 * `baselines`: magnitude pruning criteria and Neuron Merging, through the same edits.
@@ -16,6 +18,7 @@ from hope_keras.bn_stats import reestimate_batchnorm_statistics
 from hope_keras.calibration import calibrate
 from hope_keras.engine import CompressionResult, Encoder, compress
 from hope_keras.graph import ModelGraph, NeuronGroup, Pinned, ResidualBlock, walk
+from hope_keras.recover import Distiller, recover
 from hope_keras.slim import slim
 from hope_keras.trajectory import Step, Trajectory
 
@@ -25,6 +28,7 @@ __all__ = [
     "Analysis",
     "BlockReport",
     "CompressionResult",
+    "Distiller",
     "Encoder",
     "GroupReport",
     "ModelGraph",
@@ -39,6 +43,7 @@ __all__ = [
     "compress",
     "deft",
     "derivative_matching",
+    "recover",
     "reestimate_batchnorm_statistics",
     "slim",
     "walk",
