@@ -5,6 +5,8 @@
   `Trajectory` saves, loads and replays a run.
 * `recover` wins back accuracy after compression: BN re-estimation, then knowledge
   distillation from the original on a little unlabeled data (`Distiller`, Keras `fit`).
+* `profile` counts parameters and FLOPs and times a model (against a reference);
+  `export_tflite` converts a (slimmed) model to TensorFlow Lite.
 * `reestimate_batchnorm_statistics` refreshes stale BN moving statistics;
   `calibrate` makes BN-free ReLU networks compressible (spec section 7).
 * `baselines`: magnitude pruning criteria and Neuron Merging, through the same edits.
@@ -18,6 +20,8 @@ from hope_keras.bn_stats import reestimate_batchnorm_statistics
 from hope_keras.calibration import calibrate
 from hope_keras.engine import CompressionResult, Encoder, compress
 from hope_keras.graph import ModelGraph, NeuronGroup, Pinned, ResidualBlock, walk
+from hope_keras.export import export_tflite
+from hope_keras.profile import Profile, profile
 from hope_keras.recover import Distiller, recover
 from hope_keras.slim import slim
 from hope_keras.trajectory import Step, Trajectory
@@ -34,6 +38,7 @@ __all__ = [
     "ModelGraph",
     "NeuronGroup",
     "Pinned",
+    "Profile",
     "ResidualBlock",
     "Step",
     "Trajectory",
@@ -43,6 +48,8 @@ __all__ = [
     "compress",
     "deft",
     "derivative_matching",
+    "export_tflite",
+    "profile",
     "recover",
     "reestimate_batchnorm_statistics",
     "slim",

@@ -40,6 +40,7 @@ class CompressionResult:
         params_ratio: Live parameters of the slimmed model / original parameters.
         stopped: Why the run stopped: ``"budget"``, ``"no_action"`` or ``"steps"``.
         analysis: The `Analysis` of the model before compression.
+        model: The compressed model (edited in place).
     """
 
     trajectory: Trajectory
@@ -47,6 +48,23 @@ class CompressionResult:
     params_ratio: float
     stopped: str
     analysis: Analysis
+    model: Optional[keras.Model] = dataclasses.field(default=None, repr=False,
+                                                     compare=False)
+
+    def profile(self, **kwargs):
+        """`hope_keras.profile` of ``slim(model)`` against the model as compressed.
+
+        Computed on demand (``compress`` itself measures nothing). The reference is
+        the in-place model: the original's layers and shapes, so the original's
+        parameters, FLOPs and latency (dense kernels do not skip zeros). Keyword
+        arguments go to `hope_keras.profile` (``latency=False``: counts only).
+        """
+        from hope_keras.profile import profile
+        from hope_keras.slim import slim
+
+        if self.model is None:
+            raise ValueError("This CompressionResult holds no model to profile.")
+        return profile(slim(self.model), reference=self.model, **kwargs)
 
 
 class _ParamCounter:
@@ -618,4 +636,5 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         params_ratio=enc.params.ratio,
         stopped=stopped,
         analysis=enc.analysis,
+        model=model,
     )
