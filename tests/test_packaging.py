@@ -9,7 +9,13 @@ present. (The wheel itself was inspected with
 
 import fnmatch
 import pathlib
-import tomllib
+
+import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PKG = ROOT / "src" / "hope_keras"
