@@ -15,6 +15,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 MODULES = [
     "hope_keras",
     "hope_keras.plots",
+    "hope_keras.profile",
+    "hope_keras.export",
     "hope_keras.baselines",
     "hope_keras.deft",
     "hope_keras.derivative_matching",
