@@ -217,3 +217,23 @@ def test_recover_under_mirrored_strategy_matches_one_device():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "MIRRORED_OK" in proc.stdout, (
         proc.stdout[-3000:] + proc.stderr[-3000:])
+
+
+def test_subclassed_student_is_distilled_as_logits():
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.fc = L.Dense(8)
+            self.bn = L.BatchNormalization()
+            self.head = L.Dense(3)
+
+        def call(self, x, training=False):
+            return self.head(keras.ops.relu(self.bn(self.fc(x), training=training)))
+
+    teacher, student = Net(), Net()
+    x = np.random.default_rng(0).normal(size=(64, 5)).astype("float32")
+    teacher(x), student(x)
+    history = hope_keras.recover(student, x, teacher=teacher, epochs=3, verbose=0,
+                                 learning_rate=1e-2, reestimate=False)
+    kd = history.history["distillation_loss"]
+    assert kd[-1] < kd[0], kd

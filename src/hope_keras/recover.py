@@ -42,7 +42,10 @@ _BN_MODES = ("train", "frozen")
 
 # ----------------------------------------------------------------- output kinds
 def _output_layer(model):
-    """The layer that produces the model's (single) output, inside nested models."""
+    """The layer that produces the model's (single) output, inside nested models
+    (None for a subclassed model, which has no graph to read)."""
+    if not getattr(model, "outputs", None):
+        return None
     if len(model.outputs) != 1:
         raise ValueError(
             f"recover distils a model with one output; model {model.name!r} has "
@@ -207,7 +210,8 @@ class Distiller(keras.Model):
         self.dropout = bool(dropout)
         _, self._student_kind = _softmax_head(student)
         self._teacher_kind = _softmax_head(teacher)[1] if teacher is not None else None
-        if teacher is not None:
+        if teacher is not None and getattr(teacher, "outputs", None) and getattr(
+                student, "outputs", None):
             ts, ss = tuple(teacher.outputs[0].shape[1:]), tuple(student.outputs[0].shape[1:])
             if ts != ss:
                 raise ValueError(
@@ -446,7 +450,9 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
         batchnorm: ``"train"`` (batch statistics during training, default) or
             ``"frozen"`` (the model in inference mode; see `Distiller`).
         dropout: Keep Dropout-like layers active while training (default False).
-        reestimate: Re-estimate the BN statistics before and after training.
+        reestimate: Re-estimate the BN statistics before and after training
+            (needs a Functional or Sequential model: pass False for a subclassed
+            one, whose output is then taken as logits).
         freeze_zeros: Keep exactly-zero trainable entries at zero (default True;
             needed for the in-place model).
         steps_per_epoch: Passed to ``fit``; needed for an infinite dataset.
