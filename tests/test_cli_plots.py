@@ -32,6 +32,7 @@ def test_cli_compress_replay_report(model_file, tmp_path):
     r = run("compress", model_file, "--density", "0.5", "--out", out, "--trajectory", traj)
     assert r.returncode == 0, r.stderr
     assert "density 0.5" in r.stdout
+    assert "FLOPs / example" in r.stdout and "latency" not in r.stdout
     original = keras.models.load_model(model_file)
     small = keras.models.load_model(out)
     assert small.count_params() < original.count_params()
@@ -47,6 +48,15 @@ def test_cli_compress_replay_report(model_file, tmp_path):
     r = run("report", traj, "--out", png)
     assert r.returncode == 0, r.stderr
     assert os.path.getsize(png) > 10_000
+    r = run("report", traj, "--out", png, "--model", model_file)
+    assert r.returncode == 0, r.stderr
+    assert f"{small.count_params():,}" in r.stdout and "FLOPs / example" in r.stdout
+
+    tfl = str(tmp_path / "slim.tflite")
+    r = run("export", out, "--out", tfl)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(hope_keras.export.tflite_predict(tfl, x), small(x),
+                               rtol=1e-5, atol=1e-5)
 
     r = run("analyze", model_file)
     assert r.returncode == 0 and "b1_add" in r.stdout and "Pinned" in r.stdout

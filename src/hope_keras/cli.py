@@ -4,10 +4,16 @@
     hope-keras compress MODEL.keras (--density D | --params P | --flops F | --steps N)
                         --out SLIM.keras [--trajectory T.npz] [--cost hope|paper]
                         [--merge-scale sum|paper] [--refresh local|neighbors]
-                        [--actions prune,merge,evict] [--kernel approx|exact] [--quiet]
+                        [--actions prune,merge,evict] [--kernel approx|exact]
+                        [--latency] [--quiet]
     hope-keras replay MODEL.keras T.npz (--density D | --params P | --flops F | --step K)
                       --out OUT.keras [--no-slim]
-    hope-keras report T.npz --out report.png
+    hope-keras report T.npz --out report.png [--model MODEL.keras [--latency]]
+    hope-keras export SLIM.keras --out SLIM.tflite [--quantize dynamic]
+
+`compress` (and `report` given the original model) print the parameters and FLOPs
+of the original and the slimmed model (`hope_keras.profile`); `--latency` also times
+both (interleaved, `predict` and a compiled call).
 
 Exit status: 0 on success, 1 when the library refuses the input (the message says
 why), 2 on a usage error.
@@ -53,6 +59,8 @@ def _compress(args):
               f"parameters {small.count_params()} ({result.params_ratio:.4f} of "
               f"{model.count_params()}); stopped: {result.stopped}. Wrote {args.out}"
               + (f" and {args.trajectory}" if args.trajectory else ""))
+        # `model` is the in-place result: the original's shapes, hence its cost.
+        hope_keras.profile(small, reference=model, latency=args.latency).summary()
 
 
 def _replay(args):
@@ -75,9 +83,27 @@ def _report(args):
     from hope_keras import plots
     from hope_keras.trajectory import Trajectory
 
-    plots.report(Trajectory.load(args.trajectory), args.out)
+    trajectory = Trajectory.load(args.trajectory)
+    plots.report(trajectory, args.out)
     if not args.quiet:
         print(f"Wrote {args.out}")
+    if args.model:
+        import hope_keras
+
+        model = _load(args.model)
+        trajectory.replay(model, step=len(trajectory))
+        if not args.quiet:
+            hope_keras.profile(hope_keras.slim(model), reference=model,
+                               latency=args.latency).summary()
+
+
+def _export(args):
+    import hope_keras
+
+    flatbuffer = hope_keras.export_tflite(_load(args.model), args.out,
+                                          quantize=args.quantize)
+    if not args.quiet:
+        print(f"Wrote {args.out} ({len(flatbuffer)} bytes)")
 
 
 def _parser():
@@ -109,6 +135,8 @@ def _parser():
     c.add_argument("--kernel", choices=("approx", "exact"), default="approx")
     c.add_argument("--cost", choices=("hope", "paper"), default="hope",
                    help="the library's width-free cost (default) or the paper's J / P_init")
+    c.add_argument("--latency", action="store_true",
+                   help="also time the original and the slimmed model")
     c.set_defaults(fn=_compress)
 
     r = common(sub.add_parser("replay", help="replay a trajectory on the original model"))
@@ -126,7 +154,17 @@ def _parser():
     rep = common(sub.add_parser("report", help="plot a trajectory (needs matplotlib)"))
     rep.add_argument("trajectory")
     rep.add_argument("--out", required=True, help="PNG path")
+    rep.add_argument("--model", help="the original .keras model: also print the "
+                     "profile of the trajectory's result against it")
+    rep.add_argument("--latency", action="store_true", help="with --model: also time")
     rep.set_defaults(fn=_report)
+
+    e = common(sub.add_parser("export", help="convert a model to TensorFlow Lite"))
+    e.add_argument("model", help="a .keras file (e.g. the slimmed model)")
+    e.add_argument("--out", required=True, help="the .tflite path")
+    e.add_argument("--quantize", choices=("dynamic",), default=None,
+                   help="dynamic-range quantisation (int8 weights)")
+    e.set_defaults(fn=_export)
     return p
 
 

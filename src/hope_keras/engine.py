@@ -43,6 +43,7 @@ class CompressionResult:
         flops_ratio: FLOPs per example of the slimmed model / original FLOPs.
         stopped: Why the run stopped: ``"budget"``, ``"no_action"`` or ``"steps"``.
         analysis: The `Analysis` of the model before compression.
+        model: The compressed model (edited in place).
     """
 
     trajectory: Trajectory
@@ -51,6 +52,23 @@ class CompressionResult:
     flops_ratio: float
     stopped: str
     analysis: Analysis
+    model: Optional[keras.Model] = dataclasses.field(default=None, repr=False,
+                                                     compare=False)
+
+    def profile(self, **kwargs):
+        """`hope_keras.profile` of ``slim(model)`` against the model as compressed.
+
+        Computed on demand (``compress`` itself measures nothing). The reference is
+        the in-place model: the original's layers and shapes, so the original's
+        parameters, FLOPs and latency (dense kernels do not skip zeros). Keyword
+        arguments go to `hope_keras.profile` (``latency=False``: counts only).
+        """
+        from hope_keras.profile import profile
+        from hope_keras.slim import slim
+
+        if self.model is None:
+            raise ValueError("This CompressionResult holds no model to profile.")
+        return profile(slim(self.model), reference=self.model, **kwargs)
 
 
 class _SizeCounter:
@@ -819,4 +837,5 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         flops_ratio=enc.sizes.flops_ratio,
         stopped=stopped,
         analysis=enc.analysis,
+        model=model,
     )
