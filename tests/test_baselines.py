@@ -73,18 +73,28 @@ def test_layer_scope_removes_the_same_fraction_per_layer():
 
 def test_residual_stream_untouched_and_slim_matches():
     model = small_resnet(seed=5)
-    before = {n: model.get_layer(n).get_weights() for n in ("b1b", "b1b_bn")}
+    stream = ("stem", "stem_bn", "b1b_bn")  # the residual stream's producers and BNs
     a = hope_keras.analyze(model)
+    assert "stem" not in a.graph.groups  # its output is the residual stream
     for method in baselines.METHODS:
         m = copy_model(model)
         result = baselines.prune(m, density=0.5, method=method)
         assert {g for g, _ in result.removed} <= set(a.graph.groups)
-        assert "stem" not in a.graph.groups  # its output is the residual stream
-        for n, ws in before.items():  # the branch end's output channels stay
-            for w0, w1 in zip(ws, m.get_layer(n).get_weights()):
-                if n == "b1b":
-                    np.testing.assert_array_equal(w0.shape, w1.shape)
+        for n in stream:
+            for w0, w1 in zip(model.get_layer(n).get_weights(), m.get_layer(n).get_weights()):
+                np.testing.assert_array_equal(w1, w0)
+        # The branch end b1b keeps every output channel: only the input slices of the
+        # removed b1a neurons are zeroed, the rest of its kernel and its bias are as before.
+        removed_b1a = [i for g, i in result.removed if g == "b1a"]
+        k0, k1 = model.get_layer("b1b").kernel.numpy(), m.get_layer("b1b").kernel.numpy()
+        expected = k0.copy()
+        expected[..., removed_b1a, :] = 0.0
+        np.testing.assert_array_equal(k1, expected)
+        np.testing.assert_array_equal(m.get_layer("b1b").bias.numpy(),
+                                      model.get_layer("b1b").bias.numpy())
         small = hope_keras.slim(m)
+        assert removed_b1a  # else the kernel check above checks nothing
+        assert small.get_layer("b1b").filters == 8
         assert small.count_params() < model.count_params()
         assert outputs_equal(small, m, _x(model))
 
