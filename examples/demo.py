@@ -1,9 +1,10 @@
 """`make demo`: HOPE on the bundled Fashion-MNIST CNN, data-free, no fine-tuning.
 
 Analyses the model, compresses it once to the lowest density with the greedy
-encoder (with the spec's distortion rate and with the per-neuron rate), replays
-each trajectory to each density, slims the result (checking it matches the
-in-place model) and prints test accuracy, parameters and wall time.
+encoder and the library's defaults, replays the trajectory to each density, slims
+the result (checking it matches the in-place model) and prints test accuracy,
+parameters, FLOPs and wall time. Variants (the paper's cost, baselines) are in
+benchmarks/quality.py.
 """
 
 import os
@@ -31,33 +32,25 @@ def main():
     base_acc, base_params = accuracy(original, x, y), original.count_params()
     print()
 
-    # The spec's distortion rate (default) and the per-neuron rate: neither wins on
-    # every model (docs/hope.md, "Known limits").
-    runs = {}
-    for rate in ("params", "neurons"):
-        t0 = time.perf_counter()
-        result = hope_keras.compress(load_demo_model(), density=min(DENSITIES),
-                                     rate=rate, verbose=False)
-        kinds = {k: sum(s.kind == k for s in result.trajectory.steps)
-                 for k in ("prune", "merge", "evict")}
-        print(f"rate={rate!r}: greedy run to density {min(DENSITIES)}, "
-              f"{len(result.trajectory)} steps {kinds}, {time.perf_counter() - t0:.1f} s")
-        runs[rate] = result.trajectory
+    t0 = time.perf_counter()
+    result = hope_keras.compress(load_demo_model(), density=min(DENSITIES), verbose=False)
+    trajectory = result.trajectory
+    kinds = {k: sum(s.kind == k for s in trajectory.steps) for k in ("prune", "merge", "evict")}
+    print(f"Greedy run to density {min(DENSITIES)}: {len(trajectory)} steps {kinds}, "
+          f"{time.perf_counter() - t0:.1f} s (analysis included)")
 
-    print(f"\n{'':>8} {'rate=params (default)':>30} {'rate=neurons':>30}")
-    print(f"{'density':>8} " + f"{'accuracy':>10} {'params':>9} {'ratio':>9} " * 2)
-    row = f"{base_acc:>10.4f} {base_params:>9d} {1.0:>9.3f} "
-    print(f"{1.0:>8.2f} " + row * 2)
+    print(f"\n{'density':>8} {'accuracy':>9} {'params':>8} {'params':>7} {'FLOPs':>7}")
+    print(f"{'':>8} {'':>9} {'':>8} {'ratio':>7} {'ratio':>7}")
+    print(f"{1.0:>8.2f} {base_acc:>9.4f} {base_params:>8d} {1.0:>7.3f} {1.0:>7.3f}")
     for density in DENSITIES:
-        cells = []
-        for rate, trajectory in runs.items():
-            model = trajectory.replay(load_demo_model(), density=density)
-            small = hope_keras.slim(model)
-            assert np.allclose(small.predict(x[:64], verbose=0),
-                               model.predict(x[:64], verbose=0), atol=1e-4)
-            cells.append(f"{accuracy(small, x, y):>10.4f} {small.count_params():>9d} "
-                         f"{small.count_params() / base_params:>9.3f} ")
-        print(f"{density:>8.2f} " + "".join(cells))
+        k = trajectory.step_for(density=density)
+        model = trajectory.replay(load_demo_model(), step=k)
+        small = hope_keras.slim(model)
+        assert np.allclose(small.predict(x[:64], verbose=0),
+                           model.predict(x[:64], verbose=0), atol=1e-4)
+        flops = trajectory.steps[k - 1].flops_after
+        print(f"{density:>8.2f} {accuracy(small, x, y):>9.4f} {small.count_params():>8d} "
+              f"{small.count_params() / base_params:>7.3f} {flops:>7.3f}")
     print(f"\nTest accuracy on the bundled {len(y)}-image Fashion-MNIST test subset; "
           "no data was used to compress, no fine-tuning.")
 

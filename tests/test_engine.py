@@ -10,7 +10,7 @@ from scipy.stats import norm
 
 import hope_keras
 from conftest import L, copy_model, mlp, outputs_equal, small_resnet
-from hope_keras.engine import Encoder
+from hope_keras.engine import Action, Encoder
 
 
 def _x(model, n=6, seed=0):
@@ -30,9 +30,9 @@ def test_pruning_a_dead_neuron_leaves_outputs_unchanged():
     _set(bn, "beta", lambda b: np.where(np.arange(6) == 2, 0.0, b))
     before = copy_model(model)
     enc = Encoder(model, actions=("prune",))
-    J = enc.best_group_action("fc0")
-    assert J[1:3] == ("prune", 2) and J[4] == 0.0  # zero capacity costs nothing
-    enc.execute("fc0", J)
+    action = enc.best_group_action("fc0")
+    assert (action.kind, action.i, action.J) == ("prune", 2, 0.0)  # zero capacity: free
+    enc.execute(action)
     enc.editor.commit()
     assert outputs_equal(model, before, _x(model))
     assert np.all(model.get_layer("fc1").kernel.numpy()[2] == 0)
@@ -59,8 +59,8 @@ def test_merging_duplicated_neurons_with_sum_scale_leaves_outputs_unchanged(out_
     gs = enc.groups["fc0"]
     cap = gs.cache.capacity
     J = hope_keras.costs.j_merge(cap[1] ** 2 + cap[4] ** 2, gs.cache.B[1, 4],
-                                 gs.C - cap[1] - cap[4], gs.n)
-    enc.execute("fc0", (0.0, "merge", 1, 4, float(J), 1.0))
+                                 gs.C - cap[1] - cap[4], 1)
+    enc.execute(Action("merge", "fc0", 1, 4, float(J), 0.0, 1.0, 1))
     enc.editor.commit()
     assert outputs_equal(model, before, _x(model), rtol=1e-5, atol=1e-5)
     assert np.all(model.get_layer("fc0").kernel.numpy()[:, 4] == 0)
@@ -86,8 +86,9 @@ def test_evicting_a_zero_branch_leaves_outputs_unchanged():
     _set(bn, "beta", np.zeros_like)
     before = copy_model(model)
     enc = Encoder(model, actions=("evict",))
-    dr, J, P = enc.eviction_cost("b1_add")
-    enc.execute("b1_add", (dr, "evict", -1, -1, J, P))
+    action = enc.eviction_action("b1_add")
+    assert action.J == 0.0  # a zero branch costs nothing to evict
+    enc.execute(action)
     enc.editor.commit()
     assert outputs_equal(model, before, _x(model))
     assert enc.active == enc.num_neurons - 6
@@ -196,7 +197,7 @@ def test_first_action_equals_brute_force_argmin(seed):
     model = _brute_model(seed)
     expected = _brute_force_first_action(
         model, {"b_in": "b_out", "h": "head"}, {"blk": (["b_in"], "stem_bn")})
-    result = hope_keras.compress(model, steps=1, verbose=False)
+    result = hope_keras.compress(model, steps=1, cost="paper", verbose=False)
     step = result.trajectory.steps[0]
     assert (step.kind, step.unit, step.i, step.j) == expected[1:5]
     assert step.J == pytest.approx(expected[5], rel=1e-6)
@@ -301,57 +302,113 @@ def test_interruption_leaves_model_at_last_completed_step(exc, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_rate_neurons_ranks_by_distortion_per_neuron():
+def test_hope_cost_ranks_width_free_distortion_per_neuron():
     model = small_resnet(seed=4)
-    enc = Encoder(model, rate="neurons")
-    best = {name: enc.best_group_action(name) for name in enc.groups}
-    for name, (dr, kind, i, j, J, P) in best.items():
-        assert dr == pytest.approx(J)  # no division by the footprint
-        gs = enc.groups[name]
-        if kind == "prune":
-            cap = gs.cache.capacity
-            others = [hope_keras.costs.j_prune(cap[k], gs.C, gs.n) for k in range(gs.n)]
-            assert J == pytest.approx(min(others))
-    dr, J, _ = enc.eviction_cost("b1_add")
-    assert dr == pytest.approx(J / 6)
-    result = hope_keras.compress(small_resnet(seed=4), density=0.5, rate="neurons",
-                                 verbose=False)
-    assert result.trajectory.meta["options"]["rate"] == "neurons"
-    result = hope_keras.compress(small_resnet(seed=4), density=0.5, verbose=False)
-    assert result.trajectory.meta["options"]["rate"] == "params"  # the spec's, by default
-    with pytest.raises(ValueError, match="rate"):
-        hope_keras.compress(small_resnet(seed=4), density=0.5, rate="flops", verbose=False)
-
-
-def test_width_initial_uses_the_initial_width_in_the_costs():
-    model = mlp((6,), seed=9)
-    live, initial = Encoder(model), Encoder(copy_model(model), width="initial")
-    for enc in (live, initial):  # prune two neurons: n drops to 4, n0 stays 6
-        for _ in range(2):
-            best = enc.best_group_action("fc0")
-            enc.execute("fc0", (best[0], "prune", best[2], -1, best[4], best[5]))
-    gs = initial.groups["fc0"]
-    dr, kind, i, j, J, P = initial.best_group_action("fc0")
-    if kind == "prune":
-        expected = hope_keras.costs.j_prune(gs.cache.capacity[i], gs.C, 6)
-    else:
+    enc = Encoder(model)  # the default cost
+    assert enc.cost.name == "hope"
+    for name, gs in enc.groups.items():
+        a = enc.best_group_action(name)
+        assert a.DR == pytest.approx(a.J)  # one neuron removed: DR = J
         cap = gs.cache.capacity
-        expected = hope_keras.costs.j_merge(cap[i] ** 2 + cap[j] ** 2, gs.cache.B[i, j],
-                                            gs.C - cap[i] - cap[j], 6)
-    assert J == pytest.approx(float(expected))
-    assert live.best_group_action("fc0")[4] < J  # live n = 4 < n0 = 6
+        prunes = cap / (gs.C - cap)  # no width factor n
+        if a.kind == "prune":
+            assert a.J == pytest.approx(prunes.min())
+        else:
+            assert a.J <= prunes.min() + 1e-12
+    # Eviction: C_branch / C_identity per neuron of the block.
+    a = enc.eviction_action("b1_add")
+    bn_end, bn_in = model.get_layer("b1b_bn"), model.get_layer("stem_bn")
+    rms = [np.sqrt(b.gamma.numpy().astype(float) ** 2 + b.beta.numpy().astype(float) ** 2)
+           .sum() for b in (bn_end, bn_in)]
+    assert a.J == pytest.approx(rms[0] / rms[1])
+    assert a.DR == pytest.approx(a.J / 6) and a.neurons == 6
 
 
-def test_residual_merge_cost_matches_its_formula():
-    model = mlp((6,), seed=10)
-    enc = Encoder(model, actions=("merge",), merge_cost="residual")
-    gs = enc.groups["fc0"]
-    c = gs.cache
-    dr, kind, i, j, J, P = enc.best_group_action("fc0")
-    cap = c.capacity
-    norm_sum_sq = cap[i] ** 2 + cap[j] ** 2 + 2 * c.k_cross[i, j] * c.gram_u[i, j]
-    expected = 6 * np.sqrt(max(norm_sum_sq - c.B[i, j] ** 2, 0)) / (gs.C - cap[i] - cap[j]
-                                                                    + c.B[i, j])
-    assert J == pytest.approx(expected)
-    with pytest.raises(ValueError, match="merge_cost"):
-        Encoder(model, merge_cost="cheap")
+def test_paper_cost_reproduces_the_previous_default_trajectory():
+    """tests/data/demo_paper_trajectory_v1.npz: the bundled demo CNN compressed to
+    density 0.3 by the engine of commit 2faf675, when the paper's cost was the default
+    (kept as cost="paper")."""
+    from hope_keras.data import load_demo_model
+    from pathlib import Path
+
+    ref = hope_keras.Trajectory.load(str(Path(__file__).parent / "data"
+                                         / "demo_paper_trajectory_v1.npz"))
+    result = hope_keras.compress(load_demo_model(), density=0.3, cost="paper",
+                                 verbose=False)
+    assert len(result.trajectory) == len(ref) == 158
+    for new, old in zip(result.trajectory.steps, ref.steps):
+        assert (new.kind, new.unit, new.i, new.j) == (old.kind, old.unit, old.i, old.j)
+        assert new.J == old.J and new.DR == old.DR
+        np.testing.assert_array_equal(new.coef, old.coef)
+    assert result.trajectory.meta["options"]["cost"] == {"name": "paper"}
+
+
+def test_cost_option_resolves_names_and_objects_and_rejects_others():
+    model = mlp((6, 5), seed=3)
+    hope = hope_keras.costs.get("hope")
+    per_param = hope_keras.costs.Cost.from_functions(
+        "per_param", hope.prune, hope.merge, hope.evict, lambda J, info: J / info.p_init)
+    enc = Encoder(model, cost=per_param)
+    a = enc.best_group_action("fc0")
+    assert a.DR == pytest.approx(a.J / a.P_init)
+    with pytest.raises(ValueError, match="Unknown cost.*Received: cost='cheap'"):
+        Encoder(model, cost="cheap")
+    with pytest.raises(TypeError, match="Action"):
+        enc.execute(("prune", "fc0", 1))
+
+
+def test_mean_compensation_moves_the_pruned_mean_into_the_consumer_bias():
+    """Pruning with mean compensation equals replacing the neuron's output by the
+    constant E[ReLU(N(β, γ²))] (computed here with scipy, independently)."""
+    model = mlp((6, 5), seed=11)
+    x = _x(model, n=4)
+    before = copy_model(model)
+    result = hope_keras.compress(model, steps=1, actions=("prune",),
+                                 mean_compensation=True, verbose=False)
+    (step,) = result.trajectory.steps
+    assert result.trajectory.meta["options"]["mean_compensation"] is True
+    bn = before.get_layer(step.unit + "_bn")
+    g, b = abs(float(bn.gamma.numpy()[step.i])), float(bn.beta.numpy()[step.i])
+    mean = b * norm.cdf(b / g) + g * norm.pdf(b / g)
+    # The same network with neuron i's activation replaced by that constant.
+    acts = keras.Model(before.inputs, before.get_layer(step.unit + "_bn").output)
+    consumer = "fc1" if step.unit == "fc0" else "head"
+    nxt = before.get_layer(consumer)
+    pre = np.maximum(acts.predict(x, verbose=0), 0)
+    pre[:, step.i] = mean
+    expected_next = pre @ nxt.kernel.numpy() + nxt.bias.numpy()
+    probe = keras.Model(model.inputs, model.get_layer(consumer).output)
+    np.testing.assert_allclose(probe.predict(x, verbose=0), expected_next, rtol=1e-5, atol=1e-5)
+    # Replay reproduces it bit for bit; slim matches the in-place model.
+    replayed = result.trajectory.replay(before, step=1)
+    for a, c in zip(replayed.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, c)
+    assert outputs_equal(hope_keras.slim(model), model, x)
+
+
+def test_mean_compensation_of_a_bias_free_consumer_goes_into_its_bn_mean():
+    keras.utils.set_random_seed(12)
+    inputs = keras.Input((6,))
+    h = L.ReLU()(L.BatchNormalization(name="a_bn")(L.Dense(6, name="a")(inputs)))
+    h = L.BatchNormalization(name="b_bn")(L.Dense(5, use_bias=False, name="b")(h))
+    model = keras.Model(inputs, L.Dense(3, name="head")(L.ReLU()(h)))
+    from conftest import randomize_bn
+
+    model = randomize_bn(model, 12)
+    before = copy_model(model)
+    editor = hope_keras.edit.ModelEditor(model, hope_keras.walk(model),
+                                         mean_compensation=True)
+    with editor.step():
+        editor.prune("a", 2)
+    editor.commit()
+    bn = before.get_layer("a_bn")
+    g, b = abs(float(bn.gamma.numpy()[2])), float(bn.beta.numpy()[2])
+    mean = b * norm.cdf(b / g) + g * norm.pdf(b / g)
+    x = _x(model, n=4)
+    acts = np.maximum(keras.Model(before.inputs, bn.output).predict(x, verbose=0), 0)
+    acts[:, 2] = mean
+    z = acts @ before.get_layer("b").kernel.numpy()
+    ref_bn = before.get_layer("b_bn")
+    expected = ref_bn(z.astype("float32"), training=False).numpy()
+    probe = keras.Model(model.inputs, model.get_layer("b_bn").output)
+    np.testing.assert_allclose(probe.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-5)

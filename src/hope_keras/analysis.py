@@ -10,7 +10,7 @@ import numpy as np
 
 from hope_keras import graph as graph_lib
 from hope_keras.cache import GroupCache, build_group_cache
-from hope_keras.neurons import LayerState, eviction_p_init, extract_group
+from hope_keras.neurons import LayerState, bn_arrays, eviction_p_init, extract_group
 from hope_keras.progress import progress
 
 
@@ -47,6 +47,8 @@ class BlockReport:
         groups: Names of its internal groups.
         input_bn: The BN conditioning the block input (None: appendix F.3 fallback).
         c_identity: Σ_c sqrt(γ_c² + β_c²) over that BN, or the fallback value.
+        c_branch: Σ_c sqrt(γ_c² + β_c²) over the branch's final BN (the RMS the
+            branch adds to the stream; the default cost's eviction numerator).
         p_init: Static footprint of evicting the block.
     """
 
@@ -55,6 +57,7 @@ class BlockReport:
     groups: Tuple[str, ...]
     input_bn: Optional[str]
     c_identity: float
+    c_branch: float
     p_init: float
 
 
@@ -115,13 +118,15 @@ class Analysis:
         print_fn(out.getvalue())
 
 
+def _bn_rms(bn) -> float:
+    """Σ_c sqrt(γ_c² + β_c²): the summed RMS of a BN's outputs under the surrogate."""
+    gamma, beta, _, _, _ = bn_arrays(bn)
+    return float(np.sqrt(gamma**2 + beta**2).sum())
+
+
 def _c_identity(model, block, caches) -> float:
     if block.input_bn is not None:
-        bn = model.get_layer(block.input_bn)
-        from hope_keras.neurons import bn_arrays
-
-        gamma, beta, _, _, _ = bn_arrays(bn)
-        value = float(np.sqrt(gamma**2 + beta**2).sum())
+        value = _bn_rms(model.get_layer(block.input_bn))
         if value > 0:
             return value
     # Appendix F.3 fallback: the block's initial internal capacity.
@@ -190,7 +195,8 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
         )
     # Blocks whose groups were pinned after extraction are dropped.
     blocks = tuple(b for b in g.blocks if all(x in groups for x in b.groups))
-    g = graph_lib.ModelGraph(groups=groups, blocks=blocks, pinned=tuple(pinned))
+    g = graph_lib.ModelGraph(groups=groups, blocks=blocks, pinned=tuple(pinned),
+                             bn_after=g.bn_after)
     caches: Dict[str, GroupCache] = {}
     for name in progress(list(groups), verbose=verbose, what="cache"):
         caches[name] = build_group_cache(states[name], kernel=kernel)
@@ -207,6 +213,7 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
         BlockReport(
             name=b.name, evictable=b.evictable, groups=b.groups, input_bn=b.input_bn,
             c_identity=_c_identity(model, b, caches),
+            c_branch=_bn_rms(model.get_layer(b.final_bn)),
             p_init=eviction_p_init(model, b, groups),
         )
         for b in blocks

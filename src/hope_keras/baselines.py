@@ -173,7 +173,8 @@ def _analysis(model, analysis):
 
 # ----------------------------------------------------------------------- actions
 def prune(model, density: float, method: str = "l1_input", scope: str = "global",
-          analysis: Optional[Analysis] = None) -> BaselineResult:
+          analysis: Optional[Analysis] = None,
+          mean_compensation: bool = False) -> BaselineResult:
     """Prunes the lowest-scoring neurons of `model`, in place, to `density`.
 
     Args:
@@ -182,6 +183,8 @@ def prune(model, density: float, method: str = "l1_input", scope: str = "global"
         method: ``"l1_input"``, ``"l1_joint"`` or ``"bn_scale"``.
         scope: ``"global"`` (one ranking across the network) or ``"layer"``.
         analysis: A precomputed ``analyze(model)`` of this very model (optional).
+        mean_compensation: Move each pruned neuron's mean output into its
+            consumers' biases (as `hope_keras.compress(mean_compensation=True)`).
 
     Returns:
         A `BaselineResult`.
@@ -191,7 +194,7 @@ def prune(model, density: float, method: str = "l1_input", scope: str = "global"
     t0 = time.perf_counter()
     a = _analysis(model, analysis)
     removed = _select(a, scores(a, method), density, scope)
-    editor = ModelEditor(model, a.graph)
+    editor = ModelEditor(model, a.graph, mean_compensation=mean_compensation)
     for g, i in removed:
         with editor.step():
             editor.prune(g, i)

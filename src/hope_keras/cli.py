@@ -1,11 +1,12 @@
 """The `hope-keras` command line.
 
     hope-keras analyze MODEL.keras
-    hope-keras compress MODEL.keras (--density D | --params P | --steps N) --out SLIM.keras
-                        [--trajectory T.npz] [--merge-scale sum|paper] [--refresh local|neighbors]
-                        [--actions prune,merge,evict] [--kernel approx|exact]
-                        [--rate params|neurons] [--quiet]
-    hope-keras replay MODEL.keras T.npz (--density D | --step K) --out OUT.keras [--no-slim]
+    hope-keras compress MODEL.keras (--density D | --params P | --flops F | --steps N)
+                        --out SLIM.keras [--trajectory T.npz] [--cost hope|paper]
+                        [--merge-scale sum|paper] [--refresh local|neighbors]
+                        [--actions prune,merge,evict] [--kernel approx|exact] [--quiet]
+    hope-keras replay MODEL.keras T.npz (--density D | --params P | --flops F | --step K)
+                      --out OUT.keras [--no-slim]
     hope-keras report T.npz --out report.png
 
 Exit status: 0 on success, 1 when the library refuses the input (the message says
@@ -38,10 +39,11 @@ def _compress(args):
 
     model = _load(args.model)
     result = hope_keras.compress(
-        model, density=args.density, params=args.params, steps=args.steps,
+        model, density=args.density, params=args.params, flops=args.flops, steps=args.steps,
+        cost=args.cost,
         actions=tuple(a.strip() for a in args.actions.split(",") if a.strip()),
         merge_scale=args.merge_scale, refresh=args.refresh, kernel=args.kernel,
-        rate=args.rate, verbose=not args.quiet)
+        verbose=not args.quiet)
     small = hope_keras.slim(model)
     small.save(args.out)
     if args.trajectory:
@@ -58,12 +60,15 @@ def _replay(args):
 
     model = _load(args.model)
     trajectory = hope_keras.Trajectory.load(args.trajectory)
-    trajectory.replay(model, density=args.density, step=args.step)
+    target = {k: getattr(args, k) for k in ("density", "params", "flops", "step")
+              if getattr(args, k) is not None}
+    trajectory.replay(model, **target)
     out = model if args.no_slim else hope_keras.slim(model)
     out.save(args.out)
     if not args.quiet:
-        print(f"Replayed to {'density ' + str(args.density) if args.density else 'step ' + str(args.step)}"
-              f"; {out.count_params()} parameters. Wrote {args.out}")
+        (what, value), = target.items()
+        print(f"Replayed to {what} {value}; {out.count_params()} parameters. "
+              f"Wrote {args.out}")
 
 
 def _report(args):
@@ -94,6 +99,7 @@ def _parser():
     budget = c.add_mutually_exclusive_group(required=True)
     budget.add_argument("--density", type=float, help="target neuron density in (0, 1]")
     budget.add_argument("--params", type=float, help="target parameter ratio in (0, 1]")
+    budget.add_argument("--flops", type=float, help="target FLOPs ratio in (0, 1]")
     budget.add_argument("--steps", type=int, help="number of actions")
     c.add_argument("--out", required=True, help="where to save the slimmed .keras model")
     c.add_argument("--trajectory", help="also save the trajectory (.npz)")
@@ -101,8 +107,8 @@ def _parser():
     c.add_argument("--refresh", choices=("local", "neighbors"), default="local")
     c.add_argument("--actions", default="prune,merge,evict")
     c.add_argument("--kernel", choices=("approx", "exact"), default="approx")
-    c.add_argument("--rate", choices=("params", "neurons"), default="params",
-                   help="distortion per parameter (the spec's) or per neuron removed")
+    c.add_argument("--cost", choices=("hope", "paper"), default="hope",
+                   help="the library's width-free cost (default) or the paper's J / P_init")
     c.set_defaults(fn=_compress)
 
     r = common(sub.add_parser("replay", help="replay a trajectory on the original model"))
@@ -110,6 +116,8 @@ def _parser():
     r.add_argument("trajectory")
     target = r.add_mutually_exclusive_group(required=True)
     target.add_argument("--density", type=float)
+    target.add_argument("--params", type=float)
+    target.add_argument("--flops", type=float)
     target.add_argument("--step", type=int)
     r.add_argument("--out", required=True)
     r.add_argument("--no-slim", action="store_true", help="save the in-place model")

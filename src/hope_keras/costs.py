@@ -5,13 +5,21 @@ Pure numpy float64 math, no Keras, vectorised over arrays of neurons / pairs.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from .kernels import cross_kernel_approx, cross_kernel_exact, self_kernel
 
 __all__ = [
+    "Cost",
+    "PaperCost",
+    "HopeCost",
+    "PruneCandidates",
+    "MergeCandidates",
+    "EvictCandidate",
+    "RankInfo",
+    "get",
     "FLOOR",
     "j_prune",
     "alpha_star",
@@ -382,4 +390,230 @@ def parent_coefficients(sol, scale, gv_ii, gv_jj, gu_ii, gu_jj, gu_ij):
         m2=mb * k_vj,
         gamma_k=a * _f64(sol.gamma_v),
         beta_k=a * _f64(sol.beta_v),
+    )
+
+
+# ------------------------------------------------------------------- cost objects
+#
+# A cost prices the three actions and ranks them. It is a small object of pure
+# functions (in the spirit of optax's transformations): the engine hands it arrays
+# describing the candidates of one group or block and gets back ``J`` and the
+# ranking key ``DR``; it never sees Keras objects.
+
+
+class PruneCandidates(NamedTuple):
+    """The prune candidates of one group (every live neuron).
+
+    Attributes:
+        capacity: ``‖f_i‖ = ‖u_i‖·sqrt(K(i,i))`` of each candidate.
+        C: the group's live capacity.
+        n: the group's live neuron count (before the action).
+        n0: the group's initial neuron count.
+        k_self: ``K(i,i)``, the second moment of the neuron's activation.
+        u_norm: ``‖u_i‖``, the norm of its output vector.
+        gamma: ``|γ_i|``, its surrogate pre-activation standard deviation.
+    """
+
+    capacity: np.ndarray
+    C: float
+    n: int
+    n0: int
+    k_self: Optional[np.ndarray] = None
+    u_norm: Optional[np.ndarray] = None
+    gamma: Optional[np.ndarray] = None
+
+
+class MergeCandidates(NamedTuple):
+    """The merge candidates (pairs) of one group.
+
+    Attributes:
+        A: ``‖f_i‖² + ‖f_j‖²``.
+        B: the merge objective ``<φ, f_i + f_j>`` of the best parent.
+        c_rem: ``C − ‖f_i‖ − ‖f_j‖``.
+        norm_sum_sq: ``‖f_i + f_j‖² = A + 2<f_i, f_j>``.
+        n, n0: live and initial neuron counts of the group.
+    """
+
+    A: np.ndarray
+    B: np.ndarray
+    c_rem: np.ndarray
+    norm_sum_sq: np.ndarray
+    n: int
+    n0: int
+
+
+class EvictCandidate(NamedTuple):
+    """A residual block that may be evicted.
+
+    Attributes:
+        n_layers: live neuron counts of the block's internal groups.
+        c_layers: their live capacities.
+        c_identity: ``Σ_c sqrt(γ_c² + β_c²)`` over the BN conditioning the block
+            input (or the appendix F.3 fallback).
+        c_branch: ``Σ_c sqrt(γ_c² + β_c²)`` over the branch's final BN: the RMS the
+            branch adds to the stream.
+    """
+
+    n_layers: np.ndarray
+    c_layers: np.ndarray
+    c_identity: float
+    c_branch: float
+
+
+class RankInfo(NamedTuple):
+    """What an action removes, for ranking (arrays broadcast with ``J``).
+
+    Attributes:
+        kind: ``"prune"``, ``"merge"`` or ``"evict"``.
+        neurons: compressible neurons removed.
+        p_init: the spec's static parameter footprint ``P_init``.
+        params: parameters the slimmed model loses.
+        flops: FLOPs per example the slimmed model loses.
+        budget: what the run's budget counts: ``"density"``, ``"params"``,
+            ``"flops"`` or ``"steps"``.
+    """
+
+    kind: str
+    neurons: np.ndarray
+    p_init: np.ndarray
+    params: np.ndarray
+    flops: np.ndarray
+    budget: str
+
+
+class Cost:
+    """How HOPE prices prunes, merges and evictions, and how it ranks them.
+
+    Subclass it (or build one with `Cost.from_functions`) to try another cost;
+    ``hope_keras.compress(model, cost=my_cost)`` and `hope_keras.costs.get` accept
+    it. The four methods are pure array functions.
+
+    Attributes:
+        name: recorded in the trajectory's options.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from hope_keras import costs
+    >>> c = costs.get("hope")
+    >>> float(c.prune(costs.PruneCandidates(np.array([1.0]), 4.0, 3, 3))[0])
+    0.3333333333333333
+    >>> costs.get("paper").name
+    'paper'
+    """
+
+    name = "custom"
+
+    def prune(self, c: PruneCandidates) -> np.ndarray:
+        """``J`` of each prune candidate."""
+        raise NotImplementedError
+
+    def merge(self, c: MergeCandidates) -> np.ndarray:
+        """``J`` of each merge candidate."""
+        raise NotImplementedError
+
+    def evict(self, c: EvictCandidate) -> float:
+        """``J`` of evicting the block."""
+        raise NotImplementedError
+
+    def rank(self, J: np.ndarray, info: RankInfo) -> np.ndarray:
+        """The key the engine minimises (``DR``) for actions of cost ``J``."""
+        raise NotImplementedError
+
+    def get_config(self) -> dict:
+        return {"name": self.name}
+
+    def __repr__(self) -> str:
+        return f"<Cost {self.name!r}>"
+
+    @classmethod
+    def from_functions(cls, name, prune, merge, evict, rank) -> "Cost":
+        """A cost from four functions with the signatures of the methods.
+
+        Example:
+
+        >>> import numpy as np
+        >>> from hope_keras import costs
+        >>> hope = costs.get("hope")
+        >>> per_param = costs.Cost.from_functions(
+        ...     "per_param", hope.prune, hope.merge, hope.evict,
+        ...     lambda J, info: J / info.p_init)
+        >>> per_param.name
+        'per_param'
+        """
+        obj = cls()
+        obj.name = name
+        obj.prune, obj.merge, obj.evict, obj.rank = prune, merge, evict, rank
+        return obj
+
+
+class PaperCost(Cost):
+    """The paper's cost (spec sections 3–4): ``DR = J / P_init``.
+
+    ``J_prune = n‖f_i‖/(C − ‖f_i‖)``, ``J_merge = n·sqrt(2α*² − 2α*B + A)/(C_rem + α*)``,
+    ``J_evict = Σ_l n_l C_l / C_identity``; every action is ranked by its distortion
+    per parameter of the static footprint ``P_init``, whatever the budget.
+    """
+
+    name = "paper"
+
+    def prune(self, c):
+        return j_prune(c.capacity, c.C, c.n)
+
+    def merge(self, c):
+        return j_merge(c.A, c.B, c.c_rem, c.n)
+
+    def evict(self, c):
+        return float(j_evict(c.n_layers, c.c_layers, c.c_identity))
+
+    def rank(self, J, info):
+        return J / info.p_init
+
+
+class HopeCost(Cost):
+    """The library's default: a width-free cost, ranked per unit of the budget.
+
+    * prune: ``J = ‖f_i‖/(C − ‖f_i‖)``, the relative capacity the layer loses
+      (emptying a layer from ``n0`` to ``n`` neurons costs about ``log(n0/n)``);
+    * merge: the paper's ``J_merge`` without the width factor ``n``;
+    * evict: ``J = C_branch / C_identity``, the relative RMS the stream loses;
+    * rank: ``J`` per neuron removed under a density budget (an eviction removes
+      every live neuron of its block); see docs/theory.md for the derivation and
+      docs/quality.md for the measurements behind the choice.
+    """
+
+    name = "hope"
+
+    def prune(self, c):
+        return j_prune(c.capacity, c.C, 1.0)
+
+    def merge(self, c):
+        return j_merge(c.A, c.B, c.c_rem, 1.0)
+
+    def evict(self, c):
+        return float(c.c_branch / max(float(c.c_identity), FLOOR))
+
+    def rank(self, J, info):
+        return J / np.maximum(info.neurons, 1)
+
+
+_COSTS = {"paper": PaperCost, "hope": HopeCost}
+
+
+def get(identifier) -> Cost:
+    """Resolves a cost, Keras-style: a name (``"hope"``, ``"paper"``) or a `Cost`.
+
+    Example:
+
+    >>> from hope_keras import costs
+    >>> costs.get("paper"), costs.get(costs.get("hope"))
+    (<Cost 'paper'>, <Cost 'hope'>)
+    """
+    if isinstance(identifier, Cost):
+        return identifier
+    if isinstance(identifier, str) and identifier in _COSTS:
+        return _COSTS[identifier]()
+    raise ValueError(
+        f"Unknown cost. Expected one of {sorted(_COSTS)} or a hope_keras.costs.Cost "
+        f"instance. Received: cost={identifier!r}"
     )

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from hope_keras.graph import ModelGraph, NeuronGroup
+from hope_keras.kernels import relu_mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +86,10 @@ class ModelEditor:
     0.0
     """
 
-    def __init__(self, model, graph: ModelGraph):
+    def __init__(self, model, graph: ModelGraph, mean_compensation: bool = False):
         self.model = model
         self.graph = graph
+        self.mean_compensation = bool(mean_compensation)
         self._arrays: Dict[Tuple[str, str], np.ndarray] = {}
         self._dirty: set = set()
         self._undo: List = None
@@ -167,12 +169,56 @@ class ModelEditor:
                 f"No neuron group named '{name}'. Known groups: {list(self.graph.groups)}"
             ) from None
 
-    def prune(self, group: str, i: int) -> None:
-        """Neuron `i` of `group` outputs exactly zero; its output slices are zeroed."""
+    def prune(self, group: str, i: int, compensate: Optional[bool] = None) -> None:
+        """Neuron `i` of `group` outputs exactly zero; its output slices are zeroed.
+
+        With mean compensation (``compensate``, default: the editor's
+        ``mean_compensation``) the neuron is replaced by its mean under the BN
+        surrogate, ``m = E[ReLU(N(β_i, γ_i²))]``: each consumer's bias gains
+        ``Σ u_i · m`` (or, for a bias-free consumer followed only by a
+        BatchNormalization, that BN's moving mean loses it). Consumers with neither
+        are left uncompensated.
+        """
         g = self._group(group)
+        compensate = self.mean_compensation if compensate is None else compensate
+        shifts = self._mean_shifts(g, i) if compensate else ()
         self._zero_channel(g.producer, g.bn, i)
         for c in g.consumers:
             self._write(c.layer, "kernel", self._consumer_index(c, i, g.size), 0.0)
+        for layer, attr, value in shifts:
+            self._write(layer, attr, slice(None), value)
+
+    def _mean_shifts(self, g: NeuronGroup, i: int):
+        """``(layer, attr, new value)`` writes that move neuron i's mean into biases."""
+        bn = self.layer(g.bn)
+        gamma = float(self.array(g.bn, "gamma")[i]) if bn.scale else 1.0
+        beta = float(self.array(g.bn, "beta")[i]) if bn.center else 0.0
+        m = float(relu_mean(gamma, beta))
+        out = []
+        if m == 0.0:
+            return out
+        for c in g.consumers:
+            kernel = self.array(c.layer, "kernel")
+            rows = kernel[self._consumer_index(c, i, g.size)].astype(np.float64)
+            shift = m * rows.reshape(-1, kernel.shape[-1]).sum(axis=0)
+            target = self._bias_target(c.layer)
+            if target is None:
+                continue
+            layer, attr, sign = target
+            cur = self.array(layer, attr)
+            out.append((layer, attr, (cur.astype(np.float64) + sign * shift).astype(cur.dtype)))
+        return out
+
+    def _bias_target(self, consumer: str):
+        """Where a constant added to `consumer`'s output can go: its bias, or the
+        moving mean of the BatchNormalization that alone follows it (sign −1)."""
+        layer = self.layer(consumer)
+        if getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
+            return consumer, "bias", 1.0
+        bn = self.graph.bn_after.get(consumer) if hasattr(self.graph, "bn_after") else None
+        if bn is not None:
+            return bn, "moving_mean", -1.0
+        return None
 
     def merge(self, group: str, i: int, j: int, coef: ParentCoefficients) -> None:
         """Writes the parent of `i` and `j` into slot `i` and zeroes slot `j`.
@@ -188,8 +234,8 @@ class ModelEditor:
         gamma_k2 = float(coef.gamma) ** 2
         if gamma_k2 < bn.epsilon or not np.isfinite(gamma_k2):
             # Inactive parent (appendix B.5.1): both slots go.
-            self.prune(group, i)
-            self.prune(group, j)
+            self.prune(group, i, compensate=False)
+            self.prune(group, j, compensate=False)
             return
         kernel = self.array(g.producer, "kernel").astype(np.float64)
         has_bias = getattr(producer, "use_bias", False) and producer.bias is not None
@@ -234,7 +280,7 @@ class ModelEditor:
         self._write(g.bn, "moving_variance", i, max(gamma_k2 - bn.epsilon, 0.0))
         for layer, idx, value in rows:
             self._write(layer, "kernel", idx, value)
-        self.prune(group, j)
+        self.prune(group, j, compensate=False)
 
     def evict(self, block: str) -> None:
         """The block's branch outputs exactly zero (its final BN γ = β = 0)."""

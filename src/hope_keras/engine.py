@@ -1,7 +1,8 @@
 """The HOPE greedy encoder (spec sections 3–5).
 
-Every step executes the admissible action with the lowest distortion rate
-``DR = J / P_init`` among all prunes, merges and evictions, edits the model
+Every step executes the admissible action with the lowest ranking key ``DR`` among
+all prunes, merges and evictions (``DR = cost.rank(J, ...)``: ``J`` per neuron
+removed for the default cost, ``J / P_init`` for the paper's), edits the model
 (through `hope_keras.edit`), records the step (`hope_keras.trajectory`), then
 refreshes only what changed: the touched group's best action (O(n²) elementwise
 over its pair table, with the merged parent's row recomputed in O(n) kernel work)
@@ -38,6 +39,7 @@ class CompressionResult:
         trajectory: The executed steps (`hope_keras.Trajectory`).
         density: Reached neuron density (active / initial compressible neurons).
         params_ratio: Live parameters of the slimmed model / original parameters.
+        flops_ratio: FLOPs per example of the slimmed model / original FLOPs.
         stopped: Why the run stopped: ``"budget"``, ``"no_action"`` or ``"steps"``.
         analysis: The `Analysis` of the model before compression.
     """
@@ -45,72 +47,122 @@ class CompressionResult:
     trajectory: Trajectory
     density: float
     params_ratio: float
+    flops_ratio: float
     stopped: str
     analysis: Analysis
 
 
-class _ParamCounter:
-    """Live parameter count of the slimmed model, updated per touched layer."""
+class _SizeCounter:
+    """Live parameters and FLOPs of the slimmed model, updated per touched layer.
+
+    Every layer's size is a function of the live widths of the groups it reads
+    (input channels) and writes (output channels); a step recounts only the layers
+    of the groups it touched. FLOPs are 2 × the multiply-adds of the layers with a
+    kernel (Dense, ConvND) for one example; BN, activations and pooling count 0.
+    """
 
     def __init__(self, model, analysis: Analysis):
         g = analysis.graph
-        self.total0 = int(model.count_params())
-        self.live = dict.fromkeys(g.groups, 0)
-        self.size0 = {name: grp.size for name, grp in g.groups.items()}
+        self.params0 = int(model.count_params())
+        self.live = {name: grp.size for name, grp in g.groups.items()}
+        self.size0 = dict(self.live)
         self.in_group: Dict[str, str] = {}
         self.out_group: Dict[str, str] = {}
-        self.info: Dict[str, tuple] = {}
+        self.layers_of: Dict[str, set] = {}
         for name, grp in g.groups.items():
-            self.live[name] = grp.size
             self.out_group[grp.producer] = name
             self.out_group[grp.bn] = name
             for c in grp.consumers:
                 self.in_group[c.layer] = name
+            self.layers_of[name] = {grp.producer, grp.bn} | {c.layer for c in grp.consumers}
+        self.info: Dict[str, tuple] = {}
+        self.evicted: set = set()
+        flops0 = 0
+        for layer in _all_layers(model):
+            kind, shape, extra = _layer_size_info(layer)
+            if kind == "kernel":
+                flops0 += 2 * shape[2] * shape[0] * shape[1]
+        self.flops0 = flops0
         layers = set(self.in_group) | set(self.out_group)
         for b in g.blocks:
             layers |= set(b.branch_layers)
-        self.orig, self.now = {}, {}
+        self.params_now, self.flops_now = {}, {}
         for name in layers:
             layer = model.get_layer(name)
-            self.orig[name] = self.now[name] = int(layer.count_params())
-            if hasattr(layer, "kernel"):
-                kshape = tuple(layer.kernel.shape)
-                bias = int(getattr(layer, "use_bias", False))
-                self.info[name] = ("kernel", (int(np.prod(kshape[:-1])), kshape[-1]), bias)
-            elif isinstance(layer, keras.layers.BatchNormalization):
-                per = len(layer.weights)
-                self.info[name] = ("bn", int(layer.moving_mean.shape[0]), per)
-            else:
-                self.info[name] = ("none", 0, 0)
-        self.evicted: set = set()
-        self.total = self.total0
+            self.info[name] = _layer_size_info(layer)
+            self.params_now[name] = int(layer.count_params())
+            self.flops_now[name] = self._count(name)[1]
+        self.params = self.params0
+        self.flops = self.flops0
 
-    def _count(self, name: str) -> int:
+    def _count(self, name: str, live=None):
+        """(params, flops) of layer `name` at the live widths `live`."""
+        live = self.live if live is None else live
         if name in self.evicted:
-            return 0
+            return 0, 0
         kind, shape, extra = self.info[name]
         if kind == "none":
-            return 0
+            return 0, 0
         if kind == "bn":
             g = self.out_group.get(name)
-            return extra * (self.live[g] if g else shape)
-        rows, out = shape
+            return extra * (live[g] if g else shape), 0
+        rows, out, spatial = shape
         if name in self.out_group:
-            out = self.live[self.out_group[name]]
+            out = live[self.out_group[name]]
         if name in self.in_group:
             g = self.in_group[name]
-            rows = rows // self.size0[g] * self.live[g]
-        return rows * out + extra * out
+            rows = rows // self.size0[g] * live[g]
+        return rows * out + extra * out, 2 * spatial * rows * out
 
     def update(self, names: Iterable[str]) -> None:
         for name in names:
-            new = self._count(name)
-            self.total += new - self.now[name]
-            self.now[name] = new
+            p, f = self._count(name)
+            self.params += p - self.params_now[name]
+            self.flops += f - self.flops_now[name]
+            self.params_now[name], self.flops_now[name] = p, f
+
+    def marginal(self, group: str, removed: int = 1):
+        """(params, flops) the slimmed model loses if `group` loses `removed` neurons."""
+        live = dict(self.live)
+        live[group] -= removed
+        dp = df = 0
+        for name in self.layers_of[group]:
+            p, f = self._count(name, live)
+            dp += self.params_now[name] - p
+            df += self.flops_now[name] - f
+        return dp, df
 
     @property
-    def ratio(self) -> float:
-        return self.total / self.total0
+    def params_ratio(self) -> float:
+        return self.params / self.params0
+
+    @property
+    def flops_ratio(self) -> float:
+        return self.flops / max(self.flops0, 1)
+
+
+def _all_layers(model):
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            yield from _all_layers(layer)
+        else:
+            yield layer
+
+
+def _layer_size_info(layer):
+    """``(kind, shape, extra)`` for `_SizeCounter`: kernel rows/outputs/positions."""
+    if getattr(layer, "kernel", None) is not None:
+        kshape = tuple(layer.kernel.shape)
+        bias = int(bool(getattr(layer, "use_bias", False)))
+        try:
+            out_shape = tuple(layer.output.shape)
+            spatial = int(np.prod([d for d in out_shape[1:-1]] or [1]))
+        except Exception:  # a layer called several times has no single output
+            spatial = 1
+        return "kernel", (int(np.prod(kshape[:-1])), kshape[-1], spatial), bias
+    if isinstance(layer, keras.layers.BatchNormalization):
+        return "bn", int(layer.moving_mean.shape[0]), len(layer.weights)
+    return "none", 0, 0
 
 
 class _GroupState:
@@ -121,6 +173,7 @@ class _GroupState:
         self.cache = cache
         self.p_init = p_init
         n = cache.size
+        self.size0 = n
         self.active = np.ones(n, dtype=bool)
         self.n = n
         self.C = max(cache.layer_capacity(), costs.FLOOR)
@@ -143,36 +196,63 @@ class _GroupState:
         self.n -= 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """One candidate action, as the engine ranks and executes it.
+
+    Attributes:
+        kind: ``"prune"``, ``"merge"`` or ``"evict"``.
+        unit: The group (prune, merge) or residual block (evict) it acts on.
+        i: The pruned neuron, or the merge's vessel slot (−1 for an eviction).
+        j: The merge's removed slot (−1 otherwise).
+        J: Its distortion under the run's cost.
+        DR: The ranking key the engine minimises (``cost.rank(J, ...)``).
+        P_init: The spec's static parameter footprint of the action.
+        neurons: Compressible neurons it removes.
+    """
+
+    kind: str
+    unit: str
+    i: int
+    j: int
+    J: float
+    DR: float
+    P_init: float
+    neurons: int
+
+
+BUDGETS = ("density", "params", "flops")
+
+
 class Encoder:
     """The receding-horizon greedy HOPE encoder over one model.
 
-    Most users call `hope_keras.compress`; the encoder is exposed for custom loops.
+    Most users call `hope_keras.compress`; the encoder is exposed for custom loops:
+    `next_action` returns the cheapest `Action`, `execute` applies it.
 
     Args:
         model: The Keras model to compress in place.
         analysis: Its `Analysis` (computed if omitted).
+        cost: A `hope_keras.costs.Cost` or its name: ``"hope"`` (default, the
+            width-free cost of docs/theory.md) or ``"paper"`` (the paper's
+            ``J / P_init``, spec sections 3–4).
         actions: Subset of ``("prune", "merge", "evict")``.
         merge_scale: ``"sum"`` (parent capacity B, keeps the summed output) or
             ``"paper"`` (α*, eq. 12). The cost J always uses α*.
         refresh: ``"local"`` (paper's decoupled cache) or ``"neighbors"`` (also
             rebuild the caches of the producer- and consumer-side groups).
         kernel: ``"approx"`` or ``"exact"`` cross-kernel.
-        rate: ``"params"`` (the spec's ``DR = J / P_init``) or ``"neurons"``
-            (distortion per neuron removed: ``DR = J`` for prunes and merges,
-            ``J / neurons removed`` for evictions; see docs/quality.md).
-        width: The ``n`` in front of the prune and merge costs: ``"live"`` (the
-            spec's active count) or ``"initial"`` (the group's initial width, so a
-            neuron costs more as its layer empties; an experiment of docs/quality.md).
-        merge_cost: ``"paper"`` (eq. 6 with α*) or ``"residual"`` (the pair's
-            function-space residual ``n·sqrt(‖f_i+f_j‖² − B²)/(C_rem + B)``, spec
-            section 5; experimental).
+        budget: What the ranking's budget counts (``"density"``, ``"params"`` or
+            ``"flops"``); `run` sets it from the budget it is given.
+        mean_compensation: Replace each pruned neuron by its mean (under the BN
+            surrogate) in its consumers' biases (`ModelEditor.prune`).
     """
 
-    def __init__(self, model, analysis: Optional[Analysis] = None,
+    def __init__(self, model, analysis: Optional[Analysis] = None, cost="hope",
                  actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
-                 kernel: str = "approx", verbose: bool = False, rate: str = "params",
-                 width: str = "live", merge_cost: str = "paper"):
-        actions = tuple(actions)
+                 kernel: str = "approx", verbose: bool = False, budget: str = "density",
+                 mean_compensation: bool = False):
+        actions = tuple(actions) if not isinstance(actions, str) else (actions,)
         bad = [a for a in actions if a not in ACTIONS]
         if bad or not actions:
             raise ValueError(f"actions must be a non-empty subset of {ACTIONS}. "
@@ -180,16 +260,12 @@ class Encoder:
         if merge_scale not in ("sum", "paper"):
             raise ValueError(f"merge_scale must be 'sum' or 'paper'. "
                              f"Received: merge_scale={merge_scale!r}")
-        if merge_cost not in ("paper", "residual"):
-            raise ValueError(f"merge_cost must be 'paper' or 'residual'. "
-                             f"Received: merge_cost={merge_cost!r}")
-        if width not in ("live", "initial"):
-            raise ValueError(f"width must be 'live' or 'initial'. Received: width={width!r}")
-        if rate not in ("params", "neurons"):
-            raise ValueError(f"rate must be 'params' or 'neurons'. Received: rate={rate!r}")
         if refresh not in ("local", "neighbors"):
             raise ValueError(f"refresh must be 'local' or 'neighbors'. "
                              f"Received: refresh={refresh!r}")
+        if budget not in BUDGETS:
+            raise ValueError(f"budget must be one of {BUDGETS}. Received: budget={budget!r}")
+        self.cost = costs.get(cost)
         self.model = model
         if analysis is None:
             analysis = analyze(model, kernel=kernel, verbose=verbose)
@@ -200,9 +276,7 @@ class Encoder:
         self.merge_scale = merge_scale
         self.refresh = refresh
         self.kernel = kernel
-        self.rate = rate
-        self.width = width
-        self.merge_cost = merge_cost
+        self.budget = budget
         a = self.analysis
         self.graph = a.graph
         self.groups = {name: _GroupState(name, a.caches[name], a.states[name].p_init)
@@ -213,16 +287,14 @@ class Encoder:
         self.evicted: set = set()
         self.num_neurons = a.num_neurons
         self.active = self.num_neurons
-        self.params = _ParamCounter(model, a)
-        self.editor = ModelEditor(model, self.graph)
+        self.sizes = _SizeCounter(model, a)
+        self.mean_compensation = bool(mean_compensation)
+        self.editor = ModelEditor(model, self.graph, mean_compensation=mean_compensation)
         self._neighbors = self._neighbor_map() if refresh == "neighbors" else {}
         self._heap: list = []
         self._seq = 0
-        self._block_version: Dict[tuple, int] = {}
-        for name in self.groups:
-            self._push_group(name)
-        for name in self.blocks:
-            self._push_block(name)
+        self._block_version: Dict[str, int] = {}
+        self._push_all()
         self.trajectory = Trajectory({
             "model_name": model.name,
             "fingerprint": fingerprint(model, self.graph),
@@ -230,12 +302,33 @@ class Encoder:
             "blocks": [b.name for b in self.graph.blocks],
             "block_groups": {b.name: list(b.groups) for b in self.graph.blocks},
             "num_neurons": self.num_neurons,
-            "num_params": self.params.total0,
+            "num_params": self.sizes.params0,
+            "num_flops": self.sizes.flops0,
             "capacities": {n: g.C_init for n, g in self.groups.items()},
-            "options": {"actions": sorted(self.actions), "merge_scale": merge_scale,
-                        "refresh": refresh, "kernel": kernel, "rate": rate,
-                        "width": width, "merge_cost": merge_cost},
+            "options": {"cost": self.cost.get_config(), "actions": sorted(self.actions),
+                        "merge_scale": merge_scale, "refresh": refresh, "kernel": kernel,
+                        "mean_compensation": self.mean_compensation},
         })
+
+    @property
+    def params(self):
+        """The live size counter (``.params_ratio``, ``.flops_ratio``)."""
+        return self.sizes
+
+    def set_budget(self, budget: str) -> None:
+        """Re-ranks every action for another budget kind."""
+        if budget not in BUDGETS:
+            raise ValueError(f"budget must be one of {BUDGETS}. Received: budget={budget!r}")
+        if budget != self.budget:
+            self.budget = budget
+            self._push_all()
+
+    def _push_all(self) -> None:
+        self._heap = []
+        for name in self.groups:
+            self._push_group(name)
+        for name in self.blocks:
+            self._push_block(name)
 
     # ----------------------------------------------------------- best actions
     def _neighbor_map(self):
@@ -248,49 +341,65 @@ class Encoder:
             out[name] = nb - {name}
         return out
 
-    def best_group_action(self, name: str):
-        """(DR, kind, i, j, J, P) of the group's cheapest action, or None."""
+    def _rank_info(self, kind, unit, neurons, p_init, group=None):
+        if group is not None:
+            dp, df = self.sizes.marginal(group, 1)
+        else:
+            dp, df = self._eviction_savings(unit)
+        return costs.RankInfo(kind, np.asarray(neurons, dtype=np.float64),
+                              np.asarray(p_init, dtype=np.float64),
+                              np.asarray(float(dp)), np.asarray(float(df)), self.budget)
+
+    def best_group_action(self, name: str) -> Optional[Action]:
+        """The group's cheapest prune or merge under the run's cost, or None."""
         gs = self.groups[name]
-        if gs.frozen or gs.n == 0:
+        if gs.frozen or gs.n <= 1:
             return None
         cache, best = gs.cache, None
         cap = cache.capacity
-        n = gs.n if self.width == "live" else cache.size
-        if "prune" in self.actions and gs.n > 1:
+        if "prune" in self.actions:
             idx = np.flatnonzero(gs.active)
-            J = costs.j_prune(cap[idx], gs.C, n)
-            dr = J / gs.p_init[idx] if self.rate == "params" else J
+            u_norm = np.sqrt(np.maximum(np.diag(cache.gram_u)[idx], 0.0))
+            J = self.cost.prune(costs.PruneCandidates(cap[idx], gs.C, gs.n, gs.size0,
+                                                      cache.k_self[idx], u_norm,
+                                                      cache.gamma[idx]))
+            dr = self.cost.rank(J, self._rank_info("prune", name, 1, gs.p_init[idx], name))
             k = int(np.argmin(dr))
-            best = (float(dr[k]), "prune", int(idx[k]), -1, float(J[k]),
-                    float(gs.p_init[idx[k]]))
-        if "merge" in self.actions and gs.n > 1:
+            best = Action("prune", name, int(idx[k]), -1, float(J[k]), float(dr[k]),
+                          float(gs.p_init[idx[k]]), 1)
+        if "merge" in self.actions:
             ii, jj = np.nonzero(gs.pair_ok)
             if ii.size:
                 A = cap[ii] ** 2 + cap[jj] ** 2
-                c_rem = gs.C - cap[ii] - cap[jj]
-                if self.merge_cost == "residual":  # spec section 5, sum-consistent
-                    norm_sum_sq = A + 2.0 * cache.k_cross[ii, jj] * cache.gram_u[ii, jj]
-                    J = costs.j_merge_residual(norm_sum_sq, cache.B[ii, jj], c_rem, n)
-                else:
-                    J = costs.j_merge(A, cache.B[ii, jj], c_rem, n)
+                norm_sum_sq = A + 2.0 * cache.k_cross[ii, jj] * cache.gram_u[ii, jj]
+                J = self.cost.merge(costs.MergeCandidates(
+                    A, cache.B[ii, jj], gs.C - cap[ii] - cap[jj], norm_sum_sq, gs.n,
+                    gs.size0))
                 P = gs.p_init[jj]
-                dr = J / P if self.rate == "params" else J
+                dr = self.cost.rank(J, self._rank_info("merge", name, 1, P, name))
                 k = int(np.argmin(dr))
-                if best is None or dr[k] < best[0]:
-                    best = (float(dr[k]), "merge", int(ii[k]), int(jj[k]), float(J[k]),
-                            float(P[k]))
+                if best is None or dr[k] < best.DR:
+                    best = Action("merge", name, int(ii[k]), int(jj[k]), float(J[k]),
+                                  float(dr[k]), float(P[k]), 1)
         return best
 
-    def eviction_cost(self, name: str):
-        """(DR, J, P) of evicting block `name`."""
+    def _eviction_savings(self, name: str):
+        b = self.blocks[name]
+        sizes = self.sizes
+        dp = sum(sizes.params_now[layer] for layer in b.branch_layers if layer in sizes.params_now)
+        df = sum(sizes.flops_now[layer] for layer in b.branch_layers if layer in sizes.flops_now)
+        return dp, df
+
+    def eviction_action(self, name: str) -> Action:
+        """The eviction of block `name` as an `Action` (J and DR under the run's cost)."""
         b, rep = self.blocks[name], self.block_reports[name]
-        J = float(costs.j_evict(
+        J = float(self.cost.evict(costs.EvictCandidate(
             np.array([self.groups[g].n for g in b.groups], dtype=np.float64),
-            np.array([self.groups[g].C for g in b.groups]), rep.c_identity))
-        if self.rate == "params":
-            return J / rep.p_init, J, rep.p_init
+            np.array([self.groups[g].C for g in b.groups]), rep.c_identity, rep.c_branch)))
         removed = sum(self.groups[g].n for g in b.groups)
-        return J / max(removed, 1), J, rep.p_init
+        dr = float(np.asarray(self.cost.rank(
+            np.asarray(J), self._rank_info("evict", name, removed, rep.p_init))))
+        return Action("evict", name, -1, -1, J, dr, float(rep.p_init), int(removed))
 
     def _push_group(self, name: str) -> None:
         gs = self.groups[name]
@@ -298,66 +407,65 @@ class Encoder:
         best = self.best_group_action(name)
         if best is not None:
             self._seq += 1
-            heapq.heappush(self._heap, (best[0], self._seq, "g", name, gs.version, best))
+            heapq.heappush(self._heap, (best.DR, self._seq, "g", name, gs.version, best))
 
     def _push_block(self, name: str) -> None:
         if "evict" not in self.actions or not self.blocks[name].evictable:
             return
         if name in self.evicted:
             return
-        dr, J, P = self.eviction_cost(name)
+        action = self.eviction_action(name)
         self._seq += 1
-        key = ("b", name)
-        v = self._block_version.get(key, 0) + 1
-        self._block_version[key] = v
-        heapq.heappush(self._heap, (dr, self._seq, "b", name, v,
-                                    (dr, "evict", -1, -1, J, P)))
+        v = self._block_version.get(name, 0) + 1
+        self._block_version[name] = v
+        heapq.heappush(self._heap, (action.DR, self._seq, "b", name, v, action))
 
     def _valid(self, entry) -> bool:
         _, _, kind, name, version, _ = entry
         if kind == "g":
             return self.groups[name].version == version and not self.groups[name].frozen
-        return (name not in self.evicted
-                and self._block_version.get(("b", name)) == version)
+        return name not in self.evicted and self._block_version.get(name) == version
 
-    def next_action(self, max_removed: Optional[int] = None):
-        """Pops the cheapest valid action (evictions removing more than `max_removed`
-        neurons are skipped), or returns None."""
+    def next_action(self, max_removed: Optional[int] = None) -> Optional[Action]:
+        """The cheapest valid `Action` (evictions removing more than `max_removed`
+        neurons are skipped), or None."""
         skipped = []
         found = None
         while self._heap:
             entry = heapq.heappop(self._heap)
             if not self._valid(entry):
                 continue
-            if entry[2] == "b" and max_removed is not None:
-                removed = sum(self.groups[g].n for g in self.blocks[entry[3]].groups)
-                if removed > max_removed:
-                    skipped.append(entry)
-                    continue
+            action = entry[5]
+            if action.kind == "evict" and max_removed is not None \
+                    and action.neurons > max_removed:
+                skipped.append(entry)
+                continue
             found = entry
             break
         for e in skipped:
             heapq.heappush(self._heap, e)
         if found is not None:
             heapq.heappush(self._heap, found)  # stays until executed
-        return None if found is None else (found[3], found[5])
+        return None if found is None else found[5]
 
     # --------------------------------------------------------------- execute
-    def execute(self, unit: str, action) -> Step:
+    def execute(self, action: Action) -> Step:
         """Executes one action: edit the model, record, refresh the caches."""
-        dr, kind, i, j, J, P = action
-        if kind == "evict":
-            return self._evict(unit, dr, J, P)
+        if not isinstance(action, Action):
+            raise TypeError(f"execute takes an engine Action (see Encoder.next_action). "
+                            f"Received: {action!r}")
+        if action.kind == "evict":
+            return self._evict(action)
+        unit, i, j = action.unit, action.i, action.j
         gs = self.groups[unit]
         c_before = gs.C
         coef = (np.nan,) * 6
-        if kind == "prune":
+        if action.kind == "prune":
             c_after = max(gs.C - gs.cache.capacity[i], costs.FLOOR)
             active_after = self.active - 1
             with self.editor.step():
                 self.editor.prune(unit, i)
-                step = self._record(kind, unit, i, -1, J, P, dr, c_before, c_after,
-                                    active_after, coef, [unit])
+                step = self._record(action, c_before, c_after, active_after, coef, [unit])
             gs.remove(i)
             gs.cache.clear(i)
         else:
@@ -377,8 +485,7 @@ class Encoder:
             c_after = max(c_rem + (0.0 if dead_parent else float(scale)), costs.FLOOR)
             with self.editor.step():
                 self.editor.merge(unit, i, j, ParentCoefficients(*coef))
-                step = self._record(kind, unit, i, j, J, P, dr, c_before, c_after,
-                                    active_after, coef, [unit])
+                step = self._record(action, c_before, c_after, active_after, coef, [unit])
             gs.remove(j)
             if dead_parent:
                 gs.remove(i)
@@ -391,19 +498,21 @@ class Encoder:
         self._after_group_change(unit)
         return step
 
-    def _record(self, kind, unit, i, j, J, P, dr, c_before, c_after, active_after, coef,
+    def _record(self, action: Action, c_before, c_after, active_after, coef,
                 changed_groups, evict=False):
-        """Updates the live parameter count and appends the step (O(touched layers))."""
-        counter = self.params
+        """Updates the live size counts and appends the step (O(touched layers))."""
+        counter = self.sizes
+        unit = action.unit
         touched = set()
         for g in changed_groups:
-            grp = self.graph.groups[g]
-            touched |= {grp.producer, grp.bn} | {c.layer for c in grp.consumers}
+            touched |= counter.layers_of[g]
         if evict:
             touched |= set(self.blocks[unit].branch_layers)
+        touched &= set(counter.params_now)
         lives = {unit} if not evict else set(self.blocks[unit].groups)
-        saved = ({k: counter.now[k] for k in touched}, counter.total,
-                 {g: counter.live[g] for g in lives}, set(counter.evicted) if evict else None)
+        saved = ({k: (counter.params_now[k], counter.flops_now[k]) for k in touched},
+                 counter.params, counter.flops, {g: counter.live[g] for g in lives},
+                 set(counter.evicted) if evict else None)
         try:
             if evict:
                 counter.evicted |= set(self.blocks[unit].branch_layers)
@@ -412,34 +521,37 @@ class Encoder:
             else:
                 counter.live[unit] -= self.active - active_after
             counter.update(touched)
-            step = Step(kind, unit, int(i), int(j), float(J), float(P), float(dr),
-                        float(c_before), float(c_after), int(active_after),
-                        float(counter.ratio), tuple(coef))
+            step = Step(action.kind, unit, int(action.i), int(action.j), float(action.J),
+                        float(action.P_init), float(action.DR), float(c_before),
+                        float(c_after), int(active_after), float(counter.params_ratio),
+                        tuple(coef), float(counter.flops_ratio))
             self.trajectory.append(step)
             self.active = active_after
         except BaseException:
-            counter.now.update(saved[0])
-            counter.total = saved[1]
-            counter.live.update(saved[2])
+            for k, (p, f) in saved[0].items():
+                counter.params_now[k], counter.flops_now[k] = p, f
+            counter.params, counter.flops = saved[1], saved[2]
+            counter.live.update(saved[3])
             if evict:
-                counter.evicted = saved[3]
+                counter.evicted = saved[4]
             raise
         return step
 
-    def _evict(self, unit, dr, J, P) -> Step:
+    def _evict(self, action: Action) -> Step:
+        unit = action.unit
         b = self.blocks[unit]
         removed = sum(self.groups[g].n for g in b.groups)
         c_before = float(sum(self.groups[g].C for g in b.groups))
         with self.editor.step():
             self.editor.evict(unit)
-            step = self._record("evict", unit, -1, -1, J, P, dr, c_before, 0.0,
-                                self.active - removed, (np.nan,) * 6, list(b.groups),
-                                evict=True)
+            step = self._record(action, c_before, 0.0, self.active - removed,
+                                (np.nan,) * 6, list(b.groups), evict=True)
         self.evicted.add(unit)
         for g in b.groups:
             self.groups[g].frozen = True
             self.groups[g].n = 0
             self.groups[g].version += 1
+        # Other blocks' eviction savings may share layers: not in practice.
         return step
 
     def _after_group_change(self, name: str) -> None:
@@ -467,7 +579,7 @@ class Encoder:
 
     # ------------------------------------------------------------------- run
     def min_reachable(self):
-        """(min active neurons, min parameter ratio) reachable with these actions."""
+        """(min active neurons, min parameter ratio, min FLOPs ratio) reachable."""
         if not self.actions & {"prune", "merge"}:
             per_group = {n: g.n for n, g in self.groups.items()}
         else:
@@ -479,26 +591,33 @@ class Encoder:
                     evictable.add(b.name)
                     for g in b.groups:
                         per_group[g] = 0
-        counter = _ParamCounter(self.model, self.analysis)
+        counter = _SizeCounter(self.model, self.analysis)
         counter.live.update({n: max(v, 0) for n, v in per_group.items()})
         for b in evictable:
             counter.evicted |= set(self.blocks[b].branch_layers)
-        counter.update(list(counter.now))
-        return sum(per_group.values()), counter.ratio
+        counter.update(list(counter.params_now))
+        return sum(per_group.values()), counter.params_ratio, counter.flops_ratio
 
-    def run(self, density=None, params=None, steps=None, verbose=True) -> str:
+    def run(self, density=None, params=None, flops=None, steps=None, verbose=True) -> str:
         """Runs until the first budget is met or no action is admissible.
 
-        Returns why it stopped: ``"budget"``, ``"steps"`` or ``"no_action"``. The
-        model's variables hold the last completed step even if interrupted.
+        The ranking follows the first budget given (density, then params, then
+        flops). Returns why it stopped: ``"budget"``, ``"steps"`` or
+        ``"no_action"``. The model's variables hold the last completed step even if
+        interrupted.
         """
         target_active = (math.floor(density * self.num_neurons + 1e-9)
                          if density is not None else None)
+        kind = ("density" if density is not None else "params" if params is not None
+                else "flops" if flops is not None else self.budget)
+        self.set_budget(kind)
 
         def done():
             if target_active is not None and self.active <= target_active:
                 return "budget"
-            if params is not None and self.params.ratio <= params + 1e-12:
+            if params is not None and self.sizes.params_ratio <= params + 1e-12:
+                return "budget"
+            if flops is not None and self.sizes.flops_ratio <= flops + 1e-12:
                 return "budget"
             if steps is not None and len(self.trajectory) >= steps:
                 return "steps"
@@ -507,8 +626,6 @@ class Encoder:
         total = steps or ((self.active - target_active) if target_active is not None else None)
         bar = None
         if verbose:
-            import keras
-
             bar = keras.utils.Progbar(total, unit_name="step")
         start = len(self.trajectory)
         reason = None
@@ -518,12 +635,11 @@ class Encoder:
                 if reason:
                     break
                 max_removed = (self.active - target_active) if target_active is not None else None
-                nxt = self.next_action(max_removed)
-                if nxt is None:
+                action = self.next_action(max_removed)
+                if action is None:
                     reason = "no_action"
                     break
-                unit, action = nxt
-                self.execute(unit, action)
+                self.execute(action)
                 if bar is not None:
                     bar.update(len(self.trajectory) - start,
                                values=[("density", self.active / self.num_neurons)])
@@ -533,23 +649,28 @@ class Encoder:
 
 
 def compress(model, density: Optional[float] = None, params: Optional[float] = None,
-             steps: Optional[int] = None, actions=ACTIONS, merge_scale: str = "sum",
-             refresh: str = "local", kernel: str = "approx", verbose: bool = True,
-             analysis: Optional[Analysis] = None, rate: str = "params",
-             width: str = "live") -> CompressionResult:
+             flops: Optional[float] = None, steps: Optional[int] = None, cost="hope",
+             actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
+             kernel: str = "approx", verbose: bool = True,
+             analysis: Optional[Analysis] = None,
+             mean_compensation: bool = False) -> CompressionResult:
     """Compresses a Keras model in place with HOPE, data-free.
 
     The greedy encoder executes, one step at a time, the prune, merge or block
-    eviction with the lowest distortion per parameter saved, until the first budget
+    eviction with the lowest distortion for what it saves, until the first budget
     given is met (or no action is admissible when none is given). Every step is
     recorded in the returned trajectory; `hope_keras.slim` then turns the edited
     model into a physically smaller one.
 
     Args:
         model: A built Functional or Sequential `keras.Model`, edited in place.
-        density: Target neuron density (active / initial compressible neurons).
+        density: Target neuron density: compressible neurons kept / compressible
+            neurons at the start (``analyze(model).num_neurons``).
         params: Target ratio of live (slimmed) parameters to the original count.
+        flops: Target ratio of the slimmed model's FLOPs per example to the original.
         steps: Maximum number of actions.
+        cost: ``"hope"`` (default: the width-free cost, docs/theory.md),
+            ``"paper"`` (the paper's ``J / P_init``) or a `hope_keras.costs.Cost`.
         actions: Any subset of ``("prune", "merge", "evict")``.
         merge_scale: ``"sum"`` (default; keeps the pair's summed output) or
             ``"paper"`` (the paper's α*). See docs/hope.md.
@@ -558,17 +679,12 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         kernel: ``"approx"`` (default) or ``"exact"`` cross-kernel.
         verbose: Show a progress bar.
         analysis: A precomputed `hope_keras.analyze(model, kernel=...)` result.
-        rate: What the distortion rate divides ``J`` by: ``"params"`` (default, the
-            spec's ``DR = J / P_init``) or ``"neurons"`` (distortion per neuron
-            removed). Neither wins everywhere: ``"neurons"`` keeps plain CNNs and
-            MLPs far more accurate under a density budget, the spec's rate keeps
-            ResNet-50 (docs/hope.md "Known limits", docs/quality.md).
-        width: ``"live"`` (the spec's active count ``n`` in the costs) or
-            ``"initial"`` (the group's initial width; experimental).
+        mean_compensation: When a neuron is pruned, add its mean output (under the
+            BN surrogate) to its consumers' biases, so the layer keeps its mean.
 
     Returns:
         A `CompressionResult` (``trajectory``, ``density``, ``params_ratio``,
-        ``stopped``).
+        ``flops_ratio``, ``stopped``).
 
     Raises:
         ValueError: on a budget already met or out of reach, or a model with no
@@ -585,37 +701,47 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
     >>> result.density, len(result.trajectory)
     (0.5, 8)
     """
-    for name, value in (("density", density), ("params", params)):
+    for name, value in (("density", density), ("params", params), ("flops", flops)):
         if value is not None and not (0.0 < value <= 1.0):
             raise ValueError(f"{name} must be in (0, 1]. Received: {name}={value}")
     if steps is not None and steps < 0:
         raise ValueError(f"steps must be ≥ 0. Received: steps={steps}")
-    enc = Encoder(model, analysis=analysis, actions=actions, merge_scale=merge_scale,
-                  refresh=refresh, kernel=kernel, verbose=verbose, rate=rate, width=width)
+    enc = Encoder(model, analysis=analysis, cost=cost, actions=actions,
+                  merge_scale=merge_scale, refresh=refresh, kernel=kernel, verbose=verbose,
+                  mean_compensation=mean_compensation)
     if density is not None and enc.active <= math.floor(density * enc.num_neurons + 1e-9):
         raise ValueError(
             f"The budget density={density} is already met: the model has "
             f"{enc.active} compressible neurons (density 1.0). Nothing was changed."
         )
-    if params is not None and enc.params.ratio <= params:
+    if params is not None and enc.sizes.params_ratio <= params:
         raise ValueError(f"The budget params={params} is already met. Nothing was changed.")
-    min_active, min_ratio = enc.min_reachable()
+    if flops is not None and enc.sizes.flops_ratio <= flops:
+        raise ValueError(f"The budget flops={flops} is already met. Nothing was changed.")
+    min_active, min_params, min_flops = enc.min_reachable()
     if density is not None and min_active > density * enc.num_neurons + 1e-9:
         raise ValueError(
             f"density={density} is out of reach with actions={sorted(enc.actions)}: at "
             f"least {min_active} of {enc.num_neurons} neurons remain (density "
             f"{min_active / enc.num_neurons:.4f}). Nothing was changed."
         )
-    if params is not None and min_ratio > params + 1e-12:
+    if params is not None and min_params > params + 1e-12:
         raise ValueError(
             f"params={params} is out of reach: pinned layers keep at least "
-            f"{min_ratio:.4f} of the parameters. Nothing was changed."
+            f"{min_params:.4f} of the parameters. Nothing was changed."
         )
-    stopped = enc.run(density=density, params=params, steps=steps, verbose=verbose)
+    if flops is not None and min_flops > flops + 1e-12:
+        raise ValueError(
+            f"flops={flops} is out of reach: pinned layers keep at least "
+            f"{min_flops:.4f} of the FLOPs. Nothing was changed."
+        )
+    stopped = enc.run(density=density, params=params, flops=flops, steps=steps,
+                      verbose=verbose)
     return CompressionResult(
         trajectory=enc.trajectory,
         density=enc.active / enc.num_neurons,
-        params_ratio=enc.params.ratio,
+        params_ratio=enc.sizes.params_ratio,
+        flops_ratio=enc.sizes.flops_ratio,
         stopped=stopped,
         analysis=enc.analysis,
     )

@@ -139,6 +139,9 @@ class ModelGraph:
     groups: Dict[str, NeuronGroup]
     blocks: Tuple[ResidualBlock, ...]
     pinned: Tuple[Pinned, ...]
+    #: Consumer layer → the BatchNormalization that is its only child (where a
+    #: bias-free consumer's mean compensation goes).
+    bn_after: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def block_of_group(self) -> Dict[str, str]:
         """Maps each internal group name to the name of the block that holds it."""
@@ -498,7 +501,15 @@ def walk(model: keras.Model) -> ModelGraph:
         )
         if block is not None:
             blocks[name] = block
-    return ModelGraph(groups=groups, blocks=tuple(blocks.values()), pinned=tuple(pinned))
+    bn_after = {}
+    for grp in groups.values():
+        for c in grp.consumers:
+            kid = g.only_child(c.layer)
+            if kid is not None and isinstance(g.layers[kid], keras.layers.BatchNormalization) \
+                    and g.calls[kid] == 1 and _bn_is_channel_last(g.layers[kid]):
+                bn_after[c.layer] = kid
+    return ModelGraph(groups=groups, blocks=tuple(blocks.values()), pinned=tuple(pinned),
+                      bn_after=bn_after)
 
 
 def rebuild(model: keras.Model, call_node, name: str) -> keras.Model:

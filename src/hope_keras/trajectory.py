@@ -6,7 +6,8 @@ File format (``.npz``, numpy's zip of arrays; no pickles):
   ``version`` (1), ``model_name``, ``fingerprint`` (sha256 of the weights HOPE
   reads, taken before the first step), ``groups`` (``[[name, size], …]``),
   ``blocks``, ``num_neurons`` (initial compressible neurons), ``num_params``
-  (original parameter count) and ``options``.
+  (original parameter count), ``num_flops`` (original FLOPs per example) and
+  ``options`` (the cost's config, actions, merge scale, refresh, kernel).
 * one array per step field, all of length ``num_steps``: ``kind`` (``"prune"``,
   ``"merge"``, ``"evict"``), ``unit`` (group or block name), ``i``, ``j`` (slot
   indices, −1 when unused), ``J``, ``P_init``, ``DR``, ``c_before`` and
@@ -30,9 +31,11 @@ from typing import List, Optional
 import numpy as np
 
 FORMAT = "hope_keras.trajectory"
-VERSION = 1
+VERSION = 2
+# Version 1 files (no ``flops_after``) still load, with NaN FLOPs ratios.
+_READABLE_VERSIONS = (1, 2)
 _FIELDS = ("kind", "unit", "i", "j", "J", "P_init", "DR", "c_before", "c_after",
-           "active_after", "params_after", "coef")
+           "active_after", "params_after", "coef", "flops_after")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Step:
     active_after: int
     params_after: float
     coef: tuple = (np.nan,) * 6
+    flops_after: float = np.nan
 
 
 def fingerprint(model, graph) -> str:
@@ -118,12 +122,42 @@ class Trajectory:
 
     def step_for_density(self, density: float) -> int:
         """The number of steps after which the density is first ≤ `density`."""
-        d = self.densities()
-        hit = np.flatnonzero(d <= density + 1e-12)
+        return self._first_step("density", self.densities(), density)
+
+    def step_for(self, density=None, params=None, flops=None) -> int:
+        """The number of steps after which the one given budget is first met.
+
+        ``density``: neuron density; ``params`` / ``flops``: live parameter / FLOPs
+        ratio of the slimmed model. A budget of 1.0 (or more) is met by 0 steps.
+        """
+        given = {k: v for k, v in (("density", density), ("params", params),
+                                   ("flops", flops)) if v is not None}
+        if len(given) != 1:
+            raise ValueError(f"Give exactly one of density=, params=, flops=. "
+                             f"Received: {given or 'none'}")
+        (what, value), = given.items()
+        series = {"density": self.densities, "params": lambda: self.field("params_after"),
+                  "flops": lambda: self.field("flops_after")}[what]()
+        return self._first_step(what, series, value)
+
+    def _first_step(self, what, series, value) -> int:
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{what} must be a number. Received: {what}={value!r}") from None
+        if not value > 0:
+            raise ValueError(f"{what} must be > 0. Received: {what}={value}")
+        if value >= 1.0:
+            return 0
+        if what == "flops" and np.isnan(series).any():
+            raise ValueError("This trajectory records no FLOPs (written by version 1); "
+                             "replay it by density, params or step.")
+        hit = np.flatnonzero(series <= value + 1e-12)
         if hit.size == 0:
+            end = series[-1] if series.size else 1.0
             raise ValueError(
-                f"The trajectory ends at density {d[-1] if d.size else 1.0:.4f}; it "
-                f"never reaches density={density}. Received: density={density}"
+                f"The trajectory ends at {what} {end:.4f}; it never reaches "
+                f"{what}={value}. Received: {what}={value}"
             )
         return int(hit[0]) + 1
 
@@ -167,11 +201,13 @@ class Trajectory:
                 f"'{path}' is not a readable hope_keras trajectory file ({e}). "
                 "Re-create it with hope_keras.compress(...).trajectory.save(path)."
             ) from None
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        if meta.get("format") != FORMAT or meta.get("version") not in _READABLE_VERSIONS:
             raise ValueError(
                 f"'{path}' is not a hope_keras trajectory (format {meta.get('format')!r}, "
                 f"version {meta.get('version')!r}; expected {FORMAT!r} version {VERSION})."
             )
+        if "flops_after" not in arrays and meta.get("version") == 1 and "kind" in arrays:
+            arrays["flops_after"] = np.full(len(arrays["kind"]), np.nan)
         missing = [k for k in _FIELDS if k not in arrays]
         lengths = {k: len(arrays[k]) for k in _FIELDS if k in arrays}
         if missing or len(set(lengths.values())) > 1:
@@ -191,6 +227,7 @@ class Trajectory:
                 active_after=int(arrays["active_after"][k]),
                 params_after=float(arrays["params_after"][k]),
                 coef=tuple(float(x) for x in arrays["coef"][k]),
+                flops_after=float(arrays["flops_after"][k]),
             )
             for k in range(lengths["kind"])
         ]
@@ -198,7 +235,8 @@ class Trajectory:
 
     # ------------------------------------------------------------------ replay
     def replay(self, model, density: Optional[float] = None, step: Optional[int] = None,
-               check: bool = True):
+               check: bool = True, params: Optional[float] = None,
+               flops: Optional[float] = None):
         """Applies the first steps of the trajectory to the original model, in place.
 
         Args:
@@ -207,6 +245,8 @@ class Trajectory:
             density: Replay until the neuron density is first ≤ this value.
             step: Or replay exactly this many steps.
             check: Verify the model's fingerprint first.
+            params: Or replay until the live parameter ratio is first ≤ this value.
+            flops: Or replay until the live FLOPs ratio is first ≤ this value.
 
         Returns:
             The same model, edited.
@@ -217,12 +257,15 @@ class Trajectory:
         """
         from hope_keras import edit, graph as graph_lib
 
-        if (density is None) == (step is None):
+        given = [k for k, v in (("density", density), ("step", step), ("params", params),
+                                ("flops", flops)) if v is not None]
+        if len(given) != 1:
             raise ValueError(
-                f"Give exactly one of density= or step=. Received: density={density}, "
-                f"step={step}"
+                f"Give exactly one of density=, params=, flops= or step=. Received: "
+                f"density={density}, params={params}, flops={flops}, step={step}"
             )
-        n_steps = self.step_for_density(density) if density is not None else int(step)
+        n_steps = (int(step) if step is not None
+                   else self.step_for(density=density, params=params, flops=flops))
         if not 0 <= n_steps <= len(self.steps):
             raise ValueError(
                 f"step must be in [0, {len(self.steps)}]. Received: step={step}"
@@ -233,7 +276,7 @@ class Trajectory:
         g = graph_lib.ModelGraph(
             groups={k: v for k, v in g.groups.items() if k in known},
             blocks=tuple(b for b in g.blocks if b.name in set(self.meta["blocks"])),
-            pinned=g.pinned,
+            pinned=g.pinned, bn_after=g.bn_after,
         )
         if check:
             recorded = {name: size for name, size in self.meta["groups"]}
@@ -245,7 +288,9 @@ class Trajectory:
                     "mismatch). Replay it on the original, uncompressed model "
                     "(e.g. reload it from its file), or pass check=False."
                 )
-        editor = edit.ModelEditor(model, g)
+        editor = edit.ModelEditor(
+            model, g, mean_compensation=self.meta.get("options", {}).get(
+                "mean_compensation", False))
         for s in self.steps[:n_steps]:
             with editor.step():
                 apply_step(editor, s)
