@@ -6,8 +6,8 @@ average / global pooling, Flatten, Dropout; producers with and without bias; BN 
 center / scale off, negative γ and random moving statistics; mixed precision on the
 whole model or on some layers). Half of the groups get a planted noisy near-duplicate
 neuron and 70 % of the identity blocks a weak branch, so that merges and evictions
-actually happen. `check(seed)` compresses it to a random density with every action and
-asserts that
+actually happen. `check(seed)` compresses it to a random density with every action (random cost,
+merge scale and mean compensation) and asserts that
 
 * `slim(model)` computes what the edited model computes (1e-5 relative in float32;
   5e-3 relative where float16 computes, see `MIXED_RTOL`),
@@ -225,8 +225,10 @@ def _weaken_blocks(model, rng, graph):
         if not blk.evictable or rng.random() < 0.3:
             continue
         factor = float(rng.uniform(0.02, 0.3))
-        for gname in blk.groups:
-            bn = model.get_layer(graph.groups[gname].bn)
+        # The paper's eviction cost reads the internal capacities, the default cost
+        # the final BN: weaken both.
+        for bn_name in [graph.groups[x].bn for x in blk.groups] + [blk.final_bn]:
+            bn = model.get_layer(bn_name)
             for attr in ("gamma", "beta"):
                 v = getattr(bn, attr, None)
                 if v is not None:
@@ -278,9 +280,11 @@ def check(seed):
         info["kinds"] = collections.Counter()
         return info
     density = (target + 0.5) / n
-    merge_scale = str(rng.choice(["sum", "paper"]))
-    result = hope_keras.compress(model, density=density, merge_scale=merge_scale,
-                                 verbose=False)
+    options = {"merge_scale": str(rng.choice(["sum", "paper"])),
+               "cost": str(rng.choice(["hope", "paper"])),
+               "mean_compensation": bool(rng.random() < 0.3)}
+    info["options"] = options
+    result = hope_keras.compress(model, density=density, verbose=False, **options)
     steps = result.trajectory.steps
     info["kinds"] = collections.Counter(s.kind for s in steps)
     assert result.stopped == "budget" and result.density <= density

@@ -20,9 +20,8 @@ from conftest import L, randomize_bn
 from hope_keras.engine import Encoder
 from test_exactness import _channel_rows
 
-# The engine options that select the spec's (the paper's) cost. Today that is the
-# default with rate="params"; after the cost refactor it is cost="paper".
-ENGINE_OPTIONS = {"rate": "params"}
+# The engine options that select the spec's (the paper's) cost.
+ENGINE_OPTIONS = {"cost": "paper"}
 
 
 # ----------------------------------------------------------- the spec's cost formulas
@@ -199,20 +198,29 @@ BLOCK = ("blk", ["b_in"], "stem_bn", ["b_in_bn", "b_out_bn"])
 def engine_table(enc):
     """The engine's step-0 J and DR of every action (the one place that reads the
     encoder's tables: update it with the engine's API)."""
+    from hope_keras import costs
+
     table = {}
     for name, gs in enc.groups.items():
         cache, n, C = gs.cache, gs.n, gs.C
         cap = cache.capacity
-        for i in range(n):
-            J = float(hope_keras.costs.j_prune(cap[i], C, n))
-            table[("prune", name, i, -1)] = (J, J / gs.p_init[i])
-        for i, j in itertools.combinations(range(n), 2):
-            J = float(hope_keras.costs.j_merge(cap[i] ** 2 + cap[j] ** 2, cache.B[i, j],
-                                               C - cap[i] - cap[j], n))
-            table[("merge", name, i, j)] = (J, J / gs.p_init[j])
+        idx = np.arange(n)
+        u_norm = np.sqrt(np.diag(cache.gram_u))
+        J = enc.cost.prune(costs.PruneCandidates(cap, C, n, n, cache.k_self, u_norm,
+                                                 cache.gamma))
+        dr = enc.cost.rank(J, enc._rank_info("prune", name, 1, gs.p_init[idx], name))
+        table.update({("prune", name, i, -1): (J[i], dr[i]) for i in idx})
+        ii, jj = np.triu_indices(n, k=1)
+        A = cap[ii] ** 2 + cap[jj] ** 2
+        J = enc.cost.merge(costs.MergeCandidates(
+            A, cache.B[ii, jj], C - cap[ii] - cap[jj],
+            A + 2 * cache.k_cross[ii, jj] * cache.gram_u[ii, jj], n, n))
+        dr = enc.cost.rank(J, enc._rank_info("merge", name, 1, gs.p_init[jj], name))
+        table.update({("merge", name, i, j): (J[k], dr[k])
+                      for k, (i, j) in enumerate(zip(ii, jj))})
     for name in enc.blocks:
-        dr, J, _ = enc.eviction_cost(name)
-        table[("evict", name, -1, -1)] = (J, dr)
+        a = enc.eviction_action(name)
+        table[("evict", name, -1, -1)] = (a.J, a.DR)
     return table
 
 

@@ -159,7 +159,7 @@ def test_engine_merge_changes_the_model_as_its_recorded_parent_predicts(consumer
     original = _single_group_model(consumer, center, scale, seed)
     model = copy_model(original)
     result = hope_keras.compress(model, steps=1, actions=("merge",), merge_scale=merge_scale,
-                                 verbose=False, rate="params")
+                                 verbose=False)
     (step,) = result.trajectory.steps
     assert step.kind == "merge" and step.unit == "p"
     assert np.isfinite(step.coef).all() and step.coef[4] ** 2 > 1e-3
@@ -243,18 +243,16 @@ def test_every_merge_of_a_run_moves_the_output_as_the_parent_predicts(merge_scal
     original = _chain(seed=31)
     x = _x(original, 6)
     run = hope_keras.compress(copy_model(original), steps=14, merge_scale=merge_scale,
-                              verbose=False, rate="params")
+                              verbose=False)
     merges = [k for k, s in enumerate(run.trajectory.steps) if s.kind == "merge"]
     assert len(merges) >= 2, [s.kind for s in run.trajectory.steps]
     for k in merges:
         s = run.trajectory.steps[k]
         before = copy_model(original)
         if k:
-            hope_keras.compress(before, steps=k, merge_scale=merge_scale, verbose=False,
-                                rate="params")
+            hope_keras.compress(before, steps=k, merge_scale=merge_scale, verbose=False)
         after = copy_model(original)
-        hope_keras.compress(after, steps=k + 1, merge_scale=merge_scale, verbose=False,
-                            rate="params")
+        hope_keras.compress(after, steps=k + 1, merge_scale=merge_scale, verbose=False)
         expected = _predict_after_merge(before, s.unit, s.i, s.j, s.coef, x)
         got = np.asarray(after(x), dtype=np.float64)
         moved = np.abs(np.asarray(before(x)) - expected).max()

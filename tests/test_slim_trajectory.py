@@ -20,9 +20,10 @@ def compressed():
     model = small_resnet(seed=11)
     for src, dst in ((0, 5), (1, 7), (2, 8)):
         plant_duplicate(model, "fc", "head", src, dst, seed=dst)
-    bn = model.get_layer("b1a_bn")  # a weaker block: evicted during the run
-    for v in (bn.gamma, bn.beta):
-        v.assign(0.3 * v.numpy())
+    for name in ("b1a_bn", "b1b_bn"):  # a weaker block: evicted during the run
+        bn = model.get_layer(name)
+        for v in (bn.gamma, bn.beta):
+            v.assign(0.3 * v.numpy())
     original = copy_model(model)
     result = hope_keras.compress(model, density=0.35, verbose=False)
     assert {s.kind for s in result.trajectory.steps} == {"prune", "merge", "evict"}
