@@ -1,7 +1,8 @@
 """Seeded random networks for fuzzing compress / slim / replay.
 
 `build(seed)` returns a small random Keras model (Sequential or Functional; Dense or
-Conv2D; identity and projection residual blocks; forks to a second output; max /
+Conv2D; identity and projection residual blocks; forks to a second output, half
+of them through a layer called twice; max /
 average / global pooling, Flatten, Dropout; producers with and without bias; BN with
 center / scale off, negative γ and random moving statistics; mixed precision on the
 whole model or on some layers). Half of the groups get a planted noisy near-duplicate
@@ -149,8 +150,14 @@ def _functional(seed, rng, b):
             width = new_width
             continue
         if kind == "fork":  # a second consumer of x's channels, ending in an output
-            fork = b.producer(2)(x)
+            fork_layer = b.producer(2)
+            fork = fork_layer(x)
             outputs.append(L.GlobalAveragePooling2D()(fork) if b.conv else fork)
+            if rng.random() < 0.5:
+                # The same layer called again, on the next group's output (same width).
+                x = _apply(b.group(width), x)
+                fork = fork_layer(x)
+                outputs.append(L.GlobalAveragePooling2D()(fork) if b.conv else fork)
         width = int(rng.integers(2, 7))
         x = _apply(b.group(width), x)
         extra, spatial = b.passthrough(spatial)
@@ -252,6 +259,7 @@ def build(seed):
         "sequential": sequential, "conv": conv, "mixed": mixed,
         "groups": len(graph.groups), "neurons": sum(g.size for g in graph.groups.values()),
         "blocks": len(graph.blocks), "evictable": sum(bl.evictable for bl in graph.blocks),
+        "shared": any(len(layer._inbound_nodes) > 1 for layer in model.layers),
         "twins": _plant_twins(model, rng, graph),
         "weak_blocks": _weaken_blocks(model, rng, graph),
     }
@@ -323,6 +331,7 @@ def summarize(infos):
     out["conv"] = sum(i["conv"] for i in infos) / max(len(infos), 1)
     out["mixed"] = sum(i["mixed"] != "none" for i in infos) / max(len(infos), 1)
     out["with_blocks"] = sum(i["blocks"] > 0 for i in infos) / max(len(infos), 1)
+    out["shared"] = sum(i["shared"] for i in infos) / max(len(infos), 1)
     for what, test in (("float32", lambda i: i["mixed"] == "none"),
                        ("mixed", lambda i: i["mixed"] != "none")):
         errs = [i["slim_rel_err"] for i in done if test(i)]

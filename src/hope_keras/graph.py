@@ -149,7 +149,8 @@ class ModelGraph:
 
 
 class _LayerGraph:
-    """The model's layers as a DAG of names (each layer called once)."""
+    """The model's layers as a DAG of names (a shared layer is one node with the edges
+    of all its calls)."""
 
     def __init__(self, model: keras.Model):
         functional = _functional_of(model)
@@ -175,12 +176,12 @@ class _LayerGraph:
                         f"{type(layer).__name__}."
                     )
                 self.calls[name] = self.calls.get(name, 0) + 1
-                if name in self.layers:
-                    continue
-                self.layers[name] = layer
-                self.order.append(name)
-                self.parents[name] = []
-                self.children.setdefault(name, [])
+                if name not in self.layers:
+                    self.layers[name] = layer
+                    self.order.append(name)
+                    self.parents[name] = []
+                    self.children.setdefault(name, [])
+                # Every call's edges: a group feeding any call of a shared layer is pinned.
                 for t in node.input_tensors:
                     parent = t._keras_history.operation.name
                     self.parents[name].append(parent)

@@ -140,13 +140,15 @@ def slim(model, name: str = None) -> keras.Model:
             sources = [t for t in node.input_tensors
                        if t._keras_history.operation.name != branch_end]
             return tensors[id(sources[0])]
-        config = layer.get_config()
-        if layer.name in out_keep and isinstance(layer, graph_lib._KERNEL_TYPES):
-            n = int(out_keep[layer.name].sum())
-            config["units" if isinstance(layer, keras.layers.Dense) else "filters"] = n
-        new = layer.__class__.from_config(config)
+        new = new_layers.get(layer.name)
+        if new is None:  # a shared layer stays one (shared) layer
+            config = layer.get_config()
+            if layer.name in out_keep and isinstance(layer, graph_lib._KERNEL_TYPES):
+                n = int(out_keep[layer.name].sum())
+                config["units" if isinstance(layer, keras.layers.Dense) else "filters"] = n
+            new = layer.__class__.from_config(config)
+            new_layers[layer.name] = new
         args, kwargs = node.arguments.fill_in(tensors)
-        new_layers[layer.name] = new
         return new(*args, **kwargs)
 
     result = graph_lib.rebuild(model, call_node, name or f"{model.name}_slim")
