@@ -10,36 +10,53 @@
 * `derivative_matching` compresses MLPs with analytic activations.
 """
 
-from hope_keras import baselines, deft, derivative_matching
-from hope_keras.analysis import Analysis, BlockReport, GroupReport, analyze
-from hope_keras.bn_stats import reestimate_batchnorm_statistics
-from hope_keras.calibration import calibrate
-from hope_keras.engine import CompressionResult, Encoder, compress
-from hope_keras.graph import ModelGraph, NeuronGroup, Pinned, ResidualBlock, walk
-from hope_keras.slim import slim
-from hope_keras.trajectory import Step, Trajectory
+import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Analysis",
-    "BlockReport",
-    "CompressionResult",
-    "Encoder",
-    "GroupReport",
-    "ModelGraph",
-    "NeuronGroup",
-    "Pinned",
-    "ResidualBlock",
-    "Step",
-    "Trajectory",
-    "analyze",
-    "baselines",
-    "calibrate",
-    "compress",
-    "deft",
-    "derivative_matching",
-    "reestimate_batchnorm_statistics",
-    "slim",
-    "walk",
-]
+# Public name → the submodule that defines it, imported on first use: `import
+# hope_keras` (and `hope-keras --help`) does not import TensorFlow.
+_EXPORTS = {
+    "Analysis": "analysis", "BlockReport": "analysis", "GroupReport": "analysis",
+    "analyze": "analysis",
+    "reestimate_batchnorm_statistics": "bn_stats",
+    "calibrate": "calibration",
+    "CompressionInterrupted": "engine", "CompressionResult": "engine", "Encoder": "engine",
+    "compress": "engine",
+    "ModelGraph": "graph", "NeuronGroup": "graph", "Pinned": "graph",
+    "ResidualBlock": "graph", "walk": "graph",
+    "slim": "slim",
+    "Step": "trajectory", "Trajectory": "trajectory",
+}
+
+__all__ = sorted([*_EXPORTS, "baselines", "deft", "derivative_matching"])
+
+
+class _LazyPackage(types.ModuleType):
+    def __getattr__(self, name):
+        if name in _EXPORTS:
+            value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        else:
+            try:
+                value = importlib.import_module(f"{__name__}.{name}")
+            except ModuleNotFoundError as e:
+                if e.name != f"{__name__}.{name}":
+                    raise
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        self.__dict__[name] = value
+        return value
+
+    def __setattr__(self, name, value):
+        # Importing the submodule `hope_keras.slim` binds the attribute `slim` to the
+        # module; `hope_keras.slim` stays the function.
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(__all__))
+
+
+sys.modules[__name__].__class__ = _LazyPackage
