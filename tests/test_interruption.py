@@ -21,6 +21,15 @@ from hope_keras.engine import Encoder
 DENSITY = 0.35
 
 
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt during the test, as in a terminal (a background
+    job may have inherited it as ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _model():
     """Its run to density 0.35 prunes, merges (twins in "fc") and evicts "b1_add"."""
     model = small_resnet(seed=11)
@@ -103,7 +112,7 @@ def test_interrupted_compress_hands_back_a_trajectory_the_model_equals(where, k,
     _assert_same_run(trajectory, model, reference)
 
 
-def test_sigint_during_a_step_takes_effect_after_the_step(reference, monkeypatch):
+def test_sigint_during_a_step_takes_effect_after_the_step(reference, monkeypatch, ctrl_c):
     real = edit.ModelEditor.evict
 
     def evict_then_ctrl_c(self, *args, **kwargs):
@@ -142,7 +151,8 @@ def _variable_class(model):
 
 
 @pytest.mark.parametrize("how", ["raise", "sigint"])
-def test_interrupting_the_write_back_still_writes_every_step(how, reference, monkeypatch):
+def test_interrupting_the_write_back_still_writes_every_step(how, reference, monkeypatch,
+                                                           ctrl_c):
     model = _model()
     var_class = _variable_class(model)
     real = var_class.assign
