@@ -198,7 +198,7 @@ def _plant_twins(model, rng, graph):
     """A noisy copy of one neuron in about half of the groups (a cheap merge)."""
     planted = 0
     for g in graph.groups.values():
-        if g.size < 3 or rng.random() < 0.5:
+        if g.kind != "neurons" or g.size < 3 or rng.random() < 0.5:
             continue
         src, dst = (int(v) for v in rng.choice(g.size, 2, replace=False))
         noise = float(rng.uniform(0.01, 0.1))
@@ -235,6 +235,8 @@ def _weaken_blocks(model, rng, graph):
         # The paper's eviction cost reads the internal capacities, the default cost
         # the final BN: weaken both.
         for bn_name in [graph.groups[x].bn for x in blk.groups] + [blk.final_bn]:
+            if bn_name is None:  # a coupled group or a branch without a final BN
+                continue
             bn = model.get_layer(bn_name)
             for attr in ("gamma", "beta"):
                 v = getattr(bn, attr, None)
@@ -281,17 +283,23 @@ def check(seed):
     model, info = build(seed)
     rng = np.random.default_rng(10_000 + seed)
     original = _copy(model)
-    n, g = info["neurons"], info["groups"]
-    # A target between one neuron per group and all but one: never met, never out of reach.
-    target = int(rng.integers(g, n)) if n > g else None
-    if target is None:
-        info["kinds"] = collections.Counter()
-        return info
-    density = (target + 0.5) / n
     options = {"merge_scale": str(rng.choice(["sum", "paper"])),
                "cost": str(rng.choice(["hope", "paper"])),
                "mean_compensation": bool(rng.random() < 0.3)}
+    # The paper's cost prices only the paper's neuron layers (producer → BN → ReLU).
+    sizes = [grp.size for grp in hope_keras.walk(model).groups.values()
+             if options["cost"] == "hope" or grp.kind == "neurons"]
+    if not sizes:
+        options["cost"] = "hope"
+        sizes = [grp.size for grp in hope_keras.walk(model).groups.values()]
     info["options"] = options
+    n, g = sum(sizes), len(sizes)
+    # A target between one neuron per group and all but one: never met, never out of reach.
+    if n <= g:
+        info["kinds"] = collections.Counter()
+        return info
+    target = int(rng.integers(g, n))
+    density = (target + 0.5) / n
     result = hope_keras.compress(model, density=density, verbose=False, **options)
     steps = result.trajectory.steps
     info["kinds"] = collections.Counter(s.kind for s in steps)

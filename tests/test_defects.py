@@ -51,7 +51,8 @@ def test_a_group_feeding_a_later_call_of_a_shared_layer_is_pinned():
     model = keras.Model(inputs, [first, shared(h), L.Dense(2, name="c")(h)])
     graph = hope_keras.walk(model)
     assert "g" not in graph.groups
-    assert "shared layer 'sh'" in {p.layer: p.reason for p in graph.pinned}["g"]
+    reason = {p.layer: p.reason for p in graph.pinned}["g"]
+    assert "'sh'" in reason and "shared" in reason
 
 
 def test_cli_compress_of_a_model_with_a_shared_layer_writes_both_files(tmp_path, capsys):

@@ -1,10 +1,12 @@
 """hope_keras: data-free, Keras-native compression of neural networks.
 
-* `analyze` finds every compressible neuron of a Keras model and scores it (HOPE).
+* `analyze` finds every compressible channel of a Keras model and scores it (HOPE);
+  `layers` is the registry of what it knows about each layer type.
 * `compress` runs the HOPE greedy encoder in place; `slim` rebuilds a smaller model;
   `Trajectory` saves, loads and replays a run.
 * `reestimate_batchnorm_statistics` refreshes stale BN moving statistics;
   `calibrate` makes BN-free ReLU networks compressible (spec section 7).
+* `costs`: the prices and rankings of HOPE's actions (`cost="hope"` or `"paper"`).
 * `baselines`: magnitude pruning criteria and Neuron Merging, through the same edits.
 * `deft` fine-tunes on a new task while keeping the old one (DEFT).
 * `derivative_matching` compresses MLPs with analytic activations.
@@ -25,13 +27,13 @@ _EXPORTS = {
     "calibrate": "calibration",
     "CompressionInterrupted": "engine", "CompressionResult": "engine", "Encoder": "engine",
     "compress": "engine",
-    "ModelGraph": "graph", "NeuronGroup": "graph", "Pinned": "graph",
+    "Coupling": "graph", "ModelGraph": "graph", "NeuronGroup": "graph", "Pinned": "graph",
     "ResidualBlock": "graph", "walk": "graph",
     "slim": "slim",
     "Step": "trajectory", "Trajectory": "trajectory",
 }
 
-__all__ = sorted([*_EXPORTS, "baselines", "deft", "derivative_matching"])
+__all__ = sorted([*_EXPORTS, "baselines", "costs", "deft", "derivative_matching", "layers"])
 
 
 class _LazyPackage(types.ModuleType):

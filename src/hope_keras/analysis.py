@@ -6,11 +6,14 @@ import dataclasses
 import io
 from typing import Dict, List, Optional, Tuple
 
+import keras
 import numpy as np
 
 from hope_keras import graph as graph_lib
-from hope_keras.cache import GroupCache, build_group_cache
-from hope_keras.neurons import LayerState, bn_arrays, eviction_p_init, extract_group
+from hope_keras import moments as moments_lib
+from hope_keras.cache import GroupCache, PruneCache, build_group_cache
+from hope_keras.neurons import (LayerState, bn_arrays, coupled_capacity, eviction_p_init,
+                                extract_group)
 from hope_keras.progress import progress
 
 
@@ -19,13 +22,14 @@ class GroupReport:
     """One compressible group as `analyze` reports it.
 
     Attributes:
-        name: Group name (the producer layer's name).
-        size: Number of neurons.
-        capacities: ‖f_i‖ of each neuron (float64 array).
-        p_init: Static parameter footprint of each neuron.
-        layers: Producer, BN, activation, pass-through layers and consumers.
+        name: Group name (its first writer's layer name).
+        size: Number of channels.
+        capacities: ‖f_i‖ of each channel (float64 array).
+        p_init: Static parameter footprint of each channel.
+        layers: The layers the group spans (writers, channelwise layers, readers).
         layer_capacity: Σ capacities.
         block: Name of the residual block that holds the group, if any.
+        kind: ``"neurons"`` (mergeable) or ``"coupled"`` (pruned only).
     """
 
     name: str
@@ -35,6 +39,7 @@ class GroupReport:
     layers: Tuple[str, ...]
     layer_capacity: float
     block: Optional[str]
+    kind: str = "neurons"
 
 
 @dataclasses.dataclass
@@ -45,10 +50,14 @@ class BlockReport:
         name: The Add layer's name.
         evictable: True for identity-shortcut blocks.
         groups: Names of its internal groups.
-        input_bn: The BN conditioning the block input (None: appendix F.3 fallback).
-        c_identity: Σ_c sqrt(γ_c² + β_c²) over that BN, or the fallback value.
-        c_branch: Σ_c sqrt(γ_c² + β_c²) over the branch's final BN (the RMS the
-            branch adds to the stream; the default cost's eviction numerator).
+        input_bn: The BN conditioning the block input (None: see ``c_identity``).
+        c_identity: Σ_c sqrt(γ_c² + β_c²) over that BN; for a pre-activation block
+            Σ_c sqrt(μ_c² + σ_c²) over the moving statistics of the BN that reads
+            the block input; otherwise the appendix F.3 fallback (the block's
+            initial internal capacity).
+        c_branch: The summed RMS of the branch output: Σ_c sqrt(γ_c² + β_c²) over the
+            branch's final BN, or from the propagated moments when the branch ends
+            in a convolution (the default cost's eviction numerator).
         p_init: Static footprint of evicting the block.
     """
 
@@ -72,7 +81,9 @@ class Analysis:
         pinned: `graph.Pinned` entries: layers that cannot be compressed, and why.
         graph: The `graph.ModelGraph` (for the engine).
         states: The extracted `LayerState` per group (for the engine).
-        caches: The `GroupCache` per group (for the engine).
+        caches: The `GroupCache` (``"neurons"`` groups) or `PruneCache` per group.
+        moments: Per-tensor ``(mean, variance)`` of the data-free moment
+            propagation (`hope_keras.moments`).
     """
 
     model_name: str
@@ -81,41 +92,70 @@ class Analysis:
     pinned: List[graph_lib.Pinned]
     graph: graph_lib.ModelGraph
     states: Dict[str, LayerState]
-    caches: Dict[str, GroupCache]
+    caches: Dict[str, object]
+    moments: Dict[str, tuple] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def num_neurons(self) -> int:
-        """Number of compressible neurons (the denominator of neuron density)."""
+        """Number of compressible channels (the denominator of neuron density)."""
         return int(sum(g.size for g in self.groups))
 
-    def summary(self, print_fn=print) -> None:
-        """Prints a table of the groups, blocks and pinned layers, like `model.summary()`."""
+    def coverage(self) -> float:
+        """Share of the hidden channels (outputs of Dense/Conv/SeparableConv layers
+        that are not model outputs) that HOPE can remove."""
+        sizes = {g.name: g.size for g in self.groups}
+        n = sum(sizes[name] * len(grp.writers) for name, grp in self.graph.groups.items()
+                if name in sizes)
+        h = self.graph.hidden_channels
+        return n / h if h else 0.0
+
+    def summary(self, print_fn=print, max_pinned: int = 40) -> None:
+        """Prints the groups, blocks and pinned layers, like `model.summary()`.
+
+        Args:
+            print_fn: Where to print.
+            max_pinned: List at most this many pinned layers (the rest are counted).
+        """
         out = io.StringIO()
         w = 34
-        line = "─" * (w + 56)
+        line = "─" * (w + 64)
         out.write(f'HOPE analysis of "{self.model_name}"\n{line}\n')
-        out.write(f"{'Group (producer)':<{w}}{'neurons':>8}{'capacity':>12}"
-                  f"{'mean P_init':>13}{'consumers':>11}  block\n{line}\n")
+        out.write(f"{'Group (first writer)':<{w}}{'kind':>9}{'channels':>9}{'capacity':>12}"
+                  f"{'mean P_init':>13}{'layers':>8}  block\n{line}\n")
         for g in self.groups:
-            consumers = len(self.graph.groups[g.name].consumers)
             out.write(
-                f"{g.name:<{w}}{g.size:>8}{g.layer_capacity:>12.4g}"
-                f"{g.p_init.mean():>13.1f}{consumers:>11}  {g.block or ''}\n"
+                f"{g.name:<{w}}{g.kind:>9}{g.size:>9}{g.layer_capacity:>12.4g}"
+                f"{g.p_init.mean():>13.1f}{len(g.layers):>8}  {g.block or ''}\n"
             )
-        out.write(f"{line}\nCompressible neurons: {self.num_neurons} in "
-                  f"{len(self.groups)} groups\n")
+        out.write(f"{line}\nCompressible channels: {self.num_neurons} in "
+                  f"{len(self.groups)} groups; {100 * self.coverage():.1f}% of the "
+                  f"{self.graph.hidden_channels} hidden channels\n")
         if self.blocks:
             out.write(f"{line}\n{'Residual block':<{w}}{'evictable':>10}{'groups':>8}"
-                      f"{'C_identity':>12}  conditioning BN\n{line}\n")
+                      f"{'C_identity':>12}{'C_branch':>12}  conditioning BN\n{line}\n")
             for b in self.blocks:
                 out.write(f"{b.name:<{w}}{str(b.evictable):>10}{len(b.groups):>8}"
-                          f"{b.c_identity:>12.4g}  {b.input_bn or '(fallback F.3)'}\n")
+                          f"{b.c_identity:>12.4g}{b.c_branch:>12.4g}  "
+                          f"{b.input_bn or '(see BlockReport.c_identity)'}\n")
         if self.pinned:
-            out.write(f"{line}\nPinned (not compressible)\n{line}\n")
-            for p in self.pinned:
-                out.write(f"{p.layer:<{w}}{p.reason}\n")
+            out.write(f"{line}\nPinned (not compressible): {len(self.pinned)} layers\n{line}\n")
+            for p in self.pinned[:max_pinned]:
+                out.write(f"{p.layer:<{w}}{_short(p.reason)}\n")
+            if len(self.pinned) > max_pinned:
+                out.write(f"... and {len(self.pinned) - max_pinned} more "
+                          "(Analysis.pinned lists them all)\n")
         out.write(line)
         print_fn(out.getvalue())
+
+    def pinned_summary(self, limit: int = 5) -> str:
+        """A short text naming the first pinned layers and their reasons."""
+        parts = [f"'{p.layer}': {_short(p.reason, 120)}" for p in self.pinned[:limit]]
+        more = len(self.pinned) - limit
+        return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _bn_rms(bn) -> float:
@@ -124,33 +164,76 @@ def _bn_rms(bn) -> float:
     return float(np.sqrt(gamma**2 + beta**2).sum())
 
 
-def _c_identity(model, block, caches) -> float:
+def _stream_rms(bn) -> float:
+    """Σ_c sqrt(μ_c² + σ_c²): the summed RMS of a BN's *input*, read from its moving
+    statistics (pre-activation layouts)."""
+    _, _, mean, var, _ = bn_arrays(bn)
+    return float(np.sqrt(mean**2 + var).sum())
+
+
+def _c_identity(get, block, caches) -> float:
     if block.input_bn is not None:
-        value = _bn_rms(model.get_layer(block.input_bn))
+        value = _bn_rms(get(block.input_bn))
+        if value > 0:
+            return value
+    if block.input_reader_bn is not None:
+        value = _stream_rms(get(block.input_reader_bn))
         if value > 0:
             return value
     # Appendix F.3 fallback: the block's initial internal capacity.
     return float(sum(caches[g].layer_capacity() for g in block.groups))
 
 
-def _zero_variance_reason(state: LayerState) -> Optional[str]:
-    bad = np.flatnonzero((state.var <= 0) & (state.gamma != 0))
-    if bad.size:
-        return (
-            f"BatchNormalization '{state.group.bn}' has zero moving variance on "
-            f"{bad.size} live channel(s) (first: {int(bad[0])}); the statistics look "
-            "uncalibrated: re-estimate them with "
-            "hope_keras.reestimate_batchnorm_statistics(model, data)"
-        )
+def _c_branch(graph, block, moments) -> float:
+    get = graph.layer
+    if block.final_bn is not None:
+        return _bn_rms(get(block.final_bn))
+    node = graph.flat.node_of(block.final_producer)
+    mean, var = moments[node.outputs[0]]
+    return float(np.sqrt(mean**2 + var).sum())
+
+
+def _zero_variance_reason(state: LayerState, get) -> Optional[str]:
+    bns = [c for c in state.group.couplings if c.role == "channel"
+           and isinstance(get(c.layer), keras.layers.BatchNormalization)]
+    for c in bns:
+        gamma, _, _, var, _ = bn_arrays(get(c.layer))
+        idx = c.positions[:, 0]
+        bad = np.flatnonzero((var[idx] <= 0) & (gamma[idx] != 0))
+        if bad.size:
+            return (
+                f"BatchNormalization '{c.layer}' has zero moving variance on "
+                f"{bad.size} live channel(s) (first: {int(bad[0])}); the statistics look "
+                "uncalibrated: re-estimate them with "
+                "hope_keras.reestimate_batchnorm_statistics(model, data)"
+            )
+    return None
+
+
+def _uncalibrated_reason(group, anchored) -> Optional[str]:
+    """Why a group cannot be scored data-free: a reader sees channels whose
+    statistics no BatchNormalization (or LayerNormalization) describes."""
+    if group.kind == "neurons":
+        return None
+    for c in group.readers:
+        if not np.all(anchored[c.tensor][c.positions]):
+            return ("no BatchNormalization describes its statistics (read by "
+                    f"'{c.layer}'): insert them with hope_keras.calibrate(model, data) "
+                    "(spec section 7)")
     return None
 
 
 def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
-    """Finds every neuron HOPE can compress and scores it, data-free.
+    """Finds every channel HOPE can compress and scores it, data-free.
 
-    Walks the model (`hope_keras.graph.walk`), folds each group's BatchNorm into
-    effective neurons, and builds the capacity and pair tables (spec sections 1, 2
-    and 5). The model is only read.
+    Walks the model (`hope_keras.graph.walk`, nested models included), folds each
+    group's BatchNorm into effective neurons, propagates the BN surrogate's moments
+    through the graph (`hope_keras.moments`) and builds the capacity (and, for
+    ``"neurons"`` groups, pair) tables (spec sections 1, 2 and 5). The model is only
+    read, and any model `walk` can read is reported on: a layer that cannot be
+    compressed (or has NaN weights, or uncalibrated BN statistics) is listed in
+    ``pinned`` with the reason; `hope_keras.compress` is what refuses a model with
+    nothing to compress.
 
     Args:
         model: A built Functional or Sequential `keras.Model`.
@@ -158,11 +241,11 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
         verbose: Show a progress bar while the caches are built.
 
     Returns:
-        An `Analysis` with ``groups``, ``blocks``, ``pinned`` and ``summary()``.
+        An `Analysis` with ``groups``, ``blocks``, ``pinned``, ``coverage()`` and
+        ``summary()``.
 
     Raises:
-        ValueError: if the model has no compressible group, or a weight involved is
-            NaN/Inf (the message names the layer).
+        ValueError: for subclassed or unbuilt models (no graph to read).
 
     Example:
 
@@ -175,47 +258,61 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
     >>> [(g.name, g.size) for g in analysis.groups]
     [('hidden', 16)]
     """
+    if kernel not in ("approx", "exact"):
+        raise ValueError(f"kernel must be 'approx' or 'exact'. Received: kernel={kernel!r}")
     g = graph_lib.walk(model)
+    get = g.layer
     pinned = list(g.pinned)
     states: Dict[str, LayerState] = {}
     groups: Dict[str, graph_lib.NeuronGroup] = {}
     for name, group in g.groups.items():
-        state = extract_group(model, group)
-        reason = _zero_variance_reason(state)
+        try:
+            state = extract_group(model, group, graph=g)
+        except ValueError as e:  # NaN/Inf weights, negative variances: reported
+            pinned.append(graph_lib.Pinned(name, str(e)))
+            continue
+        reason = _zero_variance_reason(state, get)
         if reason:
             pinned.append(graph_lib.Pinned(name, reason))
             continue
         states[name] = state
         groups[name] = group
-    if not groups:
-        reasons = "; ".join(f"'{p.layer}': {p.reason}" for p in pinned) or "no Dense/Conv layers"
-        raise ValueError(
-            f"Model '{model.name}' has no compressible neuron group (Dense/Conv → "
-            f"BatchNormalization → ReLU → layer with a kernel). Pinned: {reasons}"
-        )
+    anchored: Dict[str, np.ndarray] = {}
+    moments = moments_lib.propagate(g.flat, anchored=anchored)
+    for name in list(groups):
+        reason = _uncalibrated_reason(groups[name], anchored)
+        if reason:
+            pinned.append(graph_lib.Pinned(name, reason))
+            del groups[name], states[name]
     # Blocks whose groups were pinned after extraction are dropped.
     blocks = tuple(b for b in g.blocks if all(x in groups for x in b.groups))
-    g = graph_lib.ModelGraph(groups=groups, blocks=blocks, pinned=tuple(pinned),
-                             bn_after=g.bn_after)
-    caches: Dict[str, GroupCache] = {}
+    g = g.with_groups(groups, blocks=blocks, pinned=pinned)
+    caches: Dict[str, object] = {}
     for name in progress(list(groups), verbose=verbose, what="cache"):
-        caches[name] = build_group_cache(states[name], kernel=kernel)
+        if groups[name].kind == "neurons":
+            caches[name] = build_group_cache(states[name], kernel=kernel)
+        else:
+            cap, second = coupled_capacity(get, groups[name], moments)
+            unorm = np.sqrt(np.maximum(np.einsum("ij,ij->i", states[name].u,
+                                                 states[name].u), 0.0))
+            caches[name] = PruneCache(cap, second, unorm, np.full(cap.shape, np.nan))
     block_of = g.block_of_group()
     reports = [
         GroupReport(
             name=name, size=states[name].size, capacities=caches[name].capacity.copy(),
             p_init=states[name].p_init.copy(), layers=groups[name].layers,
             layer_capacity=caches[name].layer_capacity(), block=block_of.get(name),
+            kind=groups[name].kind,
         )
         for name in groups
     ]
     block_reports = [
         BlockReport(
             name=b.name, evictable=b.evictable, groups=b.groups, input_bn=b.input_bn,
-            c_identity=_c_identity(model, b, caches),
-            c_branch=_bn_rms(model.get_layer(b.final_bn)),
-            p_init=eviction_p_init(model, b, groups),
+            c_identity=_c_identity(get, b, caches),
+            c_branch=_c_branch(g, b, moments),
+            p_init=eviction_p_init(get, b, groups),
         )
         for b in blocks
     ]
-    return Analysis(model.name, reports, block_reports, pinned, g, states, caches)
+    return Analysis(model.name, reports, block_reports, pinned, g, states, caches, moments)

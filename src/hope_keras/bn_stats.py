@@ -23,6 +23,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from hope_keras import _keras_graph as kg
+
 __all__ = ["reestimate_batchnorm_statistics"]
 
 
@@ -32,10 +34,10 @@ def _batchnorm_layers(model):
     for layer in model.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
             bns.append(layer)
-        elif hasattr(layer, "_flatten_layers"):
+        else:
             nested = [
                 sub.name
-                for sub in layer._flatten_layers(include_self=False)
+                for sub in kg.nested_layers(layer)
                 if isinstance(sub, keras.layers.BatchNormalization)
             ]
             if nested:
@@ -47,7 +49,7 @@ def _batchnorm_layers(model):
                     "flatten the model first."
                 )
     for bn in bns:
-        ndim = len(bn.input.shape) if bn._inbound_nodes else None
+        ndim = len(bn.input.shape) if kg.inbound_count(bn) else None
         if ndim is None:
             raise ValueError(
                 f"BatchNormalization layer {bn.name!r} has not been called on "
@@ -60,10 +62,10 @@ def _batchnorm_layers(model):
                 f"{bn.axis} of a rank-{ndim} input; only the last axis "
                 "(channels_last) is supported."
             )
-        if len(bn._inbound_nodes) != 1:
+        if kg.inbound_count(bn) != 1:
             raise ValueError(
                 f"BatchNormalization layer {bn.name!r} is called "
-                f"{len(bn._inbound_nodes)} times in the model; a shared "
+                f"{kg.inbound_count(bn)} times in the model; a shared "
                 "BatchNormalization layer has no single input to take "
                 "statistics of."
             )
@@ -128,20 +130,14 @@ def _make_step(sub_model, bns):
             return call
 
         def call(*args, **kwargs):
-            if "training" in getattr(op, "_call_context_args", ()) or getattr(
-                op, "_call_has_training_arg", False
-            ):
+            if kg.accepts_training(op):
                 kwargs["training"] = False
             return op(*args, **kwargs)
 
         return call
 
     def step(x):
-        inputs = sub_model._standardize_inputs(x)
-        inputs = [
-            ops.cast(t, ref.dtype) for t, ref in zip(inputs, sub_model.inputs)
-        ]
-        outputs = sub_model._run_through_graph(inputs, operation_fn=operation_fn)
+        outputs = kg.run_through_graph(sub_model, x, operation_fn)
         moments = []
         for y in outputs:
             y = ops.cast(y, "float64")

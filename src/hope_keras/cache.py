@@ -82,6 +82,13 @@ class GroupCache:
     def size(self) -> int:
         return self.gamma.shape[0]
 
+    @property
+    def u_norm(self) -> np.ndarray:
+        """‖u_i‖ of each neuron."""
+        return np.sqrt(np.maximum(np.diag(self.gram_u), 0.0))
+
+    mergeable = True
+
     def layer_capacity(self, active: Optional[np.ndarray] = None) -> float:
         """C(layer) = Σ over active neurons of ‖f_i‖."""
         cap = self.capacity if active is None else self.capacity[active]
@@ -151,6 +158,40 @@ class GroupCache:
         self.k_self[j] = self.capacity[j] = 0.0
         for t in (self.rho, self.k_cross, self.B):
             t[j], t[:, j] = 0.0, 0.0
+
+
+@dataclasses.dataclass
+class PruneCache:
+    """Capacities of a group that is pruned only (``"coupled"`` groups).
+
+    Attributes:
+        capacity: ‖f_c‖ from the readers and the propagated moments
+            (`hope_keras.neurons.coupled_capacity`).
+        k_self: the channel's second moment where it is read.
+        u_norm: the norm of its reader weights.
+        gamma: NaN (no single pre-activation BN).
+    """
+
+    capacity: np.ndarray
+    k_self: np.ndarray
+    u_norm: np.ndarray
+    gamma: np.ndarray
+    mergeable = False
+
+    @property
+    def size(self) -> int:
+        return self.capacity.shape[0]
+
+    @property
+    def wnorm(self) -> np.ndarray:
+        return np.zeros(self.size)  # no pair terms
+
+    def layer_capacity(self, active: Optional[np.ndarray] = None) -> float:
+        cap = self.capacity if active is None else self.capacity[active]
+        return float(cap.sum())
+
+    def clear(self, j: int) -> None:
+        self.capacity[j] = self.k_self[j] = self.u_norm[j] = 0.0
 
 
 def build_group_cache(state: LayerState, kernel: str = "approx") -> GroupCache:

@@ -38,7 +38,11 @@ from typing import Dict, List, Optional, Tuple
 import keras
 import numpy as np
 
-from hope_keras import graph as graph_lib
+from hope_keras import _keras_graph as kg
+from hope_keras import layers as layer_rules
+
+_PRODUCERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D,
+              keras.layers.Conv3D)
 
 __all__ = ["calibrate", "CalibratedLayer", "calibration_targets"]
 
@@ -59,33 +63,44 @@ class CalibratedLayer:
     var: np.ndarray
 
 
-def _is_relu_activation(fn) -> bool:
-    return getattr(fn, "__name__", "") == "relu"
+def _activation_name(fn) -> str:
+    return getattr(fn, "__name__", str(fn))
 
 
 def calibration_targets(model) -> Dict[str, str]:
-    """Producers `calibrate` will split: ``{producer: "fused" | relu_layer_name}``.
+    """Producers `calibrate` will split: ``{producer: "fused" | activation_layer}``.
 
-    A target is a Dense/ConvND (not grouped, channels-last), called once, whose
-    output is not a model output, and whose ReLU is fused into it (``"fused"``) or
-    is its only child, a plain ReLU layer, with no BatchNormalization before it.
+    A target is a source layer (Dense, ConvND — not grouped, channels-last), called
+    once, whose output is not a model output, and whose elementwise activation is
+    fused into it (``"fused"``: any activation but linear and softmax) or is its only
+    child, an activation layer (ReLU, LeakyReLU, ELU, PReLU, ``Activation(...)``),
+    with no BatchNormalization before it.
     """
-    g = graph_lib._LayerGraph(model)
+    fg = kg.flatten(model)
     out = {}
-    for name in g.order:
-        layer = g.layers[name]
-        if not isinstance(layer, graph_lib._KERNEL_TYPES) or g.calls[name] > 1:
+    for node in fg.nodes:
+        layer = node.op
+        if not isinstance(layer, _PRODUCERS) or fg.calls[node.key] > 1:
             continue
-        if graph_lib._kernel_problem(layer) is not None or name in g.outputs:
+        rule = layer_rules.get(layer)
+        if rule.check(layer) is not None or fg.is_output(node.outputs[0]):
             continue
         act = getattr(layer, "activation", None)
-        if _is_relu_activation(act):
-            out[name] = "fused"
-        elif getattr(act, "__name__", "") == "linear":
-            child = g.only_child(name)
-            if child is not None and graph_lib._is_relu(g.layers[child]) \
-                    and g.calls[child] == 1:
-                out[name] = child
+        name = _activation_name(act)
+        if name not in ("linear", "softmax", "log_softmax"):
+            out[node.key] = "fused"
+            continue
+        if name != "linear":
+            continue
+        kids = fg.children(node)
+        if len(kids) != 1 or fg.calls[kids[0].key] != 1:
+            continue
+        kid = kids[0]
+        if layer_rules.role_of(kid.op, kid) == "channelwise" and \
+                layer_rules.get(kid.op).activation(kid.op) is not None and \
+                not isinstance(kid.op, keras.layers.BatchNormalization) and \
+                layer_rules.get(kid.op).check(kid.op) is None:
+            out[node.key] = kid.key
     return out
 
 
@@ -105,7 +120,7 @@ def _rebuild(model, targets: Dict[str, str], name: str):
     """The split model, with identity BNs (statistics filled in later)."""
     new_layers: Dict[str, keras.layers.Layer] = {}
     inserted: Dict[str, Tuple[str, str]] = {}
-    used = {layer.name for layer in model.layers}
+    used = set(kg.flatten(model).layers)
 
     def fresh(base):
         n, k = base, 1
@@ -114,31 +129,40 @@ def _rebuild(model, targets: Dict[str, str], name: str):
         used.add(n)
         return n
 
+    fg = kg.flatten(model)
+
     def call_node(node, tensors):
-        layer = node.operation
+        layer = node.op
+        args, kwargs = node.call_args(tensors)
+        if not isinstance(layer, keras.layers.Layer):  # a stateless Keras operation
+            return layer(*args, **kwargs)
         config = layer.get_config()
-        target = targets.get(layer.name)
+        config["name"] = kg.flat_name(node.key)
+        target = targets.get(node.key)
+        act = None
         if target == "fused":
+            act = layer.activation
             config["activation"] = "linear"
-        new = layer.__class__.from_config(config)
-        args, kwargs = node.arguments.fill_in(tensors)
+        new = new_layers.get(node.key)
+        if new is None:
+            new = new_layers[node.key] = layer.__class__.from_config(config)
         outputs = new(*args, **kwargs)
-        new_layers[layer.name] = new
         if target is not None:
             bn_name = fresh(f"{layer.name}_calib_bn")
             z = keras.layers.BatchNormalization(
                 epsilon=EPSILON, name=bn_name, dtype=layer.dtype_policy)(outputs)
             if target == "fused":
-                relu_name = fresh(f"{layer.name}_calib_relu")
-                outputs = keras.layers.ReLU(name=relu_name)(z)
+                act_name = fresh(f"{layer.name}_calib_{_activation_name(act)}")
+                outputs = (keras.layers.ReLU(name=act_name) if _activation_name(act) == "relu"
+                           else keras.layers.Activation(act, name=act_name))(z)
             else:
-                relu_name, outputs = target, z  # the existing ReLU layer follows
-            inserted[layer.name] = (bn_name, relu_name)
+                act_name, outputs = target, z  # the existing activation layer follows
+            inserted[kg.flat_name(node.key)] = (bn_name, act_name)
         return outputs
 
-    result = graph_lib.rebuild(model, call_node, name)
-    for lname, new in new_layers.items():
-        old = model.get_layer(lname)
+    result = kg.rebuild(model, call_node, name, graph=fg)
+    for key, new in new_layers.items():
+        old = fg.layers[key]
         if old.weights:
             new.set_weights(old.get_weights())
     return result, inserted
@@ -189,10 +213,11 @@ def calibrate(model, data, batch_size: int = 256, batches: Optional[int] = None,
     targets = calibration_targets(model)
     if not targets:
         raise ValueError(
-            f"Model '{model.name}' has no Dense/Conv layer with a ReLU (fused or as the "
-            "next layer) and no BatchNormalization: nothing to calibrate."
+            f"Model '{model.name}' has no Dense/Conv layer with an activation (fused or as "
+            "the next layer) and no BatchNormalization: nothing to calibrate."
         )
     new, inserted = _rebuild(model, targets, name or f"{model.name}_calibrated")
+    fused = {kg.flat_name(k): v == "fused" for k, v in targets.items()}
     producers = list(inserted)
     probe_inputs = new.inputs if len(new.inputs) > 1 else new.inputs[0]
     probe = keras.Model(probe_inputs, [new.get_layer(p).output for p in producers])
@@ -232,8 +257,7 @@ def calibrate(model, data, batch_size: int = 256, batches: Optional[int] = None,
         bn.beta.assign(mu.astype(dtype))
         bn.moving_mean.assign(mu.astype(dtype))
         bn.moving_variance.assign(moving_var.astype(dtype))
-        records.append(CalibratedLayer(p, bn_name, relu_name, targets[p] == "fused",
-                                       mu, var))
+        records.append(CalibratedLayer(p, bn_name, relu_name, fused[p], mu, var))
         if verbose:
             print(f"  calibrate {p}: {mu.shape[0]} channels, mean μ {mu.mean():.4g}, "
                   f"mean σ {np.sqrt(var).mean():.4g}, "

@@ -490,6 +490,9 @@ class Cost:
 
     Attributes:
         name: recorded in the trajectory's options.
+        groups: which groups the cost can price: ``"all"`` (default) or
+            ``"neurons"`` (only the paper's neuron layers, producer → BN → ReLU →
+            consumers; other groups are left alone).
 
     Example:
 
@@ -503,6 +506,7 @@ class Cost:
     """
 
     name = "custom"
+    groups = "all"
 
     def prune(self, c: PruneCandidates) -> np.ndarray:
         """``J`` of each prune candidate."""
@@ -552,10 +556,13 @@ class PaperCost(Cost):
 
     ``J_prune = n‖f_i‖/(C − ‖f_i‖)``, ``J_merge = n·sqrt(2α*² − 2α*B + A)/(C_rem + α*)``,
     ``J_evict = Σ_l n_l C_l / C_identity``; every action is ranked by its distortion
-    per parameter of the static footprint ``P_init``, whatever the budget.
+    per parameter of the static footprint ``P_init``, whatever the budget. Only the
+    paper's neuron layers are priced (``groups = "neurons"``): residual streams and
+    the other coupled groups are outside the paper.
     """
 
     name = "paper"
+    groups = "neurons"
 
     def prune(self, c):
         return j_prune(c.capacity, c.C, c.n)

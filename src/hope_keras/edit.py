@@ -7,6 +7,11 @@ interrupts it, the mirror is restored to the last completed step. `commit()` is 
 or nothing: Ctrl-C waits until every variable is written, an error while writing
 puts back the ones already written.
 
+Edits go through the group's couplings (`hope_keras.graph.Coupling`) and the layer
+registry (`hope_keras.layers`): removing channel ``c`` zeroes every writer's output
+slice, every channelwise layer's per-channel weights and every reader's input
+slice, whatever the layer types.
+
 The editor decides nothing: the engine (or a replay, or a baseline) tells it what
 to do.
 """
@@ -19,9 +24,11 @@ import signal
 import threading
 from typing import Dict, List, Optional, Tuple
 
+import keras
 import numpy as np
 
-from hope_keras.graph import ModelGraph, NeuronGroup
+from hope_keras import layers as layer_rules
+from hope_keras.graph import Coupling, ModelGraph, NeuronGroup
 from hope_keras.kernels import relu_mean
 
 
@@ -76,13 +83,17 @@ class ParentCoefficients:
 class _MirrorLayer:
     """Read-only view of one layer whose weights come from the editor's mirror."""
 
+    _ATTRS = ("kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance",
+              "depthwise_kernel", "pointwise_kernel", "alpha")
+
     def __init__(self, editor: "ModelEditor", name: str):
         self._editor = editor
         self._layer = editor.layer(name)
+        self.wrapped_layer = self._layer
         self.name = name
 
     def __getattr__(self, attr):
-        if attr in ("kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance"):
+        if attr in self._ATTRS:
             if getattr(self._layer, attr, None) is None:
                 return None
             return self._editor.array(self.name, attr)
@@ -99,12 +110,22 @@ class _MirrorModel:
         return _MirrorLayer(self._editor, name)
 
 
+def _axis_index(ndim: int, axis: int, idx) -> tuple:
+    index = [slice(None)] * ndim
+    index[axis] = idx
+    return tuple(index)
+
+
 class ModelEditor:
     """Edits a model's weights in place: prune, merge and evict.
 
     Args:
         model: The Keras model to edit.
         graph: Its `ModelGraph` (from `hope_keras.graph.walk` or `analyze`).
+        mean_compensation: Default of `prune`'s ``compensate``.
+        moments: The `hope_keras.moments.propagate` table of the *unedited* model
+            (``Analysis.moments``): the means used to compensate ``"coupled"``
+            groups (computed on demand when needed and not given).
 
     Example:
 
@@ -122,20 +143,24 @@ class ModelEditor:
     0.0
     """
 
-    def __init__(self, model, graph: ModelGraph, mean_compensation: bool = False):
+    def __init__(self, model, graph: ModelGraph, mean_compensation: bool = False,
+                 moments=None):
         self.model = model
         self.graph = graph
         self.mean_compensation = bool(mean_compensation)
+        self._moments = moments
         self._arrays: Dict[Tuple[str, str], np.ndarray] = {}
         self._dirty: set = set()
         self._undo: List = None
         self._blocks = {b.name: b for b in graph.blocks}
-        # model.get_layer scans every layer: cache the lookups (a step must not
-        # cost O(number of layers)).
-        self._layers = {layer.name: layer for layer in model.layers}
+        # Cached lookups (a step must not cost O(number of layers)); nested layers too.
+        if graph.flat is not None:
+            self._layers = dict(graph.flat.layers)
+        else:
+            self._layers = {layer.name: layer for layer in model.layers}
 
     def layer(self, name: str):
-        """The model's layer called `name` (cached lookup)."""
+        """The model's layer with key `name` (cached lookup)."""
         return self._layers[name]
 
     # ------------------------------------------------------------------ mirror
@@ -204,25 +229,6 @@ class ModelEditor:
             raise interrupted
 
     # ------------------------------------------------------------ channel edits
-    def _consumer_index(self, consumer, channel: int, channels: int):
-        kernel = self.array(consumer.layer, "kernel")
-        if consumer.kind == "conv":
-            return (Ellipsis, channel, slice(None))
-        return (np.arange(channel, kernel.shape[0], channels), slice(None))
-
-    def _zero_channel(self, producer: str, bn: str, channel: int) -> None:
-        """Makes `channel` of producer → BN output exactly zero."""
-        layer = self.layer(producer)
-        self._write(producer, "kernel", (Ellipsis, channel), 0.0)
-        if getattr(layer, "use_bias", False) and layer.bias is not None:
-            self._write(producer, "bias", channel, 0.0)
-        bn_layer = self.layer(bn)
-        for attr in ("gamma", "beta"):
-            if getattr(bn_layer, attr, None) is not None:
-                self._write(bn, attr, channel, 0.0)
-        # With γ fixed to 1 (scale=False) the output is (0 − μ)/s + β: zero μ too.
-        self._write(bn, "moving_mean", channel, 0.0)
-
     def _group(self, name: str) -> NeuronGroup:
         try:
             return self.graph.groups[name]
@@ -231,39 +237,88 @@ class ModelEditor:
                 f"No neuron group named '{name}'. Known groups: {list(self.graph.groups)}"
             ) from None
 
+    def _in_indices(self, c: Coupling, i: int):
+        """(attr, index) of every weight slice reader `c.layer` applies to channel i."""
+        layer = self.layer(c.layer)
+        out = []
+        for w in layer_rules.get(layer).in_weights(layer):
+            if getattr(layer, w.attr, None) is None:
+                continue
+            pos = c.positions[i]
+            if w.expand != 1:
+                pos = (pos[:, None] * w.expand + np.arange(w.expand)).reshape(-1)
+            out.append((w.attr, _axis_index(self.array(c.layer, w.attr).ndim, w.axis, pos)))
+        return out
+
+    def _zero_coupling(self, c: Coupling, i: int) -> None:
+        layer = self.layer(c.layer)
+        rule = layer_rules.get(layer)
+        if c.role == "out":
+            for w in rule.out_weights(layer):
+                arr = self.array(c.layer, w.attr)
+                self._write(c.layer, w.attr, _axis_index(arr.ndim, w.axis, i), 0.0)
+        elif c.role == "channel":
+            for w in rule.channel_weights(layer):
+                if w.attr == "moving_variance":
+                    continue
+                arr = self.array(c.layer, w.attr)
+                self._write(c.layer, w.attr, _axis_index(arr.ndim, w.axis, c.positions[i]),
+                            0.0)
+        else:
+            for attr, index in self._in_indices(c, i):
+                self._write(c.layer, attr, index, 0.0)
+
     def prune(self, group: str, i: int, compensate: Optional[bool] = None) -> None:
-        """Neuron `i` of `group` outputs exactly zero; its output slices are zeroed.
+        """Channel `i` of `group` is removed: every coupled slice is zeroed.
 
         With mean compensation (``compensate``, default: the editor's
-        ``mean_compensation``) the neuron is replaced by its mean under the BN
-        surrogate, ``m = E[ReLU(N(β_i, γ_i²))]``: each consumer's bias gains
-        ``Σ u_i · m`` (or, for a bias-free consumer followed only by a
-        BatchNormalization, that BN's moving mean loses it). Consumers with neither
-        are left uncompensated.
+        ``mean_compensation``) the channel is replaced by its mean: each reader's
+        bias gains ``Σ w · E[x_i]`` (or, for a bias-free reader followed only by a
+        BatchNormalization, that BN's moving mean loses it). For a ``"neurons"``
+        group ``E[x_i] = E[ReLU(N(β_i, γ_i²))]`` from the current BN; for other
+        groups the means of the data-free moment propagation of the unedited model.
+        Readers with neither bias nor BN are left uncompensated.
         """
         g = self._group(group)
         compensate = self.mean_compensation if compensate is None else compensate
         shifts = self._mean_shifts(g, i) if compensate else ()
-        self._zero_channel(g.producer, g.bn, i)
-        for c in g.consumers:
-            self._write(c.layer, "kernel", self._consumer_index(c, i, g.size), 0.0)
+        for c in g.couplings:
+            self._zero_coupling(c, i)
         for layer, attr, value in shifts:
             self._write(layer, attr, slice(None), value)
 
-    def _mean_shifts(self, g: NeuronGroup, i: int):
-        """``(layer, attr, new value)`` writes that move neuron i's mean into biases."""
-        bn = self.layer(g.bn)
-        gamma = float(self.array(g.bn, "gamma")[i]) if bn.scale else 1.0
-        beta = float(self.array(g.bn, "beta")[i]) if bn.center else 0.0
-        m = float(relu_mean(gamma, beta))
-        out = []
-        if m == 0.0:
+    def _channel_means(self, g: NeuronGroup, i: int) -> Dict[str, np.ndarray]:
+        """Per reader, ``(out,)``: what channel i adds on average to its outputs."""
+        from hope_keras.neurons import reader_means
+
+        if g.kind == "neurons":
+            bn = self.layer(g.bn)
+            gamma = float(self.array(g.bn, "gamma")[i]) if bn.scale else 1.0
+            beta = float(self.array(g.bn, "beta")[i]) if bn.center else 0.0
+            m = float(relu_mean(gamma, beta))
+            out = {}
+            if m == 0.0:
+                return out
+            for c in g.readers:
+                rows = [self.array(c.layer, attr)[index].astype(np.float64)
+                        for attr, index in self._in_indices(c, i)]
+                kernel = rows[0]
+                out[c.layer] = m * kernel.reshape(-1, kernel.shape[-1]).sum(axis=0)
             return out
-        for c in g.consumers:
-            kernel = self.array(c.layer, "kernel")
-            rows = kernel[self._consumer_index(c, i, g.size)].astype(np.float64)
-            shift = m * rows.reshape(-1, kernel.shape[-1]).sum(axis=0)
-            target = self._bias_target(c.layer)
+        if self._moments is None:
+            from hope_keras import moments as moments_lib
+
+            self._moments = moments_lib.propagate(self.graph.flat)
+        get = self.mirror_model().get_layer
+        return {c.layer: reader_means(get, c, self._moments)[i] for c in g.readers}
+
+    def _mean_shifts(self, g: NeuronGroup, i: int):
+        """``(layer, attr, new value)`` writes that move channel i's mean into biases."""
+        out = []
+        for reader, shift in self._channel_means(g, i).items():
+            if not np.any(shift):
+                continue
+            target = self._bias_target(reader)
             if target is None:
                 continue
             layer, attr, sign = target
@@ -271,13 +326,13 @@ class ModelEditor:
             out.append((layer, attr, (cur.astype(np.float64) + sign * shift).astype(cur.dtype)))
         return out
 
-    def _bias_target(self, consumer: str):
-        """Where a constant added to `consumer`'s output can go: its bias, or the
+    def _bias_target(self, reader: str):
+        """Where a constant added to `reader`'s output can go: its bias, or the
         moving mean of the BatchNormalization that alone follows it (sign −1)."""
-        layer = self.layer(consumer)
+        layer = self.layer(reader)
         if getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
-            return consumer, "bias", 1.0
-        bn = self.graph.bn_after.get(consumer) if hasattr(self.graph, "bn_after") else None
+            return reader, "bias", 1.0
+        bn = self.graph.bn_after.get(reader)
         if bn is not None:
             return bn, "moving_mean", -1.0
         return None
@@ -287,9 +342,12 @@ class ModelEditor:
 
         The parent's pre-activation is exactly ``a1·y_i + a2·y_j`` (BN folded), its
         output slices are ``m1·u_i + m2·u_j``; both are computed from the current
-        weights, so channels pruned elsewhere stay zero.
+        weights, so channels pruned elsewhere stay zero. ``"neurons"`` groups only.
         """
         g = self._group(group)
+        if g.kind != "neurons":
+            raise ValueError(f"Group '{group}' is a {g.kind!r} group: only 'neurons' "
+                             "groups (producer → BN → ReLU → consumers) can merge.")
         producer = self.layer(g.producer)
         bn = self.layer(g.bn)
         dtype = self.array(g.producer, "kernel").dtype
@@ -324,12 +382,11 @@ class ModelEditor:
         new_filter = w_v * (s_k / gamma_w)
         new_mean = (beta_w - b_v) * s_k / gamma_w
         rows = []
-        for c in g.consumers:
-            idx_i = self._consumer_index(c, i, g.size)
-            idx_j = self._consumer_index(c, j, g.size)
-            k = self.array(c.layer, "kernel")
-            rows.append((c.layer, idx_i, coef.m1 * k[idx_i].astype(np.float64)
-                         + coef.m2 * k[idx_j].astype(np.float64)))
+        for c in g.readers:
+            for (attr, idx_i), (_, idx_j) in zip(self._in_indices(c, i), self._in_indices(c, j)):
+                k = self.array(c.layer, attr)
+                rows.append((c.layer, attr, idx_i, coef.m1 * k[idx_i].astype(np.float64)
+                             + coef.m2 * k[idx_j].astype(np.float64)))
         # All values are computed; now write (atomic under step()).
         self._write(g.producer, "kernel", (Ellipsis, i), new_filter.astype(dtype))
         if has_bias:
@@ -340,12 +397,13 @@ class ModelEditor:
             self._write(g.bn, "beta", i, beta_w)
         self._write(g.bn, "moving_mean", i, new_mean)
         self._write(g.bn, "moving_variance", i, max(gamma_k2 - bn.epsilon, 0.0))
-        for layer, idx, value in rows:
-            self._write(layer, "kernel", idx, value)
+        for layer, attr, idx, value in rows:
+            self._write(layer, attr, idx, value)
         self.prune(group, j, compensate=False)
 
     def evict(self, block: str) -> None:
-        """The block's branch outputs exactly zero (its final BN γ = β = 0)."""
+        """The block's branch outputs exactly zero (its final BN γ = β = 0, or its
+        final convolution's weights when the branch ends without a BN)."""
         try:
             b = self._blocks[block]
         except KeyError:
@@ -354,11 +412,15 @@ class ModelEditor:
             ) from None
         if not b.evictable:
             raise ValueError(f"Block '{block}' has a projection shortcut: it cannot be evicted.")
-        bn = self.layer(b.final_bn)
-        if bn.scale and bn.center:
-            self._write(b.final_bn, "gamma", slice(None), 0.0)
-            self._write(b.final_bn, "beta", slice(None), 0.0)
-        else:
-            n = self.array(b.final_bn, "moving_mean").shape[0]
-            for c in range(n):
-                self._zero_channel(b.final_producer, b.final_bn, c)
+        producer = self.layer(b.final_producer)
+        if b.final_bn is not None:
+            bn = self.layer(b.final_bn)
+            if bn.scale and bn.center:
+                self._write(b.final_bn, "gamma", slice(None), 0.0)
+                self._write(b.final_bn, "beta", slice(None), 0.0)
+                return
+            for attr in ("gamma", "beta", "moving_mean"):
+                if getattr(bn, attr, None) is not None:
+                    self._write(b.final_bn, attr, slice(None), 0.0)
+        for w in layer_rules.get(producer).out_weights(producer):
+            self._write(b.final_producer, w.attr, slice(None), 0.0)

@@ -23,6 +23,7 @@ import keras
 import numpy as np
 
 from hope_keras import costs
+from hope_keras import layers as layer_rules
 from hope_keras.analysis import Analysis, analyze
 from hope_keras.cache import build_group_cache
 from hope_keras.edit import ModelEditor, ParentCoefficients, defer_keyboard_interrupt
@@ -84,64 +85,85 @@ class CompressionInterrupted(KeyboardInterrupt):
 class _SizeCounter:
     """Live parameters and FLOPs of the slimmed model, updated per touched layer.
 
-    Every layer's size is a function of the live widths of the groups it reads
-    (input channels) and writes (output channels); a step recounts only the layers
-    of the groups it touched. FLOPs are 2 × the multiply-adds of the layers with a
-    kernel (Dense, ConvND) for one example; BN, activations and pooling count 0.
+    Every tensor has a live channel count; removing a channel of a group lowers it
+    on every tensor the group flows through, and each layer's size is recounted
+    from its input and output live counts by its layer rule (`hope_keras.layers`).
+    A step recounts only the layers of the group it touched. FLOPs are 2 × the
+    multiply-adds of the layers with kernels (Dense, ConvND, depthwise and
+    separable convolutions) for one example; BN, activations and pooling count 0.
     """
 
     def __init__(self, model, analysis: Analysis):
         g = analysis.graph
+        fg = g.flat
+        self.fg = fg
         self.params0 = int(model.count_params())
         self.live = {name: grp.size for name, grp in g.groups.items()}
-        self.size0 = dict(self.live)
-        self.in_group: Dict[str, str] = {}
-        self.out_group: Dict[str, str] = {}
+        self.tensor_live = {t: (int(s[-1]) if len(s) > 1 and s[-1] else 0)
+                            for t, s in fg.shapes.items()}
+        self.group_tensors = {name: {t: pos.shape[1] for t, pos in grp.tensors.items()}
+                              for name, grp in g.groups.items()}
         self.layers_of: Dict[str, set] = {}
+        touched = set()
         for name, grp in g.groups.items():
-            self.out_group[grp.producer] = name
-            self.out_group[grp.bn] = name
-            for c in grp.consumers:
-                self.in_group[c.layer] = name
-            self.layers_of[name] = {grp.producer, grp.bn} | {c.layer for c in grp.consumers}
-        self.info: Dict[str, tuple] = {}
-        self.evicted: set = set()
-        flops0 = 0
-        for layer in _all_layers(model):
-            kind, shape, extra = _layer_size_info(layer)
-            if kind == "kernel":
-                flops0 += 2 * shape[2] * shape[0] * shape[1]
-        self.flops0 = flops0
-        layers = set(self.in_group) | set(self.out_group)
+            keys = set()
+            for t in grp.tensors:
+                p = fg.producer_node(t)
+                if p is not None:
+                    keys.add(p.key)
+                keys |= {fg.nodes[k].key for k in fg.consumers.get(t, ())}
+            keys = {k for k in keys if _sized(fg.layers[k])}
+            self.layers_of[name] = keys
+            touched |= keys
         for b in g.blocks:
-            layers |= set(b.branch_layers)
+            touched |= {k for k in b.branch_layers if _sized(fg.layers[k])}
+        self.evicted: set = set()
+        self.flops0 = sum(self._node_flops(n) for n in fg.nodes)
         self.params_now, self.flops_now = {}, {}
-        for name in layers:
-            layer = model.get_layer(name)
-            self.info[name] = _layer_size_info(layer)
-            self.params_now[name] = int(layer.count_params())
-            self.flops_now[name] = self._count(name)[1]
+        for key in touched:
+            self.params_now[key], self.flops_now[key] = self._count(key)
         self.params = self.params0
         self.flops = self.flops0
 
-    def _count(self, name: str, live=None):
-        """(params, flops) of layer `name` at the live widths `live`."""
-        live = self.live if live is None else live
-        if name in self.evicted:
+    def _node_flops(self, node, tensor_live=None) -> int:
+        layer = node.op
+        if not isinstance(layer, keras.layers.Layer) or not node.inputs or not node.outputs:
+            return 0
+        live = self.tensor_live if tensor_live is None else tensor_live
+        rule = layer_rules.get(layer)
+        return int(rule.flops(layer, node, live[node.inputs[0]], live[node.outputs[0]],
+                              self.fg.shapes[node.inputs[0]], self.fg.shapes[node.outputs[0]]))
+
+    def _count(self, key: str, tensor_live=None):
+        """(params, flops) of layer `key` at the given live tensor widths."""
+        if key in self.evicted:
             return 0, 0
-        kind, shape, extra = self.info[name]
-        if kind == "none":
-            return 0, 0
-        if kind == "bn":
-            g = self.out_group.get(name)
-            return extra * (live[g] if g else shape), 0
-        rows, out, spatial = shape
-        if name in self.out_group:
-            out = live[self.out_group[name]]
-        if name in self.in_group:
-            g = self.in_group[name]
-            rows = rows // self.size0[g] * live[g]
-        return rows * out + extra * out, 2 * spatial * rows * out
+        live = self.tensor_live if tensor_live is None else tensor_live
+        node = self.fg.node_of(key)
+        layer = node.op
+        rule = layer_rules.get(layer)
+        role = layer_rules.role_of(layer, node)
+        n_in = live[node.inputs[0]] if node.inputs else None
+        n_out = live[node.outputs[0]] if node.outputs else None
+        if role == "source":
+            params = layer_rules.weight_param_count(layer, rule, n_in, n_out, None)
+        elif role == "channelwise":
+            params = layer_rules.weight_param_count(layer, rule, None, None, n_in)
+        else:
+            params = int(layer.count_params())
+        return params, self._node_flops(node, live)
+
+    def _lives_after(self, group: str, removed: int):
+        live = dict(self.tensor_live)
+        for t, k in self.group_tensors[group].items():
+            live[t] -= k * removed
+        return live
+
+    def remove(self, group: str, removed: int) -> None:
+        """Records that `group` lost `removed` channels (recount with `update`)."""
+        self.live[group] -= removed
+        for t, k in self.group_tensors[group].items():
+            self.tensor_live[t] -= k * removed
 
     def update(self, names: Iterable[str]) -> None:
         for name in names:
@@ -151,12 +173,13 @@ class _SizeCounter:
             self.params_now[name], self.flops_now[name] = p, f
 
     def marginal(self, group: str, removed: int = 1):
-        """(params, flops) the slimmed model loses if `group` loses `removed` neurons."""
-        live = dict(self.live)
-        live[group] -= removed
+        """(params, flops) the slimmed model loses if `group` loses `removed` channels."""
+        live = {t: self.tensor_live[t] - k * removed
+                for t, k in self.group_tensors[group].items()}
+        full = _Overlay(self.tensor_live, live)
         dp = df = 0
         for name in self.layers_of[group]:
-            p, f = self._count(name, live)
+            p, f = self._count(name, full)
             dp += self.params_now[name] - p
             df += self.flops_now[name] - f
         return dp, df
@@ -170,28 +193,22 @@ class _SizeCounter:
         return self.flops / max(self.flops0, 1)
 
 
-def _all_layers(model):
-    for layer in model.layers:
-        if isinstance(layer, keras.Model):
-            yield from _all_layers(layer)
-        else:
-            yield layer
+class _Overlay(dict):
+    """A read-only view of `base` with a few keys replaced (no copy)."""
+
+    def __init__(self, base, changes):
+        super().__init__(changes)
+        self._base = base
+
+    def __missing__(self, key):
+        return self._base[key]
 
 
-def _layer_size_info(layer):
-    """``(kind, shape, extra)`` for `_SizeCounter`: kernel rows/outputs/positions."""
-    if getattr(layer, "kernel", None) is not None:
-        kshape = tuple(layer.kernel.shape)
-        bias = int(bool(getattr(layer, "use_bias", False)))
-        try:
-            out_shape = tuple(layer.output.shape)
-            spatial = int(np.prod([d for d in out_shape[1:-1]] or [1]))
-        except Exception:  # a layer called several times has no single output
-            spatial = 1
-        return "kernel", (int(np.prod(kshape[:-1])), kshape[-1], spatial), bias
-    if isinstance(layer, keras.layers.BatchNormalization):
-        return "bn", int(layer.moving_mean.shape[0]), len(layer.weights)
-    return "none", 0, 0
+def _sized(layer) -> bool:
+    """Whether a layer's size (parameters or FLOPs) depends on its channel counts."""
+    if not isinstance(layer, keras.layers.Layer):
+        return False
+    return bool(layer.weights) or layer_rules.get(layer).role == "source"
 
 
 class _GroupState:
@@ -208,8 +225,12 @@ class _GroupState:
         self.C = max(cache.layer_capacity(), costs.FLOOR)
         self.C_init = self.C
         self.frozen = False
-        ok = cache.wnorm > 0
-        self.pair_ok = np.triu(np.outer(ok, ok), k=1)
+        self.mergeable = bool(getattr(cache, "mergeable", False))
+        if self.mergeable:
+            ok = cache.wnorm > 0
+            self.pair_ok = np.triu(np.outer(ok, ok), k=1)
+        else:
+            self.pair_ok = None
         self.version = 0
 
     def refresh_pair_mask(self, i: int) -> None:
@@ -221,7 +242,8 @@ class _GroupState:
 
     def remove(self, j: int) -> None:
         self.active[j] = False
-        self.pair_ok[j, :], self.pair_ok[:, j] = False, False
+        if self.pair_ok is not None:
+            self.pair_ok[j, :], self.pair_ok[:, j] = False, False
         self.n -= 1
 
 
@@ -299,7 +321,8 @@ class Encoder:
         if analysis is None:
             analysis = analyze(model, kernel=kernel, verbose=verbose)
         else:  # the run mutates the caches: keep the caller's analysis intact
-            analysis = copy.deepcopy(analysis)
+            analysis = dataclasses.replace(
+                analysis, caches={k: copy.deepcopy(v) for k, v in analysis.caches.items()})
         self.analysis = analysis
         self.actions = set(actions)
         self.merge_scale = merge_scale
@@ -308,17 +331,30 @@ class Encoder:
         self.budget = budget
         a = self.analysis
         self.graph = a.graph
+        # The cost says which groups it can price (the paper's: its neuron layers).
+        scope = getattr(self.cost, "groups", "all")
         self.groups = {name: _GroupState(name, a.caches[name], a.states[name].p_init)
-                       for name in a.caches}
-        self.blocks = {b.name: b for b in self.graph.blocks}
-        self.block_reports = {b.name: b for b in a.blocks}
-        self.block_of = self.graph.block_of_group()
+                       for name in a.caches
+                       if scope == "all" or self.graph.groups[name].kind == scope}
+        self.blocks = {b.name: b for b in self.graph.blocks
+                       if all(g in self.groups for g in b.groups)}
+        self.block_reports = {b.name: b for b in a.blocks if b.name in self.blocks}
+        self.block_of = {g: b for g, b in self.graph.block_of_group().items()
+                         if b in self.blocks}
         self.evicted: set = set()
-        self.num_neurons = a.num_neurons
+        self.num_neurons = int(sum(gs.size0 for gs in self.groups.values()))
+        if self.num_neurons == 0:
+            what = ("no compressible neuron group" if not a.groups else
+                    f"no neuron group the cost {self.cost.name!r} can price")
+            raise ValueError(
+                f"Model '{model.name}' has {what}. Pinned layers: "
+                f"{a.pinned_summary() or 'none (no Dense/Conv layers)'}. "
+                "See hope_keras.analyze(model).summary() for every reason.")
         self.active = self.num_neurons
         self.sizes = _SizeCounter(model, a)
         self.mean_compensation = bool(mean_compensation)
-        self.editor = ModelEditor(model, self.graph, mean_compensation=mean_compensation)
+        self.editor = ModelEditor(model, self.graph, mean_compensation=mean_compensation,
+                                  moments=a.moments)
         self._neighbors = self._neighbor_map() if refresh == "neighbors" else {}
         self._heap: list = []
         self._seq = 0
@@ -389,7 +425,7 @@ class Encoder:
         cap = cache.capacity
         if "prune" in self.actions:
             idx = np.flatnonzero(gs.active)
-            u_norm = np.sqrt(np.maximum(np.diag(cache.gram_u)[idx], 0.0))
+            u_norm = cache.u_norm[idx]
             J = self.cost.prune(costs.PruneCandidates(cap[idx], gs.C, gs.n, gs.size0,
                                                       cache.k_self[idx], u_norm,
                                                       cache.gamma[idx]))
@@ -397,7 +433,7 @@ class Encoder:
             k = int(np.argmin(dr))
             best = Action("prune", name, int(idx[k]), -1, float(J[k]), float(dr[k]),
                           float(gs.p_init[idx[k]]), 1)
-        if "merge" in self.actions:
+        if "merge" in self.actions and gs.mergeable:
             ii, jj = np.nonzero(gs.pair_ok)
             if ii.size:
                 A = cap[ii] ** 2 + cap[jj] ** 2
@@ -542,14 +578,15 @@ class Encoder:
         lives = {unit} if not evict else set(self.blocks[unit].groups)
         saved = ({k: (counter.params_now[k], counter.flops_now[k]) for k in touched},
                  counter.params, counter.flops, {g: counter.live[g] for g in lives},
+                 {t: counter.tensor_live[t] for g in lives for t in counter.group_tensors[g]},
                  set(counter.evicted) if evict else None)
         try:
             if evict:
                 counter.evicted |= set(self.blocks[unit].branch_layers)
                 for g in self.blocks[unit].groups:
-                    counter.live[g] = 0
+                    counter.remove(g, counter.live[g])
             else:
-                counter.live[unit] -= self.active - active_after
+                counter.remove(unit, self.active - active_after)
             counter.update(touched)
             step = Step(action.kind, unit, int(action.i), int(action.j), float(action.J),
                         float(action.P_init), float(action.DR), float(c_before),
@@ -562,8 +599,9 @@ class Encoder:
                 counter.params_now[k], counter.flops_now[k] = p, f
             counter.params, counter.flops = saved[1], saved[2]
             counter.live.update(saved[3])
+            counter.tensor_live.update(saved[4])
             if evict:
-                counter.evicted = saved[4]
+                counter.evicted = saved[5]
             raise
         return step
 
@@ -622,7 +660,8 @@ class Encoder:
                     for g in b.groups:
                         per_group[g] = 0
         counter = _SizeCounter(self.model, self.analysis)
-        counter.live.update({n: max(v, 0) for n, v in per_group.items()})
+        for n, v in per_group.items():
+            counter.remove(n, counter.live[n] - max(v, 0))
         for b in evictable:
             counter.evicted |= set(self.blocks[b].branch_layers)
         counter.update(list(counter.params_now))

@@ -1,12 +1,31 @@
-"""Keras graph walkers: find the neurons HOPE may cut, and why others are pinned.
+"""Keras graph walkers: find the channels HOPE may cut, and why others are pinned.
 
-A *neuron group* is a producer with a kernel (Dense, Conv1D/2D/3D) followed only by
-a channel-last BatchNormalization, followed only by a ReLU, whose output reaches one
-or more consumers with kernels through channel-preserving layers only (spec
-section 1). Every kernel layer that does not start such a group is reported as
-*pinned*, with the reason. A *residual block* is an ``Add`` of an identity (or
-projection) shortcut and a branch of neuron groups ending in producer + BN
-(spec section 3).
+The walker reads the model as a flat list of calls (`hope_keras._keras_graph`,
+nested sub-models expanded) and follows every *channel* through it with the layer
+registry (`hope_keras.layers`):
+
+* a *source* layer (Dense, ConvND, SeparableConvND) creates a new channel space;
+* channelwise layers (BN, activations, pooling, depthwise convolutions, ...) carry
+  channel ``c`` to channel ``c``; Concatenate places its inputs at offsets; Flatten
+  spreads a channel over ``P`` positions;
+* elementwise merges (Add, Multiply, ...) *couple* the spaces of their inputs:
+  channel ``c`` of each input can only be removed together with the others.
+
+A *neuron group* is a set of coupled spaces none of which is pinned; removing its
+channel ``c`` means editing every `Coupling` of the group: the output slice of each
+writer (the sources of its spaces), the per-channel weights of each channelwise
+layer on its path (BN γ/β/μ/σ², depthwise kernels, ...), and the input slice of each
+reader (the sources that consume it). A space is *pinned* when one of its channels
+reaches a model output, a shared layer, or a layer the registry cannot see through;
+the reason is kept. A group whose shape is the paper's neuron layer — one Dense/Conv
+producer → BatchNormalization → ReLU → readers through pass-through layers only — is
+of kind ``"neurons"``: HOPE can also merge its neurons. Other groups (residual
+streams, BN after the activation, pre-activation layouts, depthwise chains, SE
+gates, concatenations) are of kind ``"coupled"`` and are pruned channel by channel.
+
+A *residual block* is an ``Add`` of a shortcut and a branch that starts from the
+shortcut's source and holds at least one whole group; an identity (or pooled
+identity) shortcut makes it evictable.
 
 The walkers only read the model; they never change it.
 """
@@ -17,39 +36,15 @@ import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 import keras
+import numpy as np
 
-# Layers that carry channel c of their input to channel c of their output, with no
-# weights: a dead (exactly zero) channel stays dead through them.
-_PASSTHROUGH_TYPES = (
-    keras.layers.MaxPooling1D,
-    keras.layers.MaxPooling2D,
-    keras.layers.MaxPooling3D,
-    keras.layers.AveragePooling1D,
-    keras.layers.AveragePooling2D,
-    keras.layers.AveragePooling3D,
-    keras.layers.GlobalMaxPooling1D,
-    keras.layers.GlobalMaxPooling2D,
-    keras.layers.GlobalMaxPooling3D,
-    keras.layers.GlobalAveragePooling1D,
-    keras.layers.GlobalAveragePooling2D,
-    keras.layers.GlobalAveragePooling3D,
-    keras.layers.ZeroPadding1D,
-    keras.layers.ZeroPadding2D,
-    keras.layers.ZeroPadding3D,
-    keras.layers.Dropout,
-    keras.layers.SpatialDropout1D,
-    keras.layers.SpatialDropout2D,
-    keras.layers.SpatialDropout3D,
-    keras.layers.Flatten,
-    keras.layers.Identity,
-)
-_CONV_TYPES = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
-_KERNEL_TYPES = (keras.layers.Dense,) + _CONV_TYPES
+from hope_keras import _keras_graph as kg
+from hope_keras import layers as layer_rules
 
 
 @dataclasses.dataclass(frozen=True)
 class Consumer:
-    """A layer that reads a group's channels through its kernel.
+    """A layer that reads a ``"neurons"`` group's channels through its kernel.
 
     Attributes:
         layer: Name of the consumer layer (Dense or ConvND).
@@ -62,34 +57,85 @@ class Consumer:
     kind: str
 
 
-@dataclasses.dataclass(frozen=True)
-class NeuronGroup:
-    """One compressible layer of neurons: producer → BN → ReLU → consumers.
+@dataclasses.dataclass(frozen=True, eq=False)
+class Coupling:
+    """One layer's share of a group: which weights channel ``c`` owns there.
 
     Attributes:
-        name: The group's name (the producer layer's name).
-        producer: Name of the Dense/ConvND layer whose output channels are the neurons.
-        bn: Name of the BatchNormalization layer that follows it.
-        activation: Name of the ReLU (or ``Activation("relu")``) layer.
-        consumers: The kernel layers that read the group's output channels.
-        passthrough: Channel-preserving layers between activation and consumers.
-        size: Number of neurons (output channels) at walk time.
+        layer: The layer's key.
+        role: ``"out"`` (a writer: output channel ``c``), ``"channel"`` (a
+            channelwise layer with weights: its channel at ``positions[c]``) or
+            ``"in"`` (a reader: its input positions ``positions[c]``).
+        positions: ``(n, k)`` int array: the positions on the layer's channel axis
+            (output axis for writers, input axis otherwise) that carry channel
+            ``c`` (``k > 1`` after a Flatten).
+        tensor: The tensor key of those positions (the layer's output for writers,
+            its input otherwise).
+    """
+
+    layer: str
+    role: str
+    positions: np.ndarray
+    tensor: str = ""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class NeuronGroup:
+    """A set of channels removed together (see the module docstring).
+
+    Attributes:
+        name: The group's name: its first writer's layer name.
+        size: Number of channels.
+        kind: ``"neurons"`` (the paper's producer → BN → ReLU → consumers, mergeable)
+            or ``"coupled"`` (every other pattern; pruned only).
+        couplings: Every layer's share of the group.
+        producer, bn, activation: ``"neurons"`` groups: the producer, its
+            BatchNormalization and activation layer; for ``"coupled"`` groups the
+            first writer, and None.
+        consumers: ``"neurons"`` groups: the kernel layers that read the channels.
+        passthrough: ``"neurons"`` groups: weightless layers between activation and
+            consumers.
+        tensors: ``{tensor key: (n, k) positions}`` wherever the channels flow.
     """
 
     name: str
-    producer: str
-    bn: str
-    activation: str
-    consumers: Tuple[Consumer, ...]
-    passthrough: Tuple[str, ...]
     size: int
+    kind: str
+    couplings: Tuple[Coupling, ...]
+    producer: str
+    bn: Optional[str] = None
+    activation: Optional[str] = None
+    consumers: Tuple[Consumer, ...] = ()
+    passthrough: Tuple[str, ...] = ()
+    tensors: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    @property
+    def mergeable(self) -> bool:
+        return self.kind == "neurons"
+
+    @property
+    def writers(self) -> Tuple[str, ...]:
+        return tuple(c.layer for c in self.couplings if c.role == "out")
+
+    @property
+    def readers(self) -> Tuple[Coupling, ...]:
+        return tuple(c for c in self.couplings if c.role == "in")
+
+    @property
+    def channelwise(self) -> Tuple[Coupling, ...]:
+        return tuple(c for c in self.couplings if c.role == "channel")
 
     @property
     def layers(self) -> Tuple[str, ...]:
-        """Every layer name involved in the group, producer first."""
-        return (self.producer, self.bn, self.activation) + self.passthrough + tuple(
-            c.layer for c in self.consumers
-        )
+        """Every layer name involved in the group (writers first)."""
+        if self.kind == "neurons":
+            return (self.producer, self.bn, self.activation) + self.passthrough + tuple(
+                c.layer for c in self.consumers)
+        seen = []
+        for c in sorted(self.couplings, key=lambda c: ("out", "channel", "in").index(c.role)):
+            if c.layer not in seen:
+                seen.append(c.layer)
+        return tuple(seen)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,359 +145,579 @@ class ResidualBlock:
     Attributes:
         name: The block's name (the ``Add`` layer's name).
         add: Name of the Add layer.
-        groups: Internal neuron groups of the branch, input side first.
-        final_producer: The branch's last kernel layer (its output is not a group).
-        final_bn: The BatchNormalization that ends the branch; evicting the block
-            sets its γ = β = 0 so the branch outputs exactly zero.
+        groups: Groups that lie wholly inside the branch, input side first.
+        final_producer: The branch's last source layer.
+        final_bn: The BatchNormalization that ends the branch (None when the branch
+            ends with the source itself, as in pre-activation networks); evicting
+            the block makes it output exactly zero.
         shortcut: ``"identity"`` or ``"projection"``.
         evictable: True for identity shortcuts (only those can be evicted).
-        input_bn: The BN that conditions the block input (spec section 3), or None
-            when there is none (the engine then uses the appendix F.3 fallback).
+        input_bn: The BN that conditions the block input (spec section 3): the BN
+            producing it, or None.
         block_input: The layer whose output is the block input.
-        branch_layers: Every layer of the branch, from the first producer to the
-            final BN (what ``slim`` removes when the block is evicted).
+        branch_layers: Every layer of the branch (what ``slim`` removes when the
+            block is evicted).
+        input_reader_bn: Pre-activation layouts: the BN of the branch that reads the
+            block input (its moving statistics measure the stream), or None.
     """
 
     name: str
     add: str
     groups: Tuple[str, ...]
     final_producer: str
-    final_bn: str
+    final_bn: Optional[str]
     shortcut: str
     evictable: bool
     input_bn: Optional[str]
     block_input: str
     branch_layers: Tuple[str, ...]
+    input_reader_bn: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Pinned:
-    """A kernel layer whose output channels cannot be compressed, and why."""
+    """A layer whose output channels cannot be compressed, and why."""
 
     layer: str
     reason: str
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class ModelGraph:
-    """Result of walking a model: its groups, residual blocks and pinned layers."""
+    """Result of walking a model: its groups, residual blocks and pinned layers.
+
+    Attributes:
+        groups: `NeuronGroup` by name, in topological order.
+        blocks: `ResidualBlock` records.
+        pinned: `Pinned` layers with the reason.
+        bn_after: Reader layer → the BatchNormalization that alone follows it
+            (where a bias-free reader's mean compensation goes).
+        flat: The `FlatGraph` the walk read (layer lookups by key).
+        hidden_channels: Output channels of every source layer that does not
+            produce a model output (the denominator of `coverage`).
+    """
 
     groups: Dict[str, NeuronGroup]
     blocks: Tuple[ResidualBlock, ...]
     pinned: Tuple[Pinned, ...]
-    #: Consumer layer → the BatchNormalization that is its only child (where a
-    #: bias-free consumer's mean compensation goes).
     bn_after: Dict[str, str] = dataclasses.field(default_factory=dict)
+    flat: Optional[kg.FlatGraph] = None
+    hidden_channels: int = 0
 
     def block_of_group(self) -> Dict[str, str]:
         """Maps each internal group name to the name of the block that holds it."""
         return {g: b.name for b in self.blocks for g in b.groups}
 
+    def layer(self, key: str):
+        """The layer with key `key` (nested layers included)."""
+        return self.flat.layers[key]
 
-class _LayerGraph:
-    """The model's layers as a DAG of names (a shared layer is one node with the edges
-    of all its calls)."""
+    def coverage(self) -> float:
+        """Share of hidden channels (output channels of the source layers — Dense,
+        ConvND, SeparableConvND — that do not produce a model output) that some
+        group can remove."""
+        n = sum(g.size * len(g.writers) for g in self.groups.values())
+        return n / self.hidden_channels if self.hidden_channels else 0.0
 
-    def __init__(self, model: keras.Model):
-        functional = _functional_of(model)
+    def with_groups(self, groups: Dict[str, NeuronGroup], blocks=None, pinned=None):
+        """A copy restricted to `groups` (and `blocks`; extra `pinned` entries)."""
+        return dataclasses.replace(
+            self, groups=groups, blocks=self.blocks if blocks is None else tuple(blocks),
+            pinned=self.pinned if pinned is None else tuple(pinned))
+
+
+# ---------------------------------------------------------------------------- walker
+_UNSET = object()
+
+
+class _Spaces:
+    """Union-find over channel spaces, with a pin reason per space."""
+
+    def __init__(self):
+        self.parent: List[int] = []
+        self.size: List[int] = []
+        self.pin: List[Optional[str]] = []
+
+    def new(self, size: int, pin: Optional[str] = None) -> int:
+        self.parent.append(len(self.parent))
+        self.size.append(size)
+        self.pin.append(pin)
+        return len(self.parent) - 1
+
+    def find(self, s: int) -> int:
+        root = s
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[s] != root:
+            self.parent[s], s = root, self.parent[s]
+        return root
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return
+        self.parent[rb] = ra
+        if self.pin[ra] is None:
+            self.pin[ra] = self.pin[rb]
+
+    def pin_space(self, s: int, reason: str) -> None:
+        r = self.find(s)
+        if self.pin[r] is None:
+            self.pin[r] = reason
+        if self.pin[s] is None:
+            self.pin[s] = reason
+
+
+def _channels(shape) -> int:
+    if len(shape) < 2 or shape[-1] is None:
+        return 0
+    return int(shape[-1])
+
+
+class _Walker:
+    def __init__(self, model):
         self.model = model
-        self.layers: Dict[str, keras.layers.Layer] = {}
-        self.parents: Dict[str, List[str]] = {}
-        self.children: Dict[str, List[str]] = {}
-        self.calls: Dict[str, int] = {}
-        self.order: List[str] = []
-        depths = sorted(functional._nodes_by_depth.keys(), reverse=True)
-        for depth in depths:
-            for node in functional._nodes_by_depth[depth]:
-                layer = node.operation
-                name = layer.name
-                if isinstance(layer, keras.Model) and not isinstance(
-                    layer, keras.layers.InputLayer
-                ):
-                    raise ValueError(
-                        f"Model '{model.name}' contains the nested model '{name}'. "
-                        "hope_keras walks flat models only: rebuild the model without "
-                        "nesting (call the inner model's layers directly on the outer "
-                        f"inputs). Received: nested model '{name}' of type "
-                        f"{type(layer).__name__}."
-                    )
-                self.calls[name] = self.calls.get(name, 0) + 1
-                if name not in self.layers:
-                    self.layers[name] = layer
-                    self.order.append(name)
-                    self.parents[name] = []
-                    self.children.setdefault(name, [])
-                # Every call's edges: a group feeding any call of a shared layer is pinned.
-                for t in node.input_tensors:
-                    parent = t._keras_history.operation.name
-                    self.parents[name].append(parent)
-                    self.children.setdefault(parent, []).append(name)
-        self.outputs = {t._keras_history.operation.name for t in functional.outputs}
+        self.fg = kg.flatten(model)
+        self.sp = _Spaces()
+        # tensor key → (space ids, channel ids), one entry per channel position.
+        self.pos: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+        self.writer_of: Dict[int, int] = {}  # space → source node index
+        self.readers: List[Tuple[int, str]] = []  # (source node index, tensor read)
+        self.chanwise: List[Tuple[int, str]] = []  # (node index, tensor read)
+        self.unsupported: List[Pinned] = []
 
-    def only_child(self, name: str) -> Optional[str]:
-        kids = self.children.get(name, [])
-        return kids[0] if len(kids) == 1 else None
+    # -- spaces of tensors
+    def _fresh(self, tensor: str, pin: Optional[str], writer: Optional[int] = None):
+        n = _channels(self.fg.shapes[tensor])
+        s = self.sp.new(n, pin)
+        if writer is not None:
+            self.writer_of[s] = writer
+        self.pos[tensor] = (np.full(n, s, dtype=np.int64), np.arange(n, dtype=np.int64))
 
+    def _pin_tensor(self, tensor: str, reason: str) -> None:
+        spaces, _ = self.pos.get(tensor, (np.zeros(0, dtype=np.int64), None))
+        for s in np.unique(spaces):
+            self.sp.pin_space(int(s), reason)
 
-def _functional_of(model: keras.Model):
-    if isinstance(model, keras.Sequential):
-        functional = getattr(model, "_functional", None)
-        if functional is None:
-            raise ValueError(
-                f"Sequential model '{model.name}' is not built. Build it first, e.g. "
-                "by giving it a `keras.Input(shape)` as first layer or calling "
-                "`model.build(input_shape)`."
-            )
-        return functional
-    if not hasattr(model, "_nodes_by_depth"):
-        raise ValueError(
-            "hope_keras needs a Functional or Sequential keras.Model; subclassed "
-            f"models have no static graph to walk. Received: {type(model).__name__} "
-            f"'{getattr(model, 'name', model)}'."
-        )
-    return model
+    def run(self) -> "ModelGraph":
+        fg = self.fg
+        for key, _ in fg.inputs:
+            self._fresh(key, "it is computed from the model input")
+        for node in fg.nodes:
+            self._visit(node)
+        for t in fg.outputs:
+            prod = fg.producer_node(t)
+            self._pin_tensor(t, f"it reaches the model output "
+                                f"('{prod.key if prod else 'input'}')")
+        return self._assemble()
 
+    def _unsupported(self, node, reason: str) -> None:
+        for t in node.inputs:
+            if t in self.pos:
+                self._pin_tensor(t, f"it feeds '{node.key}': {reason}")
+        for t in node.outputs:
+            self._fresh(t, f"it is the output of '{node.key}': {reason}")
 
-def _is_relu(layer) -> bool:
-    if isinstance(layer, keras.layers.ReLU):
-        return (
-            layer.max_value is None
-            and float(layer.negative_slope) == 0.0
-            and float(layer.threshold) == 0.0
-        )
-    if isinstance(layer, keras.layers.Activation):
-        return getattr(layer.activation, "__name__", "") == "relu"
-    return False
-
-
-def _is_passthrough(layer) -> bool:
-    if isinstance(layer, _PASSTHROUGH_TYPES):
-        return True
-    if isinstance(layer, keras.layers.Activation):
-        return getattr(layer.activation, "__name__", "") == "linear"
-    return False
-
-
-def _activation_name(layer) -> str:
-    act = getattr(layer, "activation", None)
-    return getattr(act, "__name__", str(act))
-
-
-def _kernel_problem(layer) -> Optional[str]:
-    """Why a kernel layer cannot have its input channels sliced (None if it can)."""
-    if isinstance(layer, _CONV_TYPES):
-        if getattr(layer, "groups", 1) != 1:
-            return f"'{layer.name}' is a grouped convolution (groups={layer.groups})"
-        if getattr(layer, "data_format", "channels_last") != "channels_last":
-            return f"'{layer.name}' uses data_format='{layer.data_format}'"
-    return None
-
-
-def _bn_is_channel_last(bn) -> bool:
-    axis = bn.axis if isinstance(bn.axis, int) else (
-        bn.axis[0] if len(bn.axis) == 1 else None
-    )
-    if axis is None:
-        return False
-    rank = len(bn.input.shape) if hasattr(bn, "input") else None
-    return axis == -1 or (rank is not None and axis == rank - 1)
-
-
-def _trace_consumers(g: _LayerGraph, start: str):
-    """Follows `start`'s output through pass-through layers to kernel consumers.
-
-    Returns ``(consumers, passthrough, problem)`` where ``problem`` is a reason
-    string when the output reaches anything else.
-    """
-    consumers: List[Consumer] = []
-    passthrough: List[str] = []
-    frontier = [start]
-    seen = set()
-    while frontier:
-        name = frontier.pop()
-        if name in g.outputs:
-            return [], [], f"the output of '{name}' is a model output"
-        for child in g.children.get(name, []):
-            if child in seen:
-                continue
-            seen.add(child)
-            layer = g.layers[child]
-            if g.calls[child] > 1:
-                return [], [], (
-                    f"it reaches the shared layer '{child}' (called {g.calls[child]} times)"
-                )
-            if isinstance(layer, _KERNEL_TYPES):
-                problem = _kernel_problem(layer)
-                if problem:
-                    return [], [], f"its consumer {problem}"
-                kind = "dense" if isinstance(layer, keras.layers.Dense) else "conv"
-                consumers.append(Consumer(child, kind))
-            elif _is_passthrough(layer):
-                passthrough.append(child)
-                frontier.append(child)
+    def _visit(self, node) -> None:
+        fg = self.fg
+        op = node.op
+        rule = layer_rules.get(op)
+        role = layer_rules.role_of(op, node)
+        in_shape = fg.shapes.get(node.inputs[0]) if node.inputs else None
+        rank = len(in_shape) if in_shape is not None else None
+        if fg.calls[node.key] > 1:
+            reason = f"a shared layer (called {fg.calls[node.key]} times)"
+            self.unsupported.append(Pinned(node.key, reason))
+            self._unsupported(node, reason)
+            return
+        if len(node.outputs) != 1 or not node.inputs or any(t not in self.pos
+                                                             for t in node.inputs):
+            self._unsupported(node, f"{type(op).__name__} with inputs or outputs "
+                                    "hope_keras cannot follow")
+            return
+        problem = rule.check(op, rank) if role != "unsupported" else None
+        if role == "unsupported" or problem:
+            reason = problem or rule.check(op, rank) or (
+                f"{type(op).__name__}, which hope_keras cannot see through")
+            self.unsupported.append(Pinned(node.key, reason))
+            self._unsupported(node, reason)
+            return
+        out = node.outputs[0]
+        n_out = _channels(fg.shapes[out])
+        if role == "source":
+            self.readers.append((node.index, node.inputs[0]))
+            self._fresh(out, None, writer=node.index)
+            return
+        if role in ("channelwise", "reshape"):
+            t = node.inputs[0]
+            spaces, chans = self.pos[t]
+            if len(spaces) != n_out:
+                self._unsupported(node, f"{type(op).__name__}, which changes the "
+                                        "number of channels")
+                return
+            self.pos[out] = (spaces, chans)
+            self.chanwise.append((node.index, t))
+            return
+        if role == "flatten":
+            t = node.inputs[0]
+            shape = fg.shapes[t]
+            spaces, chans = self.pos[t]
+            P = int(np.prod([d for d in shape[1:-1]] or [1]))
+            fmt = getattr(op, "data_format", "channels_last")
+            if fmt == "channels_first" and len(shape) > 2:
+                # Keras moves the channels first before flattening: channel c of a
+                # channels-last input lands at c·P … c·P + P − 1.
+                self.pos[out] = (np.repeat(spaces, P), np.repeat(chans, P))
             else:
-                return [], [], (
-                    f"it feeds '{child}' ({type(layer).__name__}), which does not "
-                    "preserve channels"
-                )
-    if not consumers:
-        return [], [], "its output reaches no layer with a kernel"
-    return consumers, passthrough, None
+                self.pos[out] = (np.tile(spaces, P), np.tile(chans, P))
+            return
+        if role == "concat":
+            parts = [self.pos[t] for t in node.inputs]
+            self.pos[out] = (np.concatenate([p[0] for p in parts]),
+                             np.concatenate([p[1] for p in parts]))
+            if len(self.pos[out][0]) != n_out:
+                self._unsupported(node, "a Concatenate whose channels do not add up")
+            return
+        if role == "merge":
+            self._merge(node, n_out)
+            return
+        self._unsupported(node, f"{type(op).__name__}, which hope_keras cannot see through")
+
+    def _merge(self, node, n_out: int) -> None:
+        full = [t for t in node.inputs if len(self.pos[t][0]) == n_out]
+        for t in node.inputs:
+            if len(self.pos[t][0]) != n_out:  # broadcast over channels
+                self._pin_tensor(t, f"it is broadcast over channels by '{node.key}'")
+        if not full:
+            self._fresh(node.outputs[0], f"it is the output of '{node.key}'")
+            return
+        s0, c0 = self.pos[full[0]]
+        for t in full[1:]:
+            s1, c1 = self.pos[t]
+            if not np.array_equal(c0, c1):
+                reason = f"'{node.key}' combines misaligned channels"
+                self._pin_tensor(full[0], reason)
+                self._pin_tensor(t, reason)
+                continue
+            pairs = np.unique(np.stack([s0, s1]), axis=1)
+            for a, b in pairs.T:
+                self.sp.union(int(a), int(b))
+        self.pos[node.outputs[0]] = (s0, c0)
+
+    # -- assembling groups
+    def _assemble(self) -> "ModelGraph":
+        fg, sp = self.fg, self.sp
+        roots_of_tensor: Dict[str, np.ndarray] = {}
+        members: Dict[int, Dict[str, Tuple[np.ndarray, np.ndarray]]] = {}
+        find = np.vectorize(sp.find, otypes=[np.int64]) if sp.parent else None
+        root_map = np.array([sp.find(s) for s in range(len(sp.parent))], dtype=np.int64)
+        for t, (spaces, chans) in self.pos.items():
+            if len(spaces) == 0:
+                continue
+            roots = root_map[spaces]
+            roots_of_tensor[t] = roots
+            for r in np.unique(roots):
+                if sp.pin[r] is not None:
+                    continue
+                sel = np.flatnonzero(roots == r)
+                members.setdefault(int(r), {})[t] = (sel, chans[sel])
+        del find
+        # Group sizes; uneven appearances pin the group.
+        groups_pos: Dict[int, Dict[str, np.ndarray]] = {}
+        for r, tensors in members.items():
+            n = sp.size[r]
+            table = {}
+            for t, (sel, chans) in tensors.items():
+                counts = np.bincount(chans, minlength=n)
+                if counts.size != n or np.any(counts != counts[0]) or counts[0] == 0:
+                    sp.pin[r] = f"its channels appear unevenly in '{t}'"
+                    break
+                order = np.argsort(chans, kind="stable")
+                table[t] = sel[order].reshape(n, counts[0])
+            else:
+                groups_pos[r] = table
+        # Writers per group, in topological order.
+        writers: Dict[int, List[int]] = {}
+        for s, node_idx in self.writer_of.items():
+            r = int(root_map[s])
+            if r in groups_pos:
+                writers.setdefault(r, []).append(node_idx)
+        groups: Dict[str, NeuronGroup] = {}
+        order = sorted(writers, key=lambda r: min(writers[r]))
+        readers_by_tensor: Dict[str, List[int]] = {}
+        for idx, t in self.readers:
+            readers_by_tensor.setdefault(t, []).append(idx)
+        chan_by_tensor: Dict[str, List[int]] = {}
+        for idx, t in self.chanwise:
+            chan_by_tensor.setdefault(t, []).append(idx)
+        group_of_root: Dict[int, str] = {}
+        for r in order:
+            table = groups_pos[r]
+            couplings = []
+            n = sp.size[r]
+            for w in sorted(writers[r]):
+                couplings.append(Coupling(fg.nodes[w].key, "out",
+                                          np.arange(n, dtype=np.int64)[:, None],
+                                          fg.nodes[w].outputs[0]))
+            for t, positions in table.items():
+                for idx in chan_by_tensor.get(t, ()):
+                    node = fg.nodes[idx]
+                    if layer_rules.get(node.op).channel_weights(node.op):
+                        couplings.append(Coupling(node.key, "channel", positions, t))
+                for idx in readers_by_tensor.get(t, ()):
+                    couplings.append(Coupling(fg.nodes[idx].key, "in", positions, t))
+            name = fg.nodes[min(writers[r])].key
+            group = NeuronGroup(name=name, size=n, kind="coupled", couplings=tuple(couplings),
+                                producer=name, tensors=table)
+            groups[name] = _as_neurons(fg, group) or group
+            group_of_root[r] = name
+        pinned = self._pinned(root_map, groups_pos)
+        blocks = _find_blocks(fg, groups)
+        bn_after = {}
+        for grp in groups.values():
+            for c in grp.readers:
+                node = fg.node_of(c.layer)
+                kids = fg.children(node)
+                if len(kids) == 1 and isinstance(kids[0].op, keras.layers.BatchNormalization) \
+                        and fg.calls[kids[0].key] == 1:
+                    bn_after[c.layer] = kids[0].key
+        hidden = 0
+        for s, node_idx in self.writer_of.items():
+            out = fg.nodes[node_idx].outputs[0]
+            if not fg.is_output(out):
+                hidden += sp.size[s]
+        return ModelGraph(groups=groups, blocks=tuple(blocks), pinned=tuple(pinned),
+                          bn_after=bn_after, flat=fg, hidden_channels=hidden)
+
+    def _pinned(self, root_map, groups_pos) -> List[Pinned]:
+        fg, sp = self.fg, self.sp
+        out: List[Pinned] = []
+        seen = set()
+        for s, node_idx in sorted(self.writer_of.items(), key=lambda kv: kv[1]):
+            r = int(root_map[s])
+            if r in groups_pos:
+                continue
+            key = fg.nodes[node_idx].key
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(Pinned(key, sp.pin[r] or sp.pin[s] or "pinned"))
+        for p in self.unsupported:
+            if p.layer not in seen:
+                seen.add(p.layer)
+                out.append(p)
+        return out
 
 
-def _try_group(g: _LayerGraph, name: str):
-    """Returns a NeuronGroup for producer `name`, or a Pinned with the reason."""
-    layer = g.layers[name]
-    if g.calls[name] > 1:
-        return Pinned(name, f"shared layer called {g.calls[name]} times")
-    problem = _kernel_problem(layer)
-    if problem:
-        return Pinned(name, problem)
-    if _activation_name(layer) != "linear":
-        return Pinned(
-            name,
-            f"activation '{_activation_name(layer)}' is fused into the producer; "
-            "use a linear producer followed by BatchNormalization and ReLU layers",
-        )
-    if name in g.outputs:
-        return Pinned(name, "its output is a model output")
-    kids = g.children.get(name, [])
-    bn_name = g.only_child(name)
-    if bn_name is None or not isinstance(g.layers[bn_name], keras.layers.BatchNormalization):
-        what = ", ".join(f"'{k}'" for k in kids) or "nothing"
-        return Pinned(
-            name, f"not followed by a single BatchNormalization (it feeds {what})"
-        )
-    bn = g.layers[bn_name]
-    if g.calls[bn_name] > 1:
-        return Pinned(name, f"its BatchNormalization '{bn_name}' is shared")
-    if not _bn_is_channel_last(bn):
-        return Pinned(name, f"BatchNormalization '{bn_name}' is not on the channel-last axis")
-    if bn_name in g.outputs:
-        return Pinned(name, f"its BatchNormalization '{bn_name}' is a model output")
-    act_name = g.only_child(bn_name)
-    if act_name is None:
-        what = ", ".join(f"'{k}'" for k in g.children.get(bn_name, [])) or "nothing"
-        return Pinned(name, f"its BatchNormalization '{bn_name}' feeds {what}, not a single ReLU")
-    act = g.layers[act_name]
-    if isinstance(act, keras.layers.Add):
-        return Pinned(name, f"feeds the Add '{act_name}' (residual branch end)")
-    if isinstance(act, (keras.layers.Concatenate, keras.layers.Multiply)):
-        return Pinned(name, f"feeds the {type(act).__name__} '{act_name}'")
-    if isinstance(act, keras.layers.LeakyReLU) or (
-        isinstance(act, keras.layers.ReLU) and float(act.negative_slope) != 0.0
-    ):
-        return Pinned(name, f"LeakyReLU '{act_name}' is not supported yet (ReLU only)")
-    if not _is_relu(act):
-        return Pinned(
-            name,
-            f"'{act_name}' ({type(act).__name__}) after BN '{bn_name}' is not a plain ReLU",
-        )
-    if g.calls[act_name] > 1:
-        return Pinned(name, f"its activation '{act_name}' is shared")
-    consumers, passthrough, problem = _trace_consumers(g, act_name)
-    if problem:
-        return Pinned(name, problem)
-    size = int(layer.filters if isinstance(layer, _CONV_TYPES) else layer.units)
-    return NeuronGroup(
-        name=name,
-        producer=name,
-        bn=bn_name,
-        activation=act_name,
-        consumers=tuple(consumers),
-        passthrough=tuple(passthrough),
-        size=size,
-    )
+def _is_plain_relu(op) -> bool:
+    if isinstance(op, keras.layers.ReLU):
+        return (op.max_value is None and float(op.negative_slope) == 0.0
+                and float(op.threshold) == 0.0)
+    if isinstance(op, keras.layers.Activation):
+        return getattr(op.activation, "__name__", "") == "relu"
+    return False
 
 
-def _back(g: _LayerGraph, name: str) -> str:
-    """Walks backward through single-input pass-through layers."""
-    while _is_passthrough(g.layers[name]) and len(g.parents[name]) == 1:
-        name = g.parents[name][0]
-    return name
-
-
-def _try_block(g, add_name, side, other, groups_by_act, blocks_by_add):
-    """Tries `side` as the branch and `other` as the shortcut of an Add."""
-    bn_name = side
-    if not isinstance(g.layers[bn_name], keras.layers.BatchNormalization):
+def _as_neurons(fg, group: NeuronGroup) -> Optional[NeuronGroup]:
+    """The group as the paper's neuron layer, when it has that shape."""
+    outs = [c for c in group.couplings if c.role == "out"]
+    if len(outs) != 1:
         return None
-    if len(g.parents[bn_name]) != 1 or g.only_child(bn_name) != add_name:
+    producer = fg.node_of(outs[0].layer)
+    if not isinstance(producer.op, (keras.layers.Dense, keras.layers.Conv1D,
+                                    keras.layers.Conv2D, keras.layers.Conv3D)):
         return None
-    producer = g.parents[bn_name][0]
-    if not isinstance(g.layers[producer], _KERNEL_TYPES) or g.only_child(producer) != bn_name:
+    if layer_rules.get(producer.op).activation(producer.op) is not None:
         return None
-    chain: List[str] = []
-    branch_layers = [bn_name, producer]
-    current = producer
-    while True:
-        t = _back(g, g.parents[current][0])
-        group = groups_by_act.get(t)
-        if group is None or [c.layer for c in group.consumers] != [current]:
-            break
-        chain.append(group.name)
-        branch_layers.extend(
-            [group.activation, group.bn, group.producer] + list(group.passthrough)
-        )
-        current = group.producer
-    block_input = _back(g, g.parents[current][0])
-    if not chain:
+    kids = fg.children(producer)
+    if len(kids) != 1 or not isinstance(kids[0].op, keras.layers.BatchNormalization):
         return None
-    shortcut = _back(g, other)
-    if shortcut == block_input:
-        kind = "identity"
-    elif (
-        isinstance(g.layers[other], keras.layers.BatchNormalization)
-        and isinstance(g.layers[g.parents[other][0]], _KERNEL_TYPES)
-        and _back(g, g.parents[g.parents[other][0]][0]) == block_input
-    ):
-        kind = "projection"
-    else:
+    bn = kids[0]
+    kids = fg.children(bn)
+    if len(kids) != 1 or not _is_plain_relu(kids[0].op):
         return None
-    # The BN that conditions the block input (spec section 3).
-    input_bn = None
-    src = g.layers[block_input]
-    if isinstance(src, keras.layers.BatchNormalization):
-        input_bn = block_input
-    elif _is_relu(src) and len(g.parents[block_input]) == 1:
-        p = g.parents[block_input][0]
-        if isinstance(g.layers[p], keras.layers.BatchNormalization):
-            input_bn = p
-        elif p in blocks_by_add:
-            input_bn = blocks_by_add[p].final_bn
-    chain.reverse()
-    # A branch layer used outside the branch would make eviction change other paths.
-    internal = set(branch_layers)
-    for lname in branch_layers:
-        for kid in g.children.get(lname, []):
-            if kid not in internal and kid != add_name:
+    act = kids[0]
+    consumers, passthrough = [], []
+    frontier = [act]
+    while frontier:
+        node = frontier.pop()
+        for kid in fg.children(node):
+            rule = layer_rules.get(kid.op)
+            role = layer_rules.role_of(kid.op, kid)
+            if role == "source" and isinstance(kid.op, (
+                    keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D,
+                    keras.layers.Conv3D)):
+                consumers.append(Consumer(kid.key, "dense" if isinstance(
+                    kid.op, keras.layers.Dense) else "conv"))
+            elif role in ("channelwise", "flatten") and rule.is_passthrough(kid.op, kid) \
+                    and not rule.channel_weights(kid.op):
+                passthrough.append(kid.key)
+                frontier.append(kid)
+            else:
                 return None
+    roles = {(c.layer, c.role) for c in group.couplings}
+    expected = {(producer.key, "out"), (bn.key, "channel")} | {
+        (c.layer, "in") for c in consumers}
+    if roles != expected or not consumers:
+        return None
+    return dataclasses.replace(group, kind="neurons", producer=producer.key, bn=bn.key,
+                               activation=act.key, consumers=tuple(consumers),
+                               passthrough=tuple(passthrough))
+
+
+# ----------------------------------------------------------------------------- blocks
+_MAX_BRANCH_NODES = 400
+
+
+def _passthrough_back(fg, tensor: str) -> List[str]:
+    """`tensor` and the tensors it comes from through single-input pass-through
+    layers (the candidates for a shortcut's source)."""
+    out = [tensor]
+    while True:
+        node = fg.producer_node(out[-1])
+        if node is None or len(node.inputs) != 1:
+            return out
+        rule = layer_rules.get(node.op)
+        if layer_rules.role_of(node.op, node) != "channelwise" or \
+                not rule.is_passthrough(node.op, node) or rule.channel_weights(node.op):
+            return out
+        out.append(node.inputs[0])
+
+
+def _branch_nodes(fg, end: str, source: str) -> Optional[List[int]]:
+    """Nodes computing `end` from `source` alone, or None."""
+    stop = fg.producer.get(source, (-1, 0))[0]
+    found, stack = set(), [end]
+    while stack:
+        t = stack.pop()
+        if t == source:
+            continue
+        p = fg.producer.get(t)
+        if p is None or p[0] <= stop:
+            return None
+        if p[0] in found:
+            continue
+        found.add(p[0])
+        if len(found) > _MAX_BRANCH_NODES:
+            return None
+        stack.extend(fg.nodes[p[0]].inputs)
+    return sorted(found)
+
+
+def _find_blocks(fg, groups: Dict[str, NeuronGroup]) -> List[ResidualBlock]:
+    group_layers = {name: set(c.layer for c in g.couplings) for name, g in groups.items()}
+    blocks: Dict[str, ResidualBlock] = {}
+    for node in fg.nodes:
+        if not isinstance(node.op, keras.layers.Add) or len(node.inputs) != 2 \
+                or fg.calls[node.key] != 1:
+            continue
+        for side in (0, 1):
+            block = _try_block(fg, node, node.inputs[side], node.inputs[1 - side],
+                               group_layers, blocks)
+            if block is not None:
+                blocks[block.name] = block
+                break
+    return list(blocks.values())
+
+
+def _try_block(fg, add, branch_end: str, shortcut: str, group_layers, blocks):
+    # The branch ends in [source → BN → pass-through*] or [source].
+    end_tensor = branch_end
+    end = fg.producer_node(end_tensor)
+    while end is not None and layer_rules.role_of(end.op, end) == "channelwise" and \
+            layer_rules.get(end.op).is_passthrough(end.op, end) and \
+            not isinstance(end.op, keras.layers.BatchNormalization):
+        end = fg.producer_node(end.inputs[0])
+    if end is None:
+        return None
+    final_bn = None
+    if isinstance(end.op, keras.layers.BatchNormalization):
+        final_bn = end
+        end = fg.producer_node(end.inputs[0])
+        if end is None:
+            return None
+    if layer_rules.role_of(end.op, end) != "source":
+        return None
+    for source in _passthrough_back(fg, shortcut):
+        nodes = _branch_nodes(fg, branch_end, source)
+        if nodes is not None:
+            kind = "identity"
+            break
+    else:
+        # Projection: shortcut = [BN ←] source ← x, with the branch from x.
+        sc = fg.producer_node(shortcut)
+        if sc is not None and isinstance(sc.op, keras.layers.BatchNormalization):
+            sc = fg.producer_node(sc.inputs[0])
+        if sc is None or layer_rules.role_of(sc.op, sc) != "source":
+            return None
+        source = sc.inputs[0]
+        nodes = _branch_nodes(fg, branch_end, source)
+        if nodes is None:
+            return None
+        kind = "projection"
+    keys = [fg.nodes[i].key for i in nodes]
+    inside = set(nodes)
+    # A branch layer used outside the branch would make eviction change other paths.
+    for i in nodes:
+        for kid in fg.children(fg.nodes[i]):
+            if kid.index not in inside and kid.index != add.index:
+                return None
+        if fg.calls[fg.nodes[i].key] != 1:
+            return None
+    key_set = set(keys)
+    internal = [name for name, layers in group_layers.items() if layers <= key_set]
+    if not internal:
+        return None
+    internal.sort(key=lambda name: fg.node_of(name).index)
+    src_node = fg.producer_node(source)
+    block_input = src_node.key if src_node is not None else source
+    input_bn = _conditioning_bn(fg, src_node, blocks)
+    reader_bn = None
+    for i in nodes:
+        n = fg.nodes[i]
+        if source in n.inputs and isinstance(n.op, keras.layers.BatchNormalization):
+            reader_bn = n.key
+            break
     return ResidualBlock(
-        name=add_name,
-        add=add_name,
-        groups=tuple(chain),
-        final_producer=producer,
-        final_bn=bn_name,
-        shortcut=kind,
-        evictable=kind == "identity",
-        input_bn=input_bn,
-        block_input=block_input,
-        branch_layers=tuple(reversed(branch_layers)),
-    )
+        name=add.key, add=add.key, groups=tuple(internal), final_producer=end.key,
+        final_bn=final_bn.key if final_bn is not None else None, shortcut=kind,
+        evictable=kind == "identity", input_bn=input_bn, block_input=block_input,
+        branch_layers=tuple(keys), input_reader_bn=reader_bn)
+
+
+def _conditioning_bn(fg, node, blocks) -> Optional[str]:
+    """The BN that produces the block input, through pass-through layers, a ReLU and
+    the previous block's Add (its branch's final BN; spec section 3)."""
+    seen = 0
+    while node is not None and seen < 8:
+        seen += 1
+        if isinstance(node.op, keras.layers.BatchNormalization):
+            return node.key
+        rule = layer_rules.get(node.op)
+        if isinstance(node.op, keras.layers.Add):
+            block = blocks.get(node.key)
+            return block.final_bn if block is not None else None
+        if layer_rules.role_of(node.op, node) == "channelwise" and len(node.inputs) == 1 and (
+                rule.is_passthrough(node.op, node) or _is_plain_relu(node.op)):
+            node = fg.producer_node(node.inputs[0])
+            continue
+        return None
+    return None
 
 
 def walk(model: keras.Model) -> ModelGraph:
     """Finds the neuron groups, residual blocks and pinned layers of a model.
 
     Args:
-        model: A built Functional or Sequential Keras model (not nested).
+        model: A built Functional or Sequential Keras model; nested sub-models are
+            walked through.
 
     Returns:
-        A `ModelGraph` with ``groups`` (by producer name, in topological order),
-        ``blocks`` and ``pinned``.
+        A `ModelGraph` with ``groups`` (by name, in topological order), ``blocks``
+        and ``pinned``.
 
     Raises:
-        ValueError: for subclassed, unbuilt or nested models.
+        ValueError: for subclassed or unbuilt models.
 
     Example:
 
@@ -463,84 +729,13 @@ def walk(model: keras.Model) -> ModelGraph:
     >>> x = keras.layers.ReLU()(x)
     >>> outputs = keras.layers.Dense(2)(x)
     >>> graph = walk(keras.Model(inputs, outputs))
-    >>> [(g.size, len(g.consumers)) for g in graph.groups.values()]
-    [(16, 1)]
+    >>> [(g.size, g.kind, len(g.consumers)) for g in graph.groups.values()]
+    [(16, 'neurons', 1)]
     """
-    g = _LayerGraph(model)
-    groups: Dict[str, NeuronGroup] = {}
-    pinned: List[Pinned] = []
-    for name in g.order:
-        layer = g.layers[name]
-        if not isinstance(layer, _KERNEL_TYPES):
-            if isinstance(
-                layer,
-                (
-                    keras.layers.DepthwiseConv1D,
-                    keras.layers.DepthwiseConv2D,
-                    keras.layers.SeparableConv1D,
-                    keras.layers.SeparableConv2D,
-                    keras.layers.Conv1DTranspose,
-                    keras.layers.Conv2DTranspose,
-                    keras.layers.Conv3DTranspose,
-                ),
-            ):
-                pinned.append(Pinned(name, f"{type(layer).__name__} is not supported"))
-            continue
-        result = _try_group(g, name)
-        if isinstance(result, NeuronGroup):
-            groups[name] = result
-        else:
-            pinned.append(result)
-    groups_by_act = {grp.activation: grp for grp in groups.values()}
-    blocks: Dict[str, ResidualBlock] = {}
-    for name in g.order:
-        if not isinstance(g.layers[name], keras.layers.Add) or len(g.parents[name]) != 2:
-            continue
-        a, b = g.parents[name]
-        block = _try_block(g, name, a, b, groups_by_act, blocks) or _try_block(
-            g, name, b, a, groups_by_act, blocks
-        )
-        if block is not None:
-            blocks[name] = block
-    bn_after = {}
-    for grp in groups.values():
-        for c in grp.consumers:
-            kid = g.only_child(c.layer)
-            if kid is not None and isinstance(g.layers[kid], keras.layers.BatchNormalization) \
-                    and g.calls[kid] == 1 and _bn_is_channel_last(g.layers[kid]):
-                bn_after[c.layer] = kid
-    return ModelGraph(groups=groups, blocks=tuple(blocks.values()), pinned=tuple(pinned),
-                      bn_after=bn_after)
+    return _Walker(model).run()
 
 
-def rebuild(model: keras.Model, call_node, name: str) -> keras.Model:
-    """Rebuilds a Functional model node by node (shared by `slim` and `calibrate`).
-
-    Args:
-        model: The Functional or Sequential model to rebuild (not changed).
-        call_node: ``call_node(node, tensors)`` returns the new output(s) of ``node``
-            (usually a new layer called on ``node.arguments.fill_in(tensors)``), or
-            None to drop the node. ``tensors`` maps ``id(old tensor)`` to new tensors.
-        name: Name of the new model.
-
-    Returns:
-        A new Functional `keras.Model` with fresh inputs of the same shapes.
-    """
-    functional = _functional_of(model)
-    tensors: Dict[int, object] = {}
-    for depth in sorted(functional._nodes_by_depth, reverse=True):
-        for node in functional._nodes_by_depth[depth]:
-            layer = node.operation
-            if isinstance(layer, keras.layers.InputLayer):
-                tensors[id(node.outputs[0])] = keras.Input(
-                    batch_shape=layer.batch_shape, dtype=layer.dtype, name=layer.name)
-                continue
-            outputs = call_node(node, tensors)
-            if outputs is None:
-                continue
-            for old_t, new_t in zip(node.outputs, keras.tree.flatten(outputs)):
-                tensors[id(old_t)] = new_t
-    outputs = [tensors[id(t)] for t in functional.outputs]
-    inputs = [tensors[id(t)] for t in functional.inputs]
-    return keras.Model(inputs=inputs if len(inputs) > 1 else inputs[0],
-                       outputs=outputs if len(outputs) > 1 else outputs[0], name=name)
+def rebuild(model: keras.Model, call_node, name: str, graph=None) -> keras.Model:
+    """Rebuilds a model call by call (shared by `slim` and `calibrate`); see
+    `hope_keras._keras_graph.rebuild`."""
+    return kg.rebuild(model, call_node, name, graph=graph)

@@ -17,7 +17,10 @@ from typing import List, Tuple
 
 import numpy as np
 
-from hope_keras.graph import Consumer, NeuronGroup, ResidualBlock
+import keras
+
+from hope_keras import layers as layer_rules
+from hope_keras.graph import Consumer, Coupling, NeuronGroup, ResidualBlock
 
 
 def _np(variable) -> np.ndarray:
@@ -147,21 +150,64 @@ def producer_arrays(layer) -> Tuple[np.ndarray, np.ndarray]:
     return w, bias
 
 
-def consumer_u(model, consumers: Tuple[Consumer, ...], channels: int):
-    """Concatenated output vectors ``(channels, m)`` and the consumers' column splits."""
+def reader_slices(layer, positions: np.ndarray) -> List[np.ndarray]:
+    """A reader's weights for each channel: one ``(n, m)`` array per in-weight.
+
+    ``positions`` is the reader coupling's ``(n, k)`` array of input positions; row
+    ``c`` gathers every weight the reader applies to those positions (for a Dense
+    after a Flatten, the rows ``c, c + C, …``; for a convolution, ``kernel[..., c, :]``).
+    """
+    rule = layer_rules.get(layer)
+    out = []
+    n = positions.shape[0]
+    for w in rule.in_weights(layer):
+        var = getattr(layer, w.attr, None)
+        if var is None:
+            continue
+        arr = _np(var).astype(np.float64)
+        _check_finite(layer.name, w.attr, arr)
+        idx = positions if w.expand == 1 else (
+            positions[..., None] * w.expand + np.arange(w.expand)).reshape(n, -1)
+        taken = np.take(arr, idx.reshape(-1), axis=w.axis)
+        out.append(np.moveaxis(taken, w.axis, 0).reshape(n, -1))
+    return out
+
+
+def consumer_u(model, consumers: Tuple[Consumer, ...], channels: int, positions=None):
+    """Concatenated output vectors ``(channels, m)`` and the consumers' column splits.
+
+    ``positions`` maps a consumer name to its ``(channels, k)`` input positions
+    (default: the channel-last Flatten interleaving of `consumer_rows`).
+    """
     parts, split = [], [0]
     for c in consumers:
         layer = model.get_layer(c.layer)
-        kernel = _np(layer.kernel).astype(np.float64)
-        _check_finite(c.layer, "kernel", kernel)
-        rows = consumer_rows(kernel, c.kind, channels)
+        if positions is not None and c.layer in positions:
+            rows = np.concatenate(reader_slices(layer, positions[c.layer]), axis=1)
+        else:
+            kernel = _np(layer.kernel).astype(np.float64)
+            _check_finite(c.layer, "kernel", kernel)
+            rows = consumer_rows(kernel, c.kind, channels)
         parts.append(rows)
         split.append(split[-1] + rows.shape[1])
     return np.concatenate(parts, axis=1), split
 
 
-def extract_group(model, group: NeuronGroup) -> LayerState:
+def _lookup(model, graph):
+    if graph is not None and getattr(graph, "flat", None) is not None:
+        return graph.layer
+    return model.get_layer
+
+
+def extract_group(model, group: NeuronGroup, graph=None) -> LayerState:
     """Reads one group's effective neurons from the model (never modifies it).
+
+    For a ``"neurons"`` group these are the spec's arrays (BN-folded producer
+    filters, consumer slices, ``P_init``). For a ``"coupled"`` group, ``w_raw``
+    concatenates every writer's filter, ``gamma``/``beta``/``mean``/``var`` are
+    those of its first BatchNormalization (ones and zeros without one), ``u``
+    concatenates every reader's slices, and ``p_init`` counts the non-zero weights
+    of every coupled slice (4 per BatchNormalization channel).
 
     Example:
 
@@ -176,32 +222,154 @@ def extract_group(model, group: NeuronGroup) -> LayerState:
     >>> state.v.shape, state.u.shape, int(state.p_init[0])
     ((16, 9), (16, 2), 15)
     """
-    producer = model.get_layer(group.producer)
-    w_raw, bias = producer_arrays(producer)
-    gamma, beta, mean, var, eps = bn_arrays(model.get_layer(group.bn))
-    n = w_raw.shape[0]
-    u, split = consumer_u(model, group.consumers, n)
-    has_bias = 1 if getattr(producer, "use_bias", False) else 0
-    p_init = (
-        np.count_nonzero(w_raw, axis=1) + has_bias + np.count_nonzero(u, axis=1) + 4
-    ).astype(np.float64)
-    return LayerState(group, w_raw, bias, gamma, beta, mean, var, eps, u, split, p_init)
+    get = _lookup(model, graph)
+    if group.kind == "neurons":
+        producer = get(group.producer)
+        w_raw, bias = producer_arrays(producer)
+        gamma, beta, mean, var, eps = bn_arrays(get(group.bn))
+        n = w_raw.shape[0]
+        positions = {c.layer: c.positions for c in group.readers}
+        u, split = _reader_u(get, group, positions) if positions else consumer_u(
+            _Getter(get), group.consumers, n)
+        has_bias = 1 if getattr(producer, "use_bias", False) else 0
+        p_init = (
+            np.count_nonzero(w_raw, axis=1) + has_bias + np.count_nonzero(u, axis=1) + 4
+        ).astype(np.float64)
+        return LayerState(group, w_raw, bias, gamma, beta, mean, var, eps, u, split, p_init)
+    return _extract_coupled(get, group)
 
 
-def eviction_p_init(model, block: ResidualBlock, groups) -> float:
+class _Getter:
+    def __init__(self, get):
+        self.get_layer = get
+
+
+def _reader_u(get, group, positions):
+    parts, split = [], [0]
+    for c in group.consumers:
+        rows = np.concatenate(reader_slices(get(c.layer), positions[c.layer]), axis=1)
+        parts.append(rows)
+        split.append(split[-1] + rows.shape[1])
+    return np.concatenate(parts, axis=1), split
+
+
+def _extract_coupled(get, group: NeuronGroup) -> LayerState:
+    n = group.size
+    filters, p_init = [], np.zeros(n)
+    bias = np.zeros(n)
+    for c in group.couplings:
+        layer = get(c.layer)
+        rule = layer_rules.get(layer)
+        if c.role == "out":
+            for w in rule.out_weights(layer):
+                arr = _np(getattr(layer, w.attr)).astype(np.float64)
+                _check_finite(layer.name, w.attr, arr)
+                cols = np.moveaxis(arr, w.axis, 0).reshape(arr.shape[w.axis], -1)
+                p_init += np.count_nonzero(cols, axis=1)
+                if w.attr == "bias":
+                    bias = bias + cols[:, 0]
+                else:
+                    filters.append(cols)
+        elif c.role == "channel":
+            for w in rule.channel_weights(layer):
+                arr = _np(getattr(layer, w.attr)).astype(np.float64)
+                _check_finite(layer.name, w.attr, arr)
+                p_init += np.take(arr, c.positions[:, :1].reshape(-1), axis=w.axis).reshape(
+                    n, -1).shape[1]
+        else:
+            for rows in reader_slices(layer, c.positions):
+                p_init += np.count_nonzero(rows, axis=1)
+    bn_coupling = next((c for c in group.couplings if c.role == "channel"
+                        and isinstance(get(c.layer), keras.layers.BatchNormalization)), None)
+    if bn_coupling is not None:
+        idx = bn_coupling.positions[:, 0]
+        gamma, beta, mean, var, eps = (a[idx] if isinstance(a, np.ndarray) else a
+                                       for a in bn_arrays(get(bn_coupling.layer)))
+    else:
+        gamma, beta, mean, var, eps = np.ones(n), np.zeros(n), np.zeros(n), np.ones(n), 0.0
+    parts = [np.concatenate(reader_slices(get(c.layer), c.positions), axis=1)
+             for c in group.readers]
+    split = [0]
+    for p in parts:
+        split.append(split[-1] + p.shape[1])
+    u = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0))
+    w_raw = np.concatenate(filters, axis=1) if filters else np.zeros((n, 0))
+    return LayerState(group, w_raw, bias, gamma, beta, mean, var, float(eps), u, split,
+                      p_init.astype(np.float64))
+
+
+def coupled_capacity(get, group: NeuronGroup, moments) -> Tuple[np.ndarray, np.ndarray]:
+    """``(capacity, second moment)`` of each channel of a group from its readers.
+
+    ``‖f_c‖² = Σ_readers Σ_positions ‖w_p‖² · E[x_p²]``: every reader's weights on the
+    channel's positions, times the channel's second moment there (`moments`, the
+    data-free propagation of `hope_keras.moments.propagate`). A separable reader's
+    gain is its depthwise norm times its pointwise norm. The second moment returned
+    is the capacity-weighted mean ``E[x²]`` over the readers.
+    """
+    n = group.size
+    cap2 = np.zeros(n)
+    unorm2 = np.zeros(n)
+    for c in group.readers:
+        layer = get(c.layer)
+        mean, var = moments[c.tensor]
+        s2 = (var + mean * mean)[c.positions]  # (n, k)
+        gain = np.ones(c.positions.shape)
+        for rows in reader_slices(layer, c.positions):
+            per = (rows ** 2).reshape(n, c.positions.shape[1], -1).sum(axis=2)
+            gain = gain * per
+        cap2 += (gain * s2).sum(axis=1)
+        unorm2 += gain.sum(axis=1)
+    second = np.where(unorm2 > 0, cap2 / np.where(unorm2 > 0, unorm2, 1.0), 0.0)
+    return np.sqrt(cap2), second
+
+
+def reader_means(get, coupling: Coupling, moments) -> np.ndarray:
+    """``(n, out)``: what each channel adds on average to each of the reader's
+    outputs (its weights times the channel's mean), for mean compensation."""
+    layer = get(coupling.layer)
+    rule = layer_rules.get(layer)
+    mean, _ = moments[coupling.tensor]
+    m = mean[coupling.positions]  # (n, k)
+    n, k = coupling.positions.shape
+    weights = rule.in_weights(layer)
+    if getattr(rule, "kind", "") == "separable":
+        dw = np.take(_np(layer.depthwise_kernel).astype(np.float64),
+                     coupling.positions.reshape(-1), axis=-2)  # (*ks, n·k, mult)
+        gain = np.moveaxis(dw, -2, 0).reshape(n * k, -1, dw.shape[-1]).sum(axis=1)
+        pw = _np(layer.pointwise_kernel).astype(np.float64)
+        pw = pw.reshape(-1, pw.shape[-1])  # rows c·mult + j
+        mult = dw.shape[-1]
+        rows = pw.reshape(-1, mult, pw.shape[-1])[coupling.positions.reshape(-1)]
+        out = np.einsum("pj,pjo->po", gain, rows).reshape(n, k, -1)
+        return (out * m[:, :, None]).sum(axis=1)
+    w = weights[0]
+    arr = _np(getattr(layer, w.attr)).astype(np.float64)
+    taken = np.take(arr, coupling.positions.reshape(-1), axis=w.axis)
+    rows = np.moveaxis(taken, w.axis, 0).reshape(n, k, -1, arr.shape[-1]).sum(axis=2)
+    return (rows * m[:, :, None]).sum(axis=1)
+
+
+def eviction_p_init(get, block: ResidualBlock, groups) -> float:
     """Static footprint of evicting a block (spec section 4, appendix B.2.2).
 
     Non-zero weights (kernels and biases) of the block's internal producers plus
     4 × the channels of every BN in the block, the final BN included. The final
-    producer's kernel is not counted.
+    producer's kernel is not counted. ``get`` looks a layer up by key.
     """
     total = 0
-    bn_names = [groups[g].bn for g in block.groups] + [block.final_bn]
+    bns = []
     for g in block.groups:
-        layer = model.get_layer(groups[g].producer)
-        total += np.count_nonzero(_np(layer.kernel))
-        if getattr(layer, "use_bias", False) and layer.bias is not None:
-            total += np.count_nonzero(_np(layer.bias))
-    for name in bn_names:
-        total += 4 * int(_np(model.get_layer(name).moving_mean).shape[0])
+        grp = groups[g]
+        for c in grp.couplings:
+            layer = get(c.layer)
+            if c.role == "out":
+                for w in layer_rules.get(layer).out_weights(layer):
+                    total += np.count_nonzero(_np(getattr(layer, w.attr)))
+            elif c.role == "channel" and isinstance(layer, keras.layers.BatchNormalization):
+                bns.append(layer)
+    if block.final_bn is not None:
+        bns.append(get(block.final_bn))
+    for bn in bns:
+        total += 4 * int(_np(bn.moving_mean).shape[0])
     return float(total)

@@ -1,21 +1,29 @@
 """`slim`: rebuild a physically smaller keras.Model with the same outputs.
 
-Needs nothing but a model: a channel of a neuron group is removed when its output
-is exactly zero (constant pre-activation ≤ 0 after BN, e.g. γ = β = 0 as HOPE's
-prune leaves it) or when nothing downstream reads it (all-zero consumer slices);
-an evictable residual block is removed when its branch's final BN outputs exactly
-zero. So it also slims models edited by baselines or masked by hand.
+Needs nothing but a model: a channel of a group is removed when nothing reads it
+(every reader's weights on it are exactly zero) — or, for a ``"neurons"`` group,
+when its BN output is a constant ≤ 0 that the ReLU zeroes (e.g. γ = β = 0 as HOPE's
+prune leaves it); an evictable residual block is removed when its branch outputs
+exactly zero. So it also slims models edited by baselines or masked by hand.
+
+The rebuilt model is one flat Functional model: nested sub-models are inlined
+(their layers keep their names; a name repeated across sub-models gets its path,
+``backbone/conv1``). Every layer is rebuilt from its config by the layer registry
+(`hope_keras.layers`): units/filters, a Reshape's target shape, and every weight
+sliced on its channel axes.
 """
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import keras
 import numpy as np
 
+from hope_keras import _keras_graph as kg
 from hope_keras import graph as graph_lib
-from hope_keras.neurons import consumer_u
+from hope_keras import layers as layer_rules
+from hope_keras.neurons import reader_slices
 
 
 def _np(v) -> np.ndarray:
@@ -38,13 +46,29 @@ def _constant_output(producer, bn) -> np.ndarray:
     return out
 
 
-def live_channels(model, group: graph_lib.NeuronGroup) -> np.ndarray:
-    """Boolean mask of the channels of `group` that `slim` keeps."""
-    const = _constant_output(model.get_layer(group.producer), model.get_layer(group.bn))
-    dead = ~np.isnan(const) & (const <= 0)
-    u, _ = consumer_u(model, group.consumers, group.size)
-    dead |= ~np.any(u != 0, axis=1)
-    keep = ~dead
+def live_channels(model, group: graph_lib.NeuronGroup, graph=None,
+                  removed_layers=frozenset()) -> np.ndarray:
+    """Boolean mask of the channels of `group` that `slim` keeps.
+
+    Args:
+        model: The model.
+        group: One of its groups (``walk(model).groups``).
+        graph: ``walk(model)`` (for nested layer lookups).
+        removed_layers: Layers that will not exist in the slim model (evicted
+            branches): their weights do not count as reading a channel.
+    """
+    get = graph.layer if graph is not None else model.get_layer
+    dead = np.zeros(group.size, dtype=bool)
+    if group.kind == "neurons":
+        const = _constant_output(get(group.producer), get(group.bn))
+        dead = ~np.isnan(const) & (const <= 0)
+    read = np.zeros(group.size, dtype=bool)
+    for c in group.readers:
+        if c.layer in removed_layers:
+            continue
+        for rows in reader_slices(get(c.layer), c.positions):
+            read |= np.any(rows != 0, axis=1)
+    keep = ~dead & read
     if not keep.any():
         keep[0] = True  # a layer cannot be empty; this channel reads as zero anyway
     return keep
@@ -52,37 +76,38 @@ def live_channels(model, group: graph_lib.NeuronGroup) -> np.ndarray:
 
 def evicted_blocks(model, graph) -> set:
     """Names of the evictable blocks whose branch outputs exactly zero."""
+    get = graph.layer if graph.flat is not None else model.get_layer
     out = set()
     for b in graph.blocks:
         if not b.evictable:
             continue
-        const = _constant_output(model.get_layer(b.final_producer), model.get_layer(b.final_bn))
-        if np.all(const == 0):
-            out.add(b.name)
+        producer = get(b.final_producer)
+        if b.final_bn is not None:
+            const = _constant_output(producer, get(b.final_bn))
+            if np.all(const == 0):
+                out.add(b.name)
+        else:
+            weights = [_np(getattr(producer, w.attr)) for w in
+                       layer_rules.get(producer).out_weights(producer)]
+            if all(not np.any(w) for w in weights):
+                out.add(b.name)
     return out
 
 
-def _slice_weight(name, value, out_keep, in_keep, kind):
-    """Slices one weight array by output channels and/or input channels."""
-    if out_keep is not None:
-        value = value[..., out_keep] if name in ("kernel", "bias") else value[out_keep]
-    if in_keep is not None and name == "kernel":
-        if kind == "conv":
-            value = value[..., in_keep, :]
-        else:
-            c = in_keep.shape[0]
-            units = value.shape[-1]
-            value = value.reshape(-1, c, units)[:, in_keep, :].reshape(-1, units)
-    return value
+def _slice(arr: np.ndarray, axis: int, keep: np.ndarray, expand: int = 1) -> np.ndarray:
+    if expand != 1:
+        keep = np.repeat(keep, expand)
+    return np.compress(keep, arr, axis=axis)
 
 
-def slim(model, name: str = None) -> keras.Model:
+def slim(model, name: Optional[str] = None) -> keras.Model:
     """Returns a new, physically smaller model with the same outputs.
 
-    Removes every dead channel of every neuron group (producer filters, BN
-    channels, consumer input slices, Flatten→Dense rows) and every evicted
-    residual block (the ``Add`` becomes its shortcut). The input model is not
-    changed.
+    Removes every dead channel of every group (writers' filters, channelwise
+    layers' channels, readers' input slices, Flatten→Dense rows, concatenated
+    slices) and every evicted residual block (the ``Add`` becomes its shortcut).
+    The input model is not changed; nested sub-models are inlined (see the module
+    docstring).
 
     Args:
         model: A Functional or Sequential model, e.g. after `hope_keras.compress`.
@@ -107,56 +132,105 @@ def slim(model, name: str = None) -> keras.Model:
     True
     """
     g = graph_lib.walk(model)
+    fg = g.flat
     evicted = evicted_blocks(model, g)
     removed_layers = set()
     frozen_groups = set()
+    blocks = {b.name: b for b in g.blocks}
     for b in g.blocks:
         if b.name in evicted:
             removed_layers |= set(b.branch_layers)
             frozen_groups |= set(b.groups)
-    out_keep: Dict[str, np.ndarray] = {}
-    in_keep: Dict[str, tuple] = {}
+    keep_of: Dict[str, np.ndarray] = {}
     for gname, grp in g.groups.items():
         if gname in frozen_groups:
             continue
-        keep = live_channels(model, grp)
+        keep = live_channels(model, grp, g, removed_layers)
         if keep.all():
             continue
-        out_keep[grp.producer] = keep
-        out_keep[grp.bn] = keep
-        for c in grp.consumers:
-            in_keep[c.layer] = (keep, c.kind)
+        for t, positions in grp.tensors.items():
+            if t not in keep_of:
+                keep_of[t] = np.ones(int(fg.shapes[t][-1]), dtype=bool)
+            keep_of[t][positions[~keep].reshape(-1)] = False
 
-    new_layers: Dict[str, keras.layers.Layer] = {}
-    blocks = {b.name: b for b in g.blocks}
+    def keep(t):
+        return keep_of.get(t)
+
+    new_layers: Dict[str, object] = {}
 
     def call_node(node, tensors):
-        layer = node.operation
-        if layer.name in removed_layers:
+        layer = node.op
+        if node.key in removed_layers:
             return None
-        if layer.name in evicted:
+        if node.key in evicted:
             # The Add of an evicted block: its output is the shortcut input.
-            branch_end = blocks[layer.name].final_bn
-            sources = [t for t in node.input_tensors
-                       if t._keras_history.operation.name != branch_end]
-            return tensors[id(sources[0])]
-        new = new_layers.get(layer.name)
-        if new is None:  # a shared layer stays one (shared) layer
-            config = layer.get_config()
-            if layer.name in out_keep and isinstance(layer, graph_lib._KERNEL_TYPES):
-                n = int(out_keep[layer.name].sum())
-                config["units" if isinstance(layer, keras.layers.Dense) else "filters"] = n
-            new = layer.__class__.from_config(config)
-            new_layers[layer.name] = new
-        args, kwargs = node.arguments.fill_in(tensors)
+            branch_end = _branch_end_tensor(fg, blocks[node.key], node)
+            sources = [t for t in node.inputs if t != branch_end]
+            return tensors[sources[0]]
+        args, kwargs = node.call_args(tensors)
+        if not isinstance(layer, keras.layers.Layer):  # a stateless Keras operation
+            return layer(*args, **kwargs)
+        new = new_layers.get(node.key)
+        if new is None:
+            new = _slim_layer(layer, node, fg, keep)
+            new_layers[node.key] = new
         return new(*args, **kwargs)
 
-    result = graph_lib.rebuild(model, call_node, name or f"{model.name}_slim")
-    for lname, new in new_layers.items():
-        old = model.get_layer(lname)
-        ok = out_keep.get(lname)
-        ik, kind = in_keep.get(lname, (None, None))
-        for v_new, v_old in zip(new.weights, old.weights):
-            vname = v_old.name.split("/")[-1]
-            v_new.assign(_slice_weight(vname, _np(v_old), ok, ik, kind))
+    result = kg.rebuild(model, call_node, name or f"{model.name}_slim", graph=fg)
+    for key, new in new_layers.items():
+        _copy_weights(fg.layers[key], new, fg.node_of(key), keep)
     return result
+
+
+def _branch_end_tensor(fg, block, add_node) -> str:
+    inside = set(block.branch_layers)
+    for t in add_node.inputs:
+        p = fg.producer_node(t)
+        if p is not None and p.key in inside:
+            return t
+    return add_node.inputs[-1]
+
+
+def _live(t, keep, fg) -> int:
+    k = keep(t)
+    return int(k.sum()) if k is not None else int(fg.shapes[t][-1] or 0)
+
+
+def _slim_layer(layer, node, fg, keep):
+    config = layer.get_config()
+    config["name"] = kg.flat_name(node.key)
+    rule = layer_rules.get(layer)
+    role = layer_rules.role_of(layer, node)
+    t_in = node.inputs[0] if node.inputs else None
+    t_out = node.outputs[0] if node.outputs else None
+    changed = (t_in is not None and keep(t_in) is not None) or (
+        t_out is not None and keep(t_out) is not None)
+    if changed and role in ("source", "reshape"):
+        config = rule.slim_config(layer, config, _live(t_in, keep, fg), _live(t_out, keep, fg))
+    return layer.__class__.from_config(config)
+
+
+def _copy_weights(old, new, node, keep) -> None:
+    rule = layer_rules.get(old)
+    role = layer_rules.role_of(old, node)
+    t_in = node.inputs[0] if node.inputs else None
+    t_out = node.outputs[0] if node.outputs else None
+    k_in = keep(t_in) if t_in is not None else None
+    k_out = keep(t_out) if t_out is not None else None
+    values = {id(v): _np(v) for v in old.weights}
+    if role == "source":
+        for w in rule.in_weights(old):
+            var = getattr(old, w.attr, None)
+            if var is not None and k_in is not None:
+                values[id(var)] = _slice(values[id(var)], w.axis, k_in, w.expand)
+        for w in rule.out_weights(old):
+            var = getattr(old, w.attr, None)
+            if var is not None and k_out is not None:
+                values[id(var)] = _slice(values[id(var)], w.axis, k_out)
+    elif role == "channelwise" and k_in is not None:
+        for w in rule.channel_weights(old):
+            var = getattr(old, w.attr, None)
+            if var is not None:
+                values[id(var)] = _slice(values[id(var)], w.axis, k_in, w.expand)
+    for v_old, v_new in zip(old.weights, new.weights):
+        v_new.assign(values[id(v_old)])

@@ -60,16 +60,19 @@ class Step:
 
 
 def fingerprint(model, graph) -> str:
-    """sha256 of every weight HOPE reads (group producers, BNs, consumers, blocks)."""
+    """sha256 of every weight HOPE reads (every coupled layer of every group, and
+    each block's branch end)."""
     names = []
     for g in graph.groups.values():
-        names += [g.producer, g.bn] + [c.layer for c in g.consumers]
+        names += [c.layer for c in g.couplings] if g.couplings else (
+            [g.producer, g.bn] + [c.layer for c in g.consumers])
     for b in graph.blocks:
-        names += [b.final_bn]
+        names.append(b.final_bn if b.final_bn is not None else b.final_producer)
+    get = graph.layer if getattr(graph, "flat", None) is not None else model.get_layer
     h = hashlib.sha256()
     for name in sorted(set(names)):
         h.update(name.encode())
-        for w in model.get_layer(name).weights:
+        for w in get(name).weights:
             h.update(np.ascontiguousarray(w.numpy()).tobytes())
     return h.hexdigest()
 
@@ -300,11 +303,9 @@ class Trajectory:
         g = graph_lib.walk(model)
         sizes = [[name, grp.size] for name, grp in g.groups.items()]
         known = {name for name, _ in self.meta["groups"]}
-        g = graph_lib.ModelGraph(
-            groups={k: v for k, v in g.groups.items() if k in known},
-            blocks=tuple(b for b in g.blocks if b.name in set(self.meta["blocks"])),
-            pinned=g.pinned, bn_after=g.bn_after,
-        )
+        g = g.with_groups(
+            {k: v for k, v in g.groups.items() if k in known},
+            blocks=tuple(b for b in g.blocks if b.name in set(self.meta["blocks"])))
         if check:
             recorded = {name: size for name, size in self.meta["groups"]}
             current = {name: size for name, size in sizes if name in recorded}
@@ -319,9 +320,13 @@ class Trajectory:
                  f"does not fit model '{model.name}'")
         self._check_steps({k: v.size for k, v in g.groups.items()},
                           {b.name for b in g.blocks if b.evictable}, n_steps, where)
-        editor = edit.ModelEditor(
-            model, g, mean_compensation=self.meta.get("options", {}).get(
-                "mean_compensation", False))
+        compensate = self.meta.get("options", {}).get("mean_compensation", False)
+        moments = None
+        if compensate:
+            from hope_keras import moments as moments_lib
+
+            moments = moments_lib.propagate(g.flat)
+        editor = edit.ModelEditor(model, g, mean_compensation=compensate, moments=moments)
         for s in self.steps[:n_steps]:
             with editor.step():
                 apply_step(editor, s)

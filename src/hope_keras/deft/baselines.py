@@ -212,16 +212,18 @@ def _layerwise_fisher_fn(model, variables, loss_fn):
     """The closed-form per-example Fisher of Dense/Conv2D/BN variables, or None."""
     import tensorflow as tf
 
-    from hope_keras.graph import _LayerGraph
+    from hope_keras import _keras_graph as kg
 
     try:
-        lg = _LayerGraph(model)
+        fg = kg.flatten(model)
     except ValueError:
         return None
-    if len(lg.outputs) != 1 or any(c > 1 for c in lg.calls.values()):
+    if len(fg.outputs) != 1 or len(fg.inputs) != 1 or any(c > 1 for c in fg.calls.values()):
+        return None
+    if any(not isinstance(n.op, keras.layers.Layer) for n in fg.nodes):
         return None
     owner = {}
-    for layer in model.layers:
+    for layer in fg.layers.values():
         for w in layer.trainable_weights:
             owner[id(w)] = layer
     kinds = {}
@@ -241,19 +243,16 @@ def _layerwise_fisher_fn(model, variables, loss_fn):
             kinds[layer.name] = "bn"
         else:
             return None
-    out_name = next(iter(lg.outputs))
+    out_key = fg.outputs[0]
 
     @tf.function(reduce_retracing=True)
     def batch_sum(xb, yb):
         inputs, zeros = {}, {}
         with tf.GradientTape() as tape:
-            values = {}
-            for name in lg.order:
-                layer = lg.layers[name]
-                if isinstance(layer, keras.layers.InputLayer):
-                    values[name] = xb
-                    continue
-                args = [values[p] for p in lg.parents[name]]
+            values = {fg.inputs[0][0]: xb}
+            for node in fg.nodes:
+                layer, name = node.op, node.op.name
+                args = [values[t] for t in node.inputs]
                 arg = args[0] if len(args) == 1 else args
                 out = layer(arg, training=False)
                 if name in kinds:
@@ -261,8 +260,8 @@ def _layerwise_fisher_fn(model, variables, loss_fn):
                     tape.watch(z)
                     out = out + z
                     inputs[name], zeros[name] = arg, z
-                values[name] = out
-            total = tf.reduce_sum(loss_fn(yb, values[out_name]))
+                values[node.outputs[0]] = out
+            total = tf.reduce_sum(loss_fn(yb, values[out_key]))
         names = list(zeros)
         deltas = dict(zip(names, tape.gradient(total, [zeros[n] for n in names])))
         result = []

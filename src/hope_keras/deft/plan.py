@@ -36,36 +36,14 @@ from typing import Dict, List, Optional, Tuple
 import keras
 import numpy as np
 
+from hope_keras import _keras_graph as kg
+from hope_keras import costs
 from hope_keras import graph as graph_lib
+from hope_keras import layers as layer_rules
 from hope_keras.trajectory import Step, apply_step, fingerprint
 
 FORMAT = "hope_keras.deft_plan"
 VERSION = 1
-
-_KERNEL_TYPES = graph_lib._KERNEL_TYPES
-_ELEMENTWISE = (
-    keras.layers.Add,
-    keras.layers.Subtract,
-    keras.layers.Multiply,
-    keras.layers.Average,
-    keras.layers.Maximum,
-    keras.layers.Minimum,
-)
-# Weightless layers that map channel c of their input to channel c of their output.
-_CHANNEL_PRESERVING = tuple(
-    t for t in graph_lib._PASSTHROUGH_TYPES if t is not keras.layers.Flatten
-) + (
-    keras.layers.ReLU,
-    keras.layers.LeakyReLU,
-    keras.layers.ELU,
-    keras.layers.Cropping1D,
-    keras.layers.Cropping2D,
-    keras.layers.Cropping3D,
-    keras.layers.GaussianNoise,
-    keras.layers.GaussianDropout,
-    keras.layers.AlphaDropout,
-    keras.layers.ActivityRegularization,
-)
 
 
 # ----------------------------------------------------------------------------- τ_lock
@@ -126,51 +104,44 @@ def find_head(model) -> str:
     Raises:
         ValueError: for several outputs, or when no Dense layer produces the output.
     """
-    outputs = list(getattr(model, "outputs", None) or [])
-    if len(outputs) != 1:
+    fg = kg.flatten(model)
+    if len(fg.outputs) != 1:
         raise ValueError(
-            f"Model '{model.name}' has {len(outputs)} outputs; pass head=<layer name> "
+            f"Model '{model.name}' has {len(fg.outputs)} outputs; pass head=<layer name> "
             "explicitly."
         )
-    layer = outputs[0]._keras_history.operation
+    node = fg.producer_node(fg.outputs[0])
     seen = []
-    while not isinstance(layer, keras.layers.Dense):
-        seen.append(layer.name)
-        if layer.weights or not isinstance(layer, keras.layers.Layer):
+    while node is not None and not isinstance(node.op, keras.layers.Dense):
+        seen.append(node.key)
+        if getattr(node.op, "weights", None) or len(node.inputs) != 1:
             break
-        parents = [t._keras_history.operation for t in _inbound(layer)]
-        if len(parents) != 1:
-            break
-        layer = parents[0]
-    if not isinstance(layer, keras.layers.Dense):
+        node = fg.producer_node(node.inputs[0])
+    if node is None or not isinstance(node.op, keras.layers.Dense):
         raise ValueError(
             f"No Dense head found behind the output of model '{model.name}' (walked "
             f"back through {seen}). Pass head=<layer name>."
         )
-    return layer.name
-
-
-def _inbound(layer):
-    node = layer._inbound_nodes[0]
-    return list(node.input_tensors)
+    return node.key
 
 
 def feature_layer_of(model, head: str) -> str:
     """Name of the layer whose output feeds `head`."""
-    layer = _get_layer(model, head)
-    parents = _inbound(layer)
-    if len(parents) != 1:
-        raise ValueError(f"Head '{head}' has {len(parents)} inputs; expected 1.")
-    return parents[0]._keras_history.operation.name
+    fg = kg.flatten(model)
+    if head not in fg.layers:
+        raise ValueError(f"Model '{model.name}' has no layer named '{head}'.")
+    node = fg.node_of(head)
+    if len(node.inputs) != 1:
+        raise ValueError(f"Head '{head}' has {len(node.inputs)} inputs; expected 1.")
+    parent = fg.producer_node(node.inputs[0])
+    return parent.key if parent is not None else "input"
 
 
 def _get_layer(model, name):
-    try:
-        return model.get_layer(name)
-    except ValueError:
-        raise ValueError(
-            f"Model '{model.name}' has no layer named '{name}'."
-        ) from None
+    layers = kg.flatten(model).layers
+    if name not in layers:
+        raise ValueError(f"Model '{model.name}' has no layer named '{name}'.")
+    return layers[name]
 
 
 # ------------------------------------------------------------------------------ plan
@@ -413,7 +384,8 @@ def _as_vector(e, n: int) -> np.ndarray:
 # --------------------------------------------------------------------- the planner
 def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
          actions=("prune", "merge"), merge_scale: str = "sum", eps: float = 1e-6,
-         pinned_elasticity: float = 0.0, verbose: bool = False) -> DeftPlan:
+         pinned_elasticity: float = 0.0, verbose: bool = False,
+         cost="paper") -> DeftPlan:
     """Plans DEFT fine-tuning of a BN network (spec section 6).
 
     Runs the HOPE encoder on a copy of `model` until no action is admissible, reads
@@ -435,6 +407,9 @@ def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
             producers such as the last convolution of a residual branch) and of
             their BN; 0 = core (spec default), 1 = elastic.
         verbose: Show the encoder's progress bar.
+        cost: The encoder's cost (`hope_keras.costs.get`): ``"paper"`` (default:
+            the spec's ``J_prune`` over the paper's neuron layers; residual streams
+            stay core) or ``"hope"`` (every group, width-free costs).
 
     Returns:
         A `DeftPlan`.
@@ -465,9 +440,14 @@ def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
     feature_layer = feature_layer_of(model, head)
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
-    result = compress(copy, actions=actions, merge_scale=merge_scale, verbose=verbose)
+    result = compress(copy, actions=actions, merge_scale=merge_scale, verbose=verbose,
+                      cost=cost)
     traj = result.trajectory
     graph = result.analysis.graph
+    scope = getattr(costs.get(cost), "groups", "all")
+    if scope != "all":  # the groups the cost priced (the paper's: neuron layers)
+        graph = graph.with_groups({k: v for k, v in graph.groups.items() if v.kind == scope},
+                                  blocks=())
     sizes = {g: grp.size for g, grp in graph.groups.items()}
     j_prune = {g: np.full(n, np.inf) for g, n in sizes.items()}
     c_rem = {g: np.full(n, np.nan) for g, n in sizes.items()}
@@ -490,14 +470,20 @@ def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
         tau_sup=tau_sup, num_costs=size, head=head, feature_layer=feature_layer,
         groups=sizes, j_prune=j_prune, c_rem=c_rem, merges=merges, vessels=vessels,
         elasticity=elasticity, layer_elasticity=layer_e, input_drift=drift,
-        fingerprint=fingerprint(model, graph_lib.ModelGraph(
-            groups=dict(graph.groups), blocks=(), pinned=())),
+        fingerprint=fingerprint(model, _source_graph(model, graph)),
         options={"actions": list(actions), "merge_scale": merge_scale,
+                 "cost": costs.get(cost).get_config(),
                  "pinned_elasticity": float(pinned_elasticity),
                  "bn_of": {g: grp.bn for g, grp in graph.groups.items()},
                  "encoder_steps": len(traj)},
         trajectory=traj,
     )
+
+
+def _source_graph(model, graph):
+    """`graph`'s groups, read on `model` itself (the plan ran on a copy)."""
+    g = graph_lib.walk(model)
+    return g.with_groups({k: g.groups[k] for k in graph.groups if k in g.groups}, blocks=())
 
 
 def _choose_merges(model, graph, steps, tau):
@@ -512,7 +498,7 @@ def _choose_merges(model, graph, steps, tau):
         if s.J < tau and s.i not in d and s.j not in d:
             chosen.append(s)
             vessels[s.unit].append(s.j)
-            eps = float(model.get_layer(graph.groups[s.unit].bn).epsilon)
+            eps = float(graph.layer(graph.groups[s.unit].bn).epsilon)
             if not (s.coef[4] ** 2 >= eps):  # inactive parent: both slots freed
                 vessels[s.unit].append(s.i)
         else:
@@ -521,83 +507,117 @@ def _choose_merges(model, graph, steps, tau):
 
 
 def _elasticities_and_drift(model, graph, elasticity, head, pinned):
-    """Per-layer parameter elasticity and per-kernel input drift (see module doc)."""
-    lg = graph_lib._LayerGraph(model)
-    producer_group = {grp.producer: g for g, grp in graph.groups.items()}
-    bn_group = {grp.bn: g for g, grp in graph.groups.items()}
+    """Per-layer parameter elasticity and per-reader input drift (see module doc).
+
+    Channels flow through the layer registry's roles (`hope_keras.layers`): a source
+    layer's outputs drift where it is elastic; a channelwise layer passes its input's
+    drift on (and adds its own elasticity when it has weights); merges take the
+    channelwise maximum, Concatenate concatenates, Flatten repeats; any other layer
+    (or a shared one) is treated conservatively (any drifting input makes every
+    output channel drift).
+    """
+    fg = graph.flat if getattr(graph, "flat", None) is not None else kg.flatten(model)
+    writer_e: Dict[str, np.ndarray] = {}
+    channel_e: Dict[str, np.ndarray] = {}
+    for name, grp in graph.groups.items():
+        e = elasticity.get(name)
+        if e is None:
+            continue
+        for c in grp.couplings:
+            if c.role == "out":
+                writer_e[c.layer] = np.asarray(e, dtype=np.float64)
+            elif c.role == "channel":
+                vec = channel_e.setdefault(c.layer, np.zeros(_width(fg, c.layer)))
+                vec[c.positions[:, 0]] = np.asarray(e, dtype=np.float64)
     layer_e: Dict[str, object] = {}
     drift: Dict[str, np.ndarray] = {}
     input_drift: Dict[str, np.ndarray] = {}
-    for name in lg.order:
-        layer = lg.layers[name]
-        parents = [drift[p] for p in lg.parents[name] if p in drift]
-        try:
-            n_out = int(layer.output.shape[-1])
-        except Exception:
-            n_out = None
+    for key, _ in fg.inputs:
+        drift[key] = np.zeros(_channels_of(fg, key))
+    for node in fg.nodes:
+        layer = node.op
+        key = node.key
+        rule = layer_rules.get(layer)
+        role = layer_rules.role_of(layer, node)
+        parents = [drift.get(t) for t in node.inputs]
+        parents = [p for p in parents if p is not None]
+        out_t = node.outputs[0] if node.outputs else None
+        n_out = _channels_of(fg, out_t) if out_t is not None else 0
         any_in = any(np.any(p > 0) for p in parents)
-        conservative = (np.full(n_out, float(any_in)) if n_out else np.zeros(0))
-        if isinstance(layer, keras.layers.InputLayer):
-            drift[name] = np.zeros(n_out)
+        conservative = np.full(n_out, float(any_in))
+        has_weights = bool(getattr(layer, "weights", None))
+        if fg.calls[key] > 1 or rule.check(layer) is not None and role != "unsupported":
+            if has_weights:
+                layer_e[key] = 0.0
+            drift[out_t] = conservative
             continue
-        if lg.calls[name] > 1:
-            if layer.weights:
-                layer_e[name] = 0.0
-            drift[name] = conservative
-            continue
-        if isinstance(layer, _KERNEL_TYPES):
-            if name in producer_group:
-                e = elasticity[producer_group[name]].astype(np.float64)
-            elif name == head:
+        if role == "source":
+            if key in writer_e:
+                e = writer_e[key]
+            elif key == head:
                 e = np.ones(n_out)
             else:
                 e = np.full(n_out, pinned)
-            layer_e[name] = e if name in producer_group else float(e[0]) if n_out else pinned
-            d_in = parents[0] if parents else np.zeros(int(layer.kernel.shape[-2]))
-            n_in = int(layer.kernel.shape[-2])
+            layer_e[key] = e if key in writer_e else (float(e[0]) if n_out else pinned)
+            n_in = _channels_of(fg, node.inputs[0])
+            d_in = parents[0] if parents else np.zeros(n_in)
             if d_in.shape != (n_in,):
                 d_in = np.full(n_in, float(any_in))
-            input_drift[name] = d_in.astype(np.float32)
-            drift[name] = (e > 0).astype(np.float64)
-        elif isinstance(layer, keras.layers.BatchNormalization):
-            src = lg.parents[name][0] if lg.parents[name] else None
-            if name in bn_group:
-                e = elasticity[bn_group[name]].astype(np.float64)
-                layer_e[name] = e
-            elif (src is not None and isinstance(lg.layers[src], _KERNEL_TYPES)
-                  and lg.only_child(src) == name and src != head):
-                e = _as_vector(layer_e[src], n_out)
-                layer_e[name] = float(e[0]) if np.all(e == e[0]) else e
-            else:
-                e = np.zeros(n_out)
-                layer_e[name] = 0.0
+            input_drift[key] = d_in.astype(np.float32)
+            drift[out_t] = (e > 0).astype(np.float64)
+        elif role == "channelwise":
             d_in = parents[0] if parents and parents[0].shape == (n_out,) else conservative
-            drift[name] = np.maximum(d_in, (e > 0).astype(np.float64))
-        elif layer.weights:
-            layer_e[name] = 0.0  # unsupported layer with weights: frozen
-            drift[name] = conservative
-        elif isinstance(layer, keras.layers.Flatten):
-            shape = tuple(int(s) for s in layer.input.shape[1:])
-            spatial = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-            d = parents[0] if parents else np.zeros(shape[-1])
-            drift[name] = np.tile(d, spatial)
-        elif isinstance(layer, _ELEMENTWISE):
-            if all(p.shape == (n_out,) for p in parents):
-                drift[name] = np.max(np.stack(parents), axis=0)
+            if has_weights:
+                if key in channel_e:
+                    e = channel_e[key]
+                    layer_e[key] = e
+                else:
+                    src = fg.producer_node(node.inputs[0])
+                    if (src is not None and src.key in layer_e and src.key != head
+                            and layer_rules.role_of(src.op, src) == "source"
+                            and len(fg.children(src)) == 1):
+                        e = _as_vector(layer_e[src.key], n_out)
+                        layer_e[key] = float(e[0]) if np.all(e == e[0]) else e
+                    else:
+                        e = np.zeros(n_out)
+                        layer_e[key] = 0.0
+                drift[out_t] = np.maximum(d_in, (e > 0).astype(np.float64))
             else:
-                drift[name] = conservative
-        elif isinstance(layer, keras.layers.Concatenate) and layer.axis in (-1, len(
-                layer.output.shape) - 1):
-            cat = np.concatenate(parents) if parents else np.zeros(0)
-            drift[name] = cat if cat.shape == (n_out,) else conservative
-        elif (isinstance(layer, _CHANNEL_PRESERVING) or (
-                isinstance(layer, keras.layers.Activation)
-                and getattr(layer.activation, "__name__", "") != "softmax")):
+                drift[out_t] = d_in
+        elif role == "reshape":
             d = parents[0] if parents else conservative
-            drift[name] = d if d.shape == (n_out,) else conservative
+            drift[out_t] = d if d.shape == (n_out,) else conservative
+        elif role == "flatten":
+            shape = fg.shapes[node.inputs[0]]
+            P = int(np.prod([s for s in shape[1:-1]] or [1]))
+            d = parents[0] if parents else np.zeros(_channels_of(fg, node.inputs[0]))
+            fmt = getattr(layer, "data_format", "channels_last")
+            drift[out_t] = np.repeat(d, P) if fmt == "channels_first" and len(shape) > 2 \
+                else np.tile(d, P)
+        elif role == "merge":
+            full = [p for p in parents if p.shape == (n_out,)]
+            drift[out_t] = (np.max(np.stack(full), axis=0) if len(full) == len(parents)
+                            and full else conservative)
+        elif role == "concat":
+            cat = np.concatenate(parents) if parents else np.zeros(0)
+            drift[out_t] = cat if cat.shape == (n_out,) else conservative
         else:
-            drift[name] = conservative
+            if has_weights:
+                layer_e[key] = 0.0  # unsupported layer with weights: frozen
+            drift[out_t] = conservative
+        for t in node.outputs[1:]:
+            drift[t] = np.full(_channels_of(fg, t), float(any_in))
     return layer_e, input_drift
+
+
+def _channels_of(fg, tensor) -> int:
+    shape = fg.shapes[tensor]
+    return int(shape[-1]) if len(shape) > 1 and shape[-1] else 1
+
+
+def _width(fg, key) -> int:
+    node = fg.node_of(key)
+    return _channels_of(fg, node.inputs[0])
 
 
 # ----------------------------------------------------------------------- applying
@@ -626,8 +646,7 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
             f"Model '{model.name}' does not match the plan: groups missing {missing}, "
             f"groups of another size {wrong}."
         )
-    g = graph_lib.ModelGraph(groups={k: g.groups[k] for k in plan.groups}, blocks=(),
-                             pinned=g.pinned)
+    g = g.with_groups({k: g.groups[k] for k in plan.groups}, blocks=())
     if check and fingerprint(model, g) != plan.fingerprint:
         raise ValueError(
             f"The weights of model '{model.name}' are not those the plan was made from "
@@ -643,26 +662,28 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
             rng = np.random.default_rng(seed)
             for name, slots in plan.vessels.items():
                 for j in slots:
-                    _reinit_vessel(editor, model, g.groups[name], j, rng)
+                    _reinit_vessel(editor, g.groups[name], j, rng)
         editor.commit()
     if mask:
         for name in plan.input_drift:
-            layer = model.get_layer(name)
+            layer = g.layer(name)
+            if getattr(layer, "kernel", None) is None:
+                continue  # separable convolutions: not masked (docs/deft.md)
             m = plan.mask(name, tuple(layer.kernel.shape))
             if m is not None:
                 layer.kernel.assign(layer.kernel.numpy() * m)
     return model
 
 
-def _reinit_vessel(editor, model, group, j, rng):
-    producer = model.get_layer(group.producer)
+def _reinit_vessel(editor, group, j, rng):
+    producer = editor.layer(group.producer)
     kernel = editor.array(group.producer, "kernel")
     fan_in = int(np.prod(kernel.shape[:-1]))
     col = rng.normal(0.0, math.sqrt(2.0 / fan_in), size=kernel[..., j].shape)
     editor._write(group.producer, "kernel", (Ellipsis, j), col.astype(kernel.dtype))
     if getattr(producer, "use_bias", False) and producer.bias is not None:
         editor._write(group.producer, "bias", j, 0.0)
-    bn = model.get_layer(group.bn)
+    bn = editor.layer(group.bn)
     if bn.scale:
         editor._write(group.bn, "gamma", j, 1.0)
     if bn.center:

@@ -1,0 +1,529 @@
+"""The layer registry: what hope_keras knows about each Keras layer type.
+
+Every layer (or Keras operation) in a model is looked up here, by class (and its
+base classes). Its `LayerRule` says how channels flow through it — the *role* —
+and, for layers with weights, which weight axes hold which channels, so that the
+walker, the editor, `slim`, the size counters and DEFT handle every layer through
+one description:
+
+* ``"source"`` — makes new channels from all of its input channels (Dense, ConvND,
+  SeparableConvND): ``in_weights`` are sliced by input channel, ``out_weights`` by
+  output channel.
+* ``"channelwise"`` — channel ``c`` of its output depends on channel ``c`` of its
+  (single) input only (BatchNormalization, activations, pooling, padding, dropout,
+  DepthwiseConvND with multiplier 1, ``x + 3.0``…); ``channel_weights`` are sliced by
+  channel.
+* ``"merge"`` — elementwise over several inputs (Add, Multiply, …): channel ``c`` of
+  every input is tied to channel ``c`` of the output.
+* ``"concat"`` — Concatenate on the channel axis: inputs' channels at offsets.
+* ``"flatten"`` — Flatten: channel ``c`` becomes positions ``c, c + C, …``
+  (``"channels_first"`` order: ``c·P … c·P + P − 1``).
+* ``"unsupported"`` — anything else: its input channels cannot be removed (the
+  walker pins them, with `LayerRule.reason`), its outputs are new, fixed channels.
+
+A new layer type is one `register` call (and one parametrized test: prune → slim →
+outputs equal). For example a custom per-channel scale layer:
+
+>>> import keras
+>>> from hope_keras import layers as hl
+>>> class Scale(keras.layers.Layer):
+...     def build(self, shape):
+...         self.scale = self.add_weight(shape=(shape[-1],), initializer="ones")
+...     def call(self, x):
+...         return x * self.scale
+>>> hl.register(Scale, hl.ChannelwiseRule(channel_weights=[hl.WeightAxis("scale", 0)]))
+>>> hl.get(Scale()).role
+'channelwise'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, List, Optional, Sequence
+
+import keras
+import numpy as np
+
+__all__ = [
+    "WeightAxis", "LayerRule", "SourceRule", "ChannelwiseRule", "MergeRule",
+    "ConcatRule", "FlattenRule", "ReshapeRule", "UnsupportedRule", "register", "get",
+    "ROLES",
+]
+
+ROLES = ("source", "channelwise", "merge", "concat", "flatten", "reshape", "unsupported")
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightAxis:
+    """One weight of a layer and the axis its channels index.
+
+    Attributes:
+        attr: The layer attribute holding the variable (``"kernel"``, ``"bias"``…).
+        axis: The axis indexed by channels.
+        expand: Entries per channel along that axis (a separable convolution's
+            pointwise kernel has ``depth_multiplier`` rows per input channel).
+    """
+
+    attr: str
+    axis: int
+    expand: int = 1
+
+
+def _shape_prod(shape) -> int:
+    return int(np.prod([d for d in shape if d is not None] or [1]))
+
+
+def _channels_last(layer) -> Optional[str]:
+    fmt = getattr(layer, "data_format", None)
+    if fmt not in (None, "channels_last"):
+        return (f"{type(layer).__name__} with data_format='{fmt}' (hope_keras edits the "
+                "last axis as the channel axis)")
+    return None
+
+
+class LayerRule:
+    """How one layer type is handled (see the module docstring).
+
+    Subclass one of the role classes rather than this one.
+    """
+
+    role = "unsupported"
+
+    def check(self, layer, rank=None) -> Optional[str]:
+        """Why this layer instance cannot be handled by the rule (None if it can).
+
+        ``rank`` is the rank of the layer's (first) input, batch axis included.
+        """
+        return None
+
+    def in_weights(self, layer) -> List[WeightAxis]:
+        """Weights indexed by input channel (sources)."""
+        return []
+
+    def out_weights(self, layer) -> List[WeightAxis]:
+        """Weights indexed by output channel (sources)."""
+        return []
+
+    def channel_weights(self, layer) -> List[WeightAxis]:
+        """Weights indexed by channel (channelwise layers)."""
+        return []
+
+    def activation(self, layer, node=None):
+        """The elementwise activation the layer applies (channelwise activations,
+        sources with a fused activation), as a Keras activation name/callable or
+        None."""
+        return None
+
+    def affine(self, layer, node=None):
+        """``(scale, shift)`` per channel (arrays, or scalars) if the layer is an
+        affine map of its input at inference (BN, ``x * 2 + 1``), else None."""
+        return None
+
+    def flops(self, layer, node, in_live: int, out_live: int, in_shape, out_shape) -> int:
+        """FLOPs per example (2 × multiply-adds) at the given live channel counts."""
+        return 0
+
+    def slim_config(self, layer, config: dict, in_live: int, out_live: int) -> dict:
+        """The layer config of its slimmed copy."""
+        return config
+
+    def is_passthrough(self, layer, node=None) -> bool:
+        """A weightless, linear-in-value channelwise layer a dead channel stays dead
+        through (pooling, padding, dropout, Flatten, identity)."""
+        return False
+
+    @property
+    def reason(self) -> str:
+        return "not supported"
+
+
+class SourceRule(LayerRule):
+    """Dense / ConvND / SeparableConvND: makes new channels from all inputs."""
+
+    role = "source"
+
+    def __init__(self, in_attr="kernel", in_axis=-2, out_attr="kernel", kind="conv"):
+        self.in_attr, self.in_axis, self.out_attr, self.kind = in_attr, in_axis, out_attr, kind
+
+    def check(self, layer, rank=None):
+        if getattr(layer, "groups", 1) != 1:
+            return f"a grouped convolution (groups={layer.groups})"
+        return _channels_last(layer)
+
+    def in_weights(self, layer):
+        if self.kind == "separable":
+            m = int(layer.depth_multiplier)
+            return [WeightAxis("depthwise_kernel", -2), WeightAxis("pointwise_kernel", -2, m)]
+        return [WeightAxis(self.in_attr, self.in_axis)]
+
+    def out_weights(self, layer):
+        out = [WeightAxis(self.out_attr if self.kind != "separable" else "pointwise_kernel", -1)]
+        if getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
+            out.append(WeightAxis("bias", 0))
+        return out
+
+    def activation(self, layer, node=None):
+        act = getattr(layer, "activation", None)
+        name = getattr(act, "__name__", None)
+        return None if act is None or name == "linear" else act
+
+    def flops(self, layer, node, in_live, out_live, in_shape, out_shape):
+        positions = _shape_prod(out_shape[1:-1])
+        if self.kind == "dense":
+            return 2 * positions * in_live * out_live
+        if self.kind == "separable":
+            k = _shape_prod(layer.depthwise_kernel.shape[:-2])
+            m = int(layer.depth_multiplier)
+            return 2 * positions * (k * in_live * m + in_live * m * out_live)
+        k = _shape_prod(layer.kernel.shape[:-2])
+        return 2 * positions * k * in_live * out_live
+
+    def slim_config(self, layer, config, in_live, out_live):
+        config = dict(config)
+        config["units" if self.kind == "dense" else "filters"] = int(out_live)
+        return config
+
+
+class ChannelwiseRule(LayerRule):
+    """A layer whose output channel ``c`` reads input channel ``c`` only."""
+
+    role = "channelwise"
+
+    def __init__(self, channel_weights: Sequence[WeightAxis] = (), passthrough=False,
+                 activation=None, data_format=True):
+        self._weights = list(channel_weights)
+        self._passthrough = passthrough
+        self._activation = activation
+        self._data_format = data_format
+
+    def check(self, layer, rank=None):
+        return _channels_last(layer) if self._data_format else None
+
+    def channel_weights(self, layer):
+        return [w for w in self._weights if getattr(layer, w.attr, None) is not None]
+
+    def is_passthrough(self, layer, node=None):
+        return self._passthrough
+
+    def activation(self, layer, node=None):
+        return self._activation(layer) if callable(self._activation) else self._activation
+
+
+class _BatchNormRule(ChannelwiseRule):
+    def __init__(self):
+        super().__init__([WeightAxis(a, 0) for a in
+                          ("gamma", "beta", "moving_mean", "moving_variance")])
+
+    def check(self, layer, rank=None):
+        axis = layer.axis if isinstance(layer.axis, int) else (
+            layer.axis[0] if len(layer.axis) == 1 else None)
+        if axis is None or (axis != -1 and (rank is None or axis != rank - 1)):
+            return f"a BatchNormalization on axis {layer.axis}, not the channel-last axis"
+        return None
+
+    def affine(self, layer, node=None):
+        mean = np.asarray(layer.moving_mean.numpy(), dtype=np.float64)
+        var = np.asarray(layer.moving_variance.numpy(), dtype=np.float64)
+        gamma = (np.asarray(layer.gamma.numpy(), dtype=np.float64) if layer.scale
+                 else np.ones_like(mean))
+        beta = (np.asarray(layer.beta.numpy(), dtype=np.float64) if layer.center
+                else np.zeros_like(mean))
+        scale = gamma / np.sqrt(var + layer.epsilon)
+        return scale, beta - scale * mean
+
+
+class _DepthwiseRule(ChannelwiseRule):
+    def __init__(self):
+        super().__init__([WeightAxis("kernel", -2), WeightAxis("bias", 0)])
+
+    def check(self, layer, rank=None):
+        if int(getattr(layer, "depth_multiplier", 1)) != 1:
+            return (f"a depthwise convolution with depth_multiplier={layer.depth_multiplier} "
+                    "(only 1 is supported)")
+        return _channels_last(layer)
+
+    def channel_weights(self, layer):
+        out = [WeightAxis("kernel", -2)]
+        if getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
+            out.append(WeightAxis("bias", 0))
+        return out
+
+    def activation(self, layer, node=None):
+        act = getattr(layer, "activation", None)
+        return None if act is None or getattr(act, "__name__", "") == "linear" else act
+
+    def flops(self, layer, node, in_live, out_live, in_shape, out_shape):
+        k = _shape_prod(layer.kernel.shape[:-2])
+        return 2 * _shape_prod(out_shape[1:-1]) * k * out_live
+
+
+class _ActivationLayerRule(ChannelwiseRule):
+    """keras.layers.Activation: channelwise unless it mixes channels (softmax)."""
+
+    def check(self, layer, rank=None):
+        name = getattr(layer.activation, "__name__", str(layer.activation))
+        if name in ("softmax", "log_softmax"):
+            return f"an Activation that applies {name} across channels"
+        return None
+
+    def is_passthrough(self, layer, node=None):
+        return getattr(layer.activation, "__name__", "") == "linear"
+
+    def activation(self, layer, node=None):
+        return None if self.is_passthrough(layer) else layer.activation
+
+
+class _ReshapeRule(LayerRule):
+    role = "reshape"
+
+    def slim_config(self, layer, config, in_live, out_live):
+        config = dict(config)
+        config["target_shape"] = tuple(config["target_shape"][:-1]) + (int(out_live),)
+        return config
+
+
+ReshapeRule = _ReshapeRule
+
+
+class MergeRule(LayerRule):
+    """Add, Subtract, Multiply, Average, Maximum, Minimum: channel c of every input
+    is tied to channel c of the output."""
+
+    role = "merge"
+
+    def __init__(self, op="add"):
+        self.op = op
+
+
+class ConcatRule(LayerRule):
+    role = "concat"
+
+    def check(self, layer, rank=None):
+        axis = getattr(layer, "axis", -1)
+        if axis == -1 or (rank is not None and axis == rank - 1):
+            return None
+        return f"a Concatenate on axis {axis}, not the channel axis"
+
+
+class FlattenRule(LayerRule):
+    role = "flatten"
+
+    def is_passthrough(self, layer, node=None):
+        return True
+
+
+class UnsupportedRule(LayerRule):
+    """A layer hope_keras cannot see through; `why` says why."""
+
+    role = "unsupported"
+
+    def __init__(self, why: str = ""):
+        self.why = why
+
+    def check(self, layer, rank=None):
+        return (f"{type(layer).__name__}, which "
+                f"{self.why or 'has no hope_keras layer rule (hope_keras.layers.register adds one)'}")
+
+
+# ------------------------------------------------------------------------ the table
+_REGISTRY: Dict[type, LayerRule] = {}
+
+
+def register(layer_class: type, rule: LayerRule, *, overwrite: bool = True) -> None:
+    """Registers `rule` for `layer_class` (and its subclasses without a rule).
+
+    Args:
+        layer_class: A `keras.layers.Layer` (or `keras.Operation`) subclass.
+        rule: A `LayerRule` (usually a `ChannelwiseRule`, `SourceRule`, `MergeRule`
+            or `UnsupportedRule` instance).
+        overwrite: Replace an existing rule (default) instead of raising.
+
+    Raises:
+        TypeError: if `rule` is not a `LayerRule`.
+    """
+    if not isinstance(rule, LayerRule):
+        raise TypeError(f"rule must be a hope_keras.layers.LayerRule. Received: {rule!r}")
+    if not overwrite and layer_class in _REGISTRY:
+        raise ValueError(f"A rule for {layer_class.__name__} is already registered.")
+    _REGISTRY[layer_class] = rule
+
+
+def get(layer) -> LayerRule:
+    """The rule for a layer (or operation) instance: its class's, else the nearest
+    base class's, else an `UnsupportedRule`.
+
+    Example:
+
+    >>> import keras
+    >>> from hope_keras import layers as hl
+    >>> hl.get(keras.layers.Conv2D(4, 3)).role, hl.get(keras.layers.LayerNormalization()).role
+    ('source', 'unsupported')
+    """
+    layer = getattr(layer, "wrapped_layer", layer)  # editor mirrors wrap the layer
+    for cls in type(layer).__mro__:
+        rule = _REGISTRY.get(cls)
+        if rule is not None:
+            return rule
+    return _DEFAULT
+
+
+_DEFAULT = UnsupportedRule()
+
+
+def _register_builtins():
+    L = keras.layers
+    register(L.Dense, SourceRule("kernel", 0, "kernel", kind="dense"))
+    for c in (L.Conv1D, L.Conv2D, L.Conv3D):
+        register(c, SourceRule("kernel", -2, "kernel", kind="conv"))
+    for c in (L.SeparableConv1D, L.SeparableConv2D):
+        register(c, SourceRule(kind="separable"))
+    for c in (L.Conv1DTranspose, L.Conv2DTranspose, L.Conv3DTranspose):
+        register(c, UnsupportedRule("is a transposed convolution (not supported yet)"))
+    register(L.BatchNormalization, _BatchNormRule())
+    for c in (L.DepthwiseConv1D, L.DepthwiseConv2D):
+        register(c, _DepthwiseRule())
+    passthrough = [
+        L.MaxPooling1D, L.MaxPooling2D, L.MaxPooling3D,
+        L.AveragePooling1D, L.AveragePooling2D, L.AveragePooling3D,
+        L.GlobalMaxPooling1D, L.GlobalMaxPooling2D, L.GlobalMaxPooling3D,
+        L.GlobalAveragePooling1D, L.GlobalAveragePooling2D, L.GlobalAveragePooling3D,
+        L.ZeroPadding1D, L.ZeroPadding2D, L.ZeroPadding3D,
+        L.Cropping1D, L.Cropping2D, L.Cropping3D,
+        L.UpSampling1D, L.UpSampling2D, L.UpSampling3D,
+    ]
+    for c in passthrough:
+        register(c, ChannelwiseRule(passthrough=True))
+    for c in (L.Dropout, L.SpatialDropout1D, L.SpatialDropout2D, L.SpatialDropout3D,
+              L.GaussianNoise, L.GaussianDropout, L.AlphaDropout,
+              L.ActivityRegularization, L.Identity):
+        register(c, ChannelwiseRule(passthrough=True, data_format=False))
+    register(L.Activation, _ActivationLayerRule(data_format=False))
+
+    def _relu_layer(layer):
+        return layer
+
+    for c in (L.ReLU, L.LeakyReLU, L.ELU):
+        register(c, ChannelwiseRule(activation=_relu_layer, data_format=False))
+    register(L.PReLU, ChannelwiseRule([WeightAxis("alpha", -1)], activation=_relu_layer,
+                                      data_format=False))
+    register(L.Softmax, UnsupportedRule("applies softmax across channels"))
+    register(L.Flatten, FlattenRule())
+    register(L.Reshape, _ReshapeRule())
+    for c, op in ((L.Add, "add"), (L.Subtract, "subtract"), (L.Multiply, "multiply"),
+                  (L.Average, "average"), (L.Maximum, "maximum"), (L.Minimum, "minimum")):
+        register(c, MergeRule(op))
+    register(L.Concatenate, ConcatRule())
+    for c in (L.LayerNormalization, L.GroupNormalization, L.UnitNormalization):
+        register(c, UnsupportedRule(
+            "normalises across channels: removing a channel would change the others"))
+    try:  # ConvNeXt's per-channel scale and stochastic depth (keras.applications)
+        from keras.src.applications import convnext
+
+        register(convnext.LayerScale, ChannelwiseRule([WeightAxis("gamma", 0)],
+                                                      data_format=False))
+        register(convnext.StochasticDepth, ChannelwiseRule(passthrough=True,
+                                                           data_format=False))
+    except ImportError:  # pragma: no cover - older Keras
+        pass
+    _register_ops()
+
+
+class _ScalarOpRule(LayerRule):
+    """A Keras operation node (``x + 3.0``, ``x * s``): channelwise with a scalar,
+    a merge between tensors."""
+
+    def __init__(self, op):
+        self.op = op
+
+    role = "channelwise"  # per node, `role_of` says "merge" between two tensors
+
+    def is_passthrough(self, layer, node=None):
+        return False
+
+
+def _register_ops():
+    try:
+        from keras.src.ops import numpy as knp
+    except ImportError:  # pragma: no cover
+        return
+    for name, op in (("Add", "add"), ("Subtract", "subtract"), ("Multiply", "multiply"),
+                     ("Divide", "divide"), ("TrueDivide", "divide")):
+        cls = getattr(knp, name, None)
+        if cls is not None:
+            register(cls, _ScalarOpRule(op))
+
+
+def scalar_operand(node):
+    """For an operation node of `_ScalarOpRule`: ``(scalar, tensor_first)`` when it
+    combines one tensor with a Python/numpy scalar, else None."""
+    args = node._node.arguments.args
+    if len(args) != 2:
+        return None
+    kinds = [isinstance(a, keras.KerasTensor) for a in args]
+    if kinds == [True, False]:
+        val, first = args[1], True
+    elif kinds == [False, True]:
+        val, first = args[0], False
+    else:
+        return None
+    try:
+        arr = np.asarray(val, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    if arr.size != 1:
+        return None
+    return float(arr.ravel()[0]), first
+
+
+def role_of(layer, node=None) -> str:
+    """The layer's role at this call (operation nodes: channelwise with a scalar,
+    merge between two tensors)."""
+    rule = get(layer)
+    if isinstance(rule, _ScalarOpRule):
+        if node is not None and len(node.inputs) >= 2:
+            return "merge"
+        if node is not None and scalar_operand(node) is None:
+            return "unsupported"
+        return "channelwise"
+    return rule.role
+
+
+_register_builtins()
+
+
+def weight_param_count(layer, rule: LayerRule, in_live: Optional[int], out_live: Optional[int],
+                       ch_live: Optional[int]) -> int:
+    """Parameters of `layer` once its channel axes hold the given live counts."""
+    axes = {}
+    if in_live is not None:
+        for w in rule.in_weights(layer):
+            axes[w.attr] = (w.axis, in_live * w.expand)
+    if out_live is not None:
+        for w in rule.out_weights(layer):
+            var = getattr(layer, w.attr, None)
+            if var is None:
+                continue
+            if w.attr in axes:  # the same kernel: both axes
+                axes[w.attr] = (axes[w.attr], (w.axis, out_live))
+            else:
+                axes[w.attr] = (w.axis, out_live)
+    if ch_live is not None:
+        for w in rule.channel_weights(layer):
+            axes[w.attr] = (w.axis, ch_live * w.expand)
+    total = 0
+    seen = set()
+    for attr, spec in axes.items():
+        var = getattr(layer, attr, None)
+        if var is None:
+            continue
+        seen.add(id(var))
+        shape = list(var.shape)
+        specs = spec if isinstance(spec[0], tuple) else (spec,)
+        for axis, n in specs:
+            shape[axis] = n
+        total += int(math.prod(shape))
+    for var in layer.weights:
+        if id(var) not in seen:
+            total += int(math.prod(var.shape))
+    return total
