@@ -118,6 +118,7 @@ class _SizeCounter:
         for b in g.blocks:
             touched |= {k for k in b.branch_layers if _sized(fg.layers[k])}
         self.evicted: set = set()
+        self._formulas: Dict[str, tuple] = {}
         self.flops0 = sum(self._node_flops(n) for n in fg.nodes)
         self.params_now, self.flops_now = {}, {}
         for key in touched:
@@ -134,24 +135,51 @@ class _SizeCounter:
         return int(rule.flops(layer, node, live[node.inputs[0]], live[node.outputs[0]],
                               self.fg.shapes[node.inputs[0]], self.fg.shapes[node.outputs[0]]))
 
-    def _count(self, key: str, tensor_live=None):
-        """(params, flops) of layer `key` at the given live tensor widths."""
-        if key in self.evicted:
-            return 0, 0
-        live = self.tensor_live if tensor_live is None else tensor_live
+    def _size_at(self, key: str, n_in, n_out):
+        """(params, flops) of layer `key` at input/output widths (rule formulas)."""
         node = self.fg.node_of(key)
         layer = node.op
         rule = layer_rules.get(layer)
         role = layer_rules.role_of(layer, node)
-        n_in = live[node.inputs[0]] if node.inputs else None
-        n_out = live[node.outputs[0]] if node.outputs else None
         if role == "source":
             params = layer_rules.weight_param_count(layer, rule, n_in, n_out, None)
         elif role == "channelwise":
             params = layer_rules.weight_param_count(layer, rule, None, None, n_in)
         else:
             params = int(layer.count_params())
-        return params, self._node_flops(node, live)
+        flops = 0
+        if node.inputs and node.outputs:
+            flops = int(rule.flops(layer, node, n_in, n_out, self.fg.shapes[node.inputs[0]],
+                                   self.fg.shapes[node.outputs[0]]))
+        return params, flops
+
+    def _formula(self, key: str):
+        """Bilinear coefficients of (params, flops) in (live in, live out): every
+        layer rule's sizes are affine in each width, so four probes fix them."""
+        f = self._formulas.get(key)
+        if f is None:
+            (p11, f11), (p21, f21), (p12, f12), (p22, f22) = (
+                self._size_at(key, a, b) for a, b in ((1, 1), (2, 1), (1, 2), (2, 2)))
+            pc = p22 - p21 - p12 + p11
+            fc = f22 - f21 - f12 + f11
+            pa, fa = p21 - p11 - pc, f21 - f11 - fc
+            pb, fb = p12 - p11 - pc, f12 - f11 - fc
+            f = (p11 - pa - pb - pc, pa, pb, pc, f11 - fa - fb - fc, fa, fb, fc)
+            node = self.fg.node_of(key)
+            f = f + (node.inputs[0] if node.inputs else None,
+                     node.outputs[0] if node.outputs else None)
+            self._formulas[key] = f
+        return f
+
+    def _count(self, key: str, tensor_live=None):
+        """(params, flops) of layer `key` at the given live tensor widths."""
+        if key in self.evicted:
+            return 0, 0
+        live = self.tensor_live if tensor_live is None else tensor_live
+        p0, pa, pb, pc, f0, fa, fb, fc, t_in, t_out = self._formula(key)
+        a = live[t_in] if t_in is not None else 0
+        b = live[t_out] if t_out is not None else 0
+        return p0 + pa * a + pb * b + pc * a * b, f0 + fa * a + fb * b + fc * a * b
 
     def _lives_after(self, group: str, removed: int):
         live = dict(self.tensor_live)
@@ -183,6 +211,14 @@ class _SizeCounter:
             dp += self.params_now[name] - p
             df += self.flops_now[name] - f
         return dp, df
+
+    def copy(self) -> "_SizeCounter":
+        """An independent counter in the same state (formulas shared)."""
+        new = copy.copy(self)
+        for attr in ("live", "tensor_live", "params_now", "flops_now"):
+            setattr(new, attr, dict(getattr(self, attr)))
+        new.evicted = set(self.evicted)
+        return new
 
     @property
     def params_ratio(self) -> float:
@@ -659,7 +695,7 @@ class Encoder:
                     evictable.add(b.name)
                     for g in b.groups:
                         per_group[g] = 0
-        counter = _SizeCounter(self.model, self.analysis)
+        counter = self.sizes.copy()
         for n, v in per_group.items():
             counter.remove(n, counter.live[n] - max(v, 0))
         for b in evictable:

@@ -360,16 +360,9 @@ class _Walker:
             return
         if role == "flatten":
             t = node.inputs[0]
-            shape = fg.shapes[t]
             spaces, chans = self.pos[t]
-            P = int(np.prod([d for d in shape[1:-1]] or [1]))
-            fmt = getattr(op, "data_format", "channels_last")
-            if fmt == "channels_first" and len(shape) > 2:
-                # Keras moves the channels first before flattening: channel c of a
-                # channels-last input lands at c·P … c·P + P − 1.
-                self.pos[out] = (np.repeat(spaces, P), np.repeat(chans, P))
-            else:
-                self.pos[out] = (np.tile(spaces, P), np.tile(chans, P))
+            cmap = layer_rules.FlattenRule.channel_map(op, fg.shapes[t])
+            self.pos[out] = (spaces[cmap], chans[cmap])
             return
         if role == "concat":
             parts = [self.pos[t] for t in node.inputs]

@@ -16,8 +16,8 @@ one description:
 * ``"merge"`` — elementwise over several inputs (Add, Multiply, …): channel ``c`` of
   every input is tied to channel ``c`` of the output.
 * ``"concat"`` — Concatenate on the channel axis: inputs' channels at offsets.
-* ``"flatten"`` — Flatten: channel ``c`` becomes positions ``c, c + C, …``
-  (``"channels_first"`` order: ``c·P … c·P + P − 1``).
+* ``"flatten"`` — Flatten: channel ``c`` becomes positions ``c, c + C, …`` (with
+  ``data_format="channels_first"`` Keras first moves axis 1 last: `FlattenRule.channel_map`).
 * ``"unsupported"`` — anything else: its input channels cannot be removed (the
   walker pins them, with `LayerRule.reason`), its outputs are new, fixed channels.
 
@@ -307,7 +307,21 @@ class ConcatRule(LayerRule):
 
 
 class FlattenRule(LayerRule):
+    """Flatten: output position ``f`` carries input channel ``channel_map(...)[f]``."""
+
     role = "flatten"
+
+    @staticmethod
+    def channel_map(layer, in_shape) -> np.ndarray:
+        """For each output position, the input channel it carries."""
+        dims = [int(d) for d in in_shape[1:]]
+        if len(dims) <= 1:
+            return np.arange(dims[0] if dims else 1)
+        grid = np.broadcast_to(np.arange(dims[-1]), dims)
+        if getattr(layer, "data_format", "channels_last") == "channels_first":
+            # Keras moves axis 1 last before flattening (it assumes channels-first).
+            grid = np.moveaxis(grid, 0, -1)
+        return np.ascontiguousarray(grid).reshape(-1)
 
     def is_passthrough(self, layer, node=None):
         return True

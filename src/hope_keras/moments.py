@@ -238,11 +238,7 @@ def _known(node, role, layer, ins, n, flat) -> np.ndarray:
     if role in ("channelwise", "reshape") and ins[0].shape[0] == n:
         return ins[0]
     if role == "flatten":
-        P = n // max(ins[0].shape[0], 1)
-        fmt = getattr(layer, "data_format", "channels_last")
-        shape = flat.shapes[node.inputs[0]]
-        return np.repeat(ins[0], P) if fmt == "channels_first" and len(shape) > 2 \
-            else np.tile(ins[0], P)
+        return ins[0][layer_rules.FlattenRule.channel_map(layer, flat.shapes[node.inputs[0]])]
     if role == "concat":
         cat = np.concatenate(ins)
         return cat if cat.shape[0] == n else np.zeros(n, dtype=bool)
@@ -270,11 +266,8 @@ def _node_moments(node, rule, role, layer, ins, flat, t_out):
         return _channelwise(node, rule, layer, m, v)
     if role == "flatten":
         m, v = ins[0]
-        shape = flat.shapes[node.inputs[0]]
-        P = int(np.prod([d for d in shape[1:-1]] or [1]))
-        if getattr(layer, "data_format", "channels_last") == "channels_first" and len(shape) > 2:
-            return np.repeat(m, P), np.repeat(v, P)
-        return np.tile(m, P), np.tile(v, P)
+        cmap = layer_rules.FlattenRule.channel_map(layer, flat.shapes[node.inputs[0]])
+        return m[cmap], v[cmap]
     if role == "concat":
         return np.concatenate([x[0] for x in ins]), np.concatenate([x[1] for x in ins])
     if role == "merge":

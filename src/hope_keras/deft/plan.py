@@ -588,12 +588,8 @@ def _elasticities_and_drift(model, graph, elasticity, head, pinned):
             d = parents[0] if parents else conservative
             drift[out_t] = d if d.shape == (n_out,) else conservative
         elif role == "flatten":
-            shape = fg.shapes[node.inputs[0]]
-            P = int(np.prod([s for s in shape[1:-1]] or [1]))
             d = parents[0] if parents else np.zeros(_channels_of(fg, node.inputs[0]))
-            fmt = getattr(layer, "data_format", "channels_last")
-            drift[out_t] = np.repeat(d, P) if fmt == "channels_first" and len(shape) > 2 \
-                else np.tile(d, P)
+            drift[out_t] = d[layer_rules.FlattenRule.channel_map(layer, fg.shapes[node.inputs[0]])]
         elif role == "merge":
             full = [p for p in parents if p.shape == (n_out,)]
             drift[out_t] = (np.max(np.stack(full), axis=0) if len(full) == len(parents)

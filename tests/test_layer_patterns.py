@@ -1,0 +1,211 @@
+"""One test per layer pattern the walker understands: remove channels of every group
+(HOPE's own run, and random channels by hand), slim, and compare outputs; the live
+parameter count must equal the slim model's, and the slim model must reload in safe
+mode. A new layer rule is one more entry in PATTERNS."""
+
+import keras
+import numpy as np
+import pytest
+
+import hope_keras
+from conftest import L
+from hope_keras import _keras_graph as kg
+from hope_keras.edit import ModelEditor
+
+
+def _randomize(model, seed=0):
+    """Non-trivial BN statistics and biases everywhere (nested layers included)."""
+    rng = np.random.default_rng(seed)
+    for layer in kg.flatten(model).layers.values():
+        if isinstance(layer, L.BatchNormalization):
+            n = layer.moving_mean.shape[0]
+            values = {"gamma": rng.uniform(0.5, 1.5, n), "beta": rng.normal(0, 0.5, n),
+                      "moving_mean": rng.normal(0, 0.3, n),
+                      "moving_variance": rng.uniform(0.5, 2.0, n)}
+            for w in layer.weights:
+                w.assign(values[w.name].astype("float32"))
+        elif getattr(layer, "bias", None) is not None:
+            layer.bias.assign(rng.normal(0, 0.2, layer.bias.shape).astype("float32"))
+    return model
+
+
+def bn_relu(x):
+    return L.ReLU()(L.BatchNormalization()(x))
+
+
+def bn_after_activation(x):
+    x = L.BatchNormalization()(L.Conv2D(6, 3, padding="same", activation="relu")(x))
+    x = L.BatchNormalization()(L.ReLU()(L.Conv2D(5, 3, padding="same")(x)))
+    return L.Conv2D(4, 3)(x)
+
+
+def pre_activation(x):
+    """ResNet-V2 style: BN → ReLU → conv branches added to a raw stream, with a
+    pooled-identity shortcut."""
+    x = L.Conv2D(6, 3, padding="same", name="stem")(x)
+    for k in range(2):
+        pre = bn_relu(x)
+        y = bn_relu(L.Conv2D(4, 1, use_bias=False)(pre))
+        y = L.Conv2D(6, 3, padding="same")(y)
+        shortcut = L.MaxPooling2D(1, strides=1)(x) if k else x
+        x = L.Add()([shortcut, y])
+    return L.Conv2D(3, 1)(bn_relu(x))
+
+
+def depthwise(x):
+    x = bn_relu(L.Conv2D(6, 1, use_bias=False)(x))
+    x = L.ReLU(6.0)(L.BatchNormalization()(L.DepthwiseConv2D(3, padding="same")(x)))
+    x = L.BatchNormalization()(L.Conv2D(5, 1, use_bias=False)(x))
+    y = bn_relu(L.Conv2D(8, 1)(x))
+    y = bn_relu(L.DepthwiseConv2D(3, padding="same", use_bias=False)(y))
+    y = L.BatchNormalization()(L.Conv2D(5, 1)(y))
+    x = L.Add()([x, y])  # MobileNetV2's inverted residual
+    return L.Conv2D(3, 1)(x)
+
+
+def separable(x):
+    x = bn_relu(L.Conv2D(6, 3, padding="same")(x))
+    x = bn_relu(L.SeparableConv2D(7, 3, padding="same", depth_multiplier=2)(x))
+    x = bn_relu(L.SeparableConv2D(5, 3, padding="same")(x))
+    return L.Dense(3)(L.Flatten()(x))
+
+
+def concatenate(x):
+    a = bn_relu(L.Conv2D(4, 1)(x))
+    b = bn_relu(L.Conv2D(3, 3, padding="same")(x))
+    c = L.AveragePooling2D(3, strides=1, padding="same")(bn_relu(L.Conv2D(2, 1)(x)))
+    x = L.Concatenate()([a, b, c])
+    x = bn_relu(L.Conv2D(5, 1)(x))
+    # DenseNet: each new feature map joins the stream, read through a BN of its own.
+    for _ in range(2):
+        y = L.Conv2D(3, 3, padding="same", use_bias=False)(bn_relu(x))
+        x = L.Concatenate()([x, y])
+    return L.Conv2D(3, 1)(bn_relu(x))
+
+
+def squeeze_excite(x):
+    x = bn_relu(L.Conv2D(8, 1)(x))
+    se = L.GlobalAveragePooling2D()(x)
+    se = L.Reshape((1, 1, 8))(se)
+    se = L.Conv2D(3, 1, activation="relu")(se)
+    se = L.Conv2D(8, 1, activation="sigmoid")(se)
+    x = L.Multiply()([x, se])
+    x = L.BatchNormalization()(L.Conv2D(4, 1)(x))
+    return L.Conv2D(3, 1)(x)
+
+
+def keras_ops(x):
+    """MobileNetV3's hard-sigmoid gate, built from Keras operations."""
+    x = bn_relu(L.Conv2D(6, 1)(x))
+    se = L.GlobalAveragePooling2D(keepdims=True)(x)
+    se = L.ReLU()(L.Conv2D(2, 1)(se))
+    se = L.ReLU(6.0)(L.Conv2D(6, 1)(se) + 3.0) * (1.0 / 6.0)
+    x = L.Multiply()([x, se])
+    return L.Conv2D(3, 1)(L.BatchNormalization()(L.Conv2D(4, 1)(x)))
+
+
+def residual_stream(x):
+    """ResNet-V1: a projection block and an identity block share one stream."""
+    x = bn_relu(L.Conv2D(4, 3, padding="same")(x))
+    s = L.BatchNormalization()(L.Conv2D(6, 1)(x))
+    y = bn_relu(L.Conv2D(3, 3, padding="same")(x))
+    y = L.BatchNormalization()(L.Conv2D(6, 1)(y))
+    x = L.ReLU()(L.Add()([s, y]))
+    y = bn_relu(L.Conv2D(3, 3, padding="same")(x))
+    y = L.BatchNormalization()(L.Conv2D(6, 1)(y))
+    x = L.ReLU()(L.Add()([x, y]))
+    return L.Dense(3)(L.GlobalAveragePooling2D()(x))
+
+
+def channels_first_flatten(x):
+    x = bn_relu(L.Conv2D(5, 3)(x))
+    x = L.Flatten(data_format="channels_first")(x)
+    return L.Dense(3)(bn_relu(L.Dense(6)(x)))
+
+
+def nested(x):
+    inner_in = keras.Input(x.shape[1:])
+    y = bn_relu(L.Conv2D(5, 3, padding="same")(inner_in))
+    y = L.BatchNormalization()(L.Conv2D(5, 3, padding="same")(y))
+    backbone = keras.Model(inner_in, L.ReLU()(L.Add()([y, bn_relu(L.Conv2D(5, 1)(inner_in))])),
+                           name="backbone")
+    return L.Dense(3)(L.GlobalAveragePooling2D()(backbone(x)))
+
+
+PATTERNS = [bn_after_activation, pre_activation, depthwise, separable, concatenate,
+            squeeze_excite, keras_ops, residual_stream, channels_first_flatten, nested]
+
+
+def _model(pattern, seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3))
+    return _randomize(keras.Model(inputs, pattern(inputs), name=pattern.__name__), seed)
+
+
+def _x(model, n=3, seed=0):
+    return np.random.default_rng(seed).normal(size=(n,) + tuple(model.inputs[0].shape[1:])
+                                              ).astype("float32")
+
+
+def _same(a, b, x, rtol=1e-4):
+    ya, yb = np.asarray(a(x)), np.asarray(b(x))
+    return float(np.abs(ya - yb).max()) <= 1e-6 + rtol * max(1.0, float(np.abs(ya).max()))
+
+
+@pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: p.__name__)
+def test_pattern_is_compressible_and_slim_is_exact(pattern, tmp_path):
+    model = _model(pattern, seed=1)
+    analysis = hope_keras.analyze(model)
+    assert analysis.groups, analysis.pinned_summary()
+    x = _x(model)
+    result = hope_keras.compress(model, density=0.6, verbose=False)
+    small = hope_keras.slim(model)
+    assert _same(model, small, x)
+    assert small.count_params() == round(result.params_ratio * model.count_params())
+    assert small.count_params() < model.count_params()
+    path = str(tmp_path / "small.keras")
+    small.save(path)
+    reloaded = keras.models.load_model(path, safe_mode=True)
+    assert _same(small, reloaded, x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: p.__name__)
+def test_removing_random_channels_of_every_group_then_slim(pattern):
+    model = _model(pattern, seed=2)
+    graph = hope_keras.walk(model)
+    editor = ModelEditor(model, graph)
+    rng = np.random.default_rng(3)
+    removed = 0
+    for name, group in graph.groups.items():
+        for i in rng.choice(group.size, size=max(1, group.size // 2), replace=False)[:-1]:
+            with editor.step():
+                editor.prune(name, int(i))
+            removed += 1
+    editor.commit()
+    assert removed
+    small = hope_keras.slim(model)
+    assert _same(model, small, _x(model))
+    assert small.count_params() < model.count_params()
+
+
+def test_pattern_group_kinds():
+    kinds = {p.__name__: {g.kind for g in hope_keras.walk(_model(p, 0)).groups.values()}
+             for p in PATTERNS}
+    assert kinds["bn_after_activation"] == {"coupled"}
+    assert "coupled" in kinds["depthwise"] and "coupled" in kinds["squeeze_excite"]
+    g = hope_keras.walk(_model(pre_activation, 0))
+    assert sum(b.evictable for b in g.blocks) == 2
+    assert all(b.final_bn is None and b.input_reader_bn for b in g.blocks)
+
+
+def test_channels_first_pooling_on_channels_last_tensors_pins_with_a_reason():
+    inputs = keras.Input((6, 6, 3))
+    x = bn_relu(L.Conv2D(4, 3, name="c")(inputs))
+    x = L.GlobalAveragePooling2D(data_format="channels_first")(x)
+    model = keras.Model(inputs, L.Dense(2)(x))
+    analysis = hope_keras.analyze(model)
+    assert not analysis.groups
+    reasons = {p.layer: p.reason for p in analysis.pinned}
+    assert "channels_first" in reasons["c"]
+    with pytest.raises(ValueError, match="no compressible"):
+        hope_keras.compress(model, density=0.5, verbose=False)
