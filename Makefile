@@ -1,5 +1,6 @@
 # One command each: `make demo` runs the main job, `make test` runs the tests.
-# Both create the virtual environment on first use.
+# `make fuzz` checks 500 random networks (tests/fuzz_networks.py).
+# All create the virtual environment on first use.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +9,7 @@ STAMP  := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export KERAS_BACKEND ?= tensorflow
 
-.PHONY: test demo bench clean
+.PHONY: test fuzz demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +19,9 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+fuzz: $(STAMP)
+	HOPE_FUZZ_N=500 $(PY) -m pytest tests/test_fuzz.py -q -rs -s
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

@@ -2,7 +2,6 @@
 
 import os
 import resource
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -31,26 +30,3 @@ def calibrated_resnet50(seed=0, images=4):
             layer.gamma.assign(rng.uniform(0.3, 1.5, n).astype("float32"))
             layer.beta.assign(rng.normal(0, 0.5, n).astype("float32"))
     return model
-
-
-def flops(model) -> int:
-    """Multiply-accumulates of the Dense/Conv layers for one example (×2 = FLOPs)."""
-    total = 0
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.Dense):
-            shape = layer.output.shape
-            total += int(np.prod(shape[1:-1] or [1])) * int(np.prod(layer.kernel.shape))
-        elif isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)):
-            total += int(np.prod(layer.output.shape[1:-1])) * int(np.prod(layer.kernel.shape))
-    return 2 * total
-
-
-def latency(model, x, repeats=5) -> float:
-    """Median seconds of one forward pass on `x` (after one warm-up call)."""
-    model(x, training=False)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        model(x, training=False)
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))

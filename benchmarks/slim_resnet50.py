@@ -1,34 +1,49 @@
 """Issue 3 benchmark: slimmed ResNet50 at densities 0.9 … 0.3 — parameters, FLOPs and
 measured inference latency (batch 8, 224×224, CPU) relative to the original.
 
-One greedy run to density 0.3, replayed to each density.
-Run: .venv/bin/python benchmarks/slim_resnet50.py
+One greedy run to density 0.3, replayed to each density. Counts and timings come from
+`hope_keras.profile` (FLOPs: 2 × multiply-accumulates of the Dense/Conv layers;
+latency: median of interleaved runs of the original and the slimmed model, compiled
+direct call, and with ``--tflite`` also the TFLite interpreter).
+Run: .venv/bin/python benchmarks/slim_resnet50.py [--tflite] [--repeats 5]
 """
+
+import argparse
 
 import keras
 import numpy as np
-from _common import calibrated_resnet50, flops, latency
+from _common import calibrated_resnet50
 
 import hope_keras
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tflite", action="store_true", help="also time TFLite float32")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    methods = ("call", "tflite") if args.tflite else ("call",)
     model = calibrated_resnet50()
     weights = model.get_weights()
     work = keras.models.clone_model(model)
     work.set_weights(weights)
     result = hope_keras.compress(work, density=0.3, verbose=False)
     x = np.random.default_rng(0).uniform(0, 255, (8, 224, 224, 3)).astype("float32")
-    p0, f0, l0 = model.count_params(), flops(model), latency(model, x)
-    print(f"original: {p0} params, {f0 / 1e9:.2f} GFLOPs/image, {l0 * 1e3:.0f} ms/batch of 8")
-    print(f"{'density':>8} {'params':>8} {'FLOPs':>8} {'latency':>8}")
+    print(f"{'density':>8} {'params':>8} {'FLOPs':>8} " +
+          " ".join(f"{'latency ' + m:>14}" for m in methods))
     for density in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3):
         m = keras.models.clone_model(model)
         m.set_weights(weights)
         result.trajectory.replay(m, density=density)
-        small = hope_keras.slim(m)
-        print(f"{density:>8.1f} {small.count_params() / p0:>8.3f} {flops(small) / f0:>8.3f} "
-              f"{latency(small, x) / l0:>8.3f}")
+        p = hope_keras.profile(hope_keras.slim(m), reference=model, x=x, methods=methods,
+                               repeats=args.repeats, warmup=1)
+        if density == 0.9:
+            ref = p.reference
+            print(f"original: {ref.params} params, {ref.flops / 1e9:.2f} GFLOPs/image, "
+                  + ", ".join(f"{m_} {1e3 * t:.0f} ms/batch of 8"
+                              for m_, t in ref.latency.items()))
+        print(f"{density:>8.1f} {p.ratio('params'):>8.3f} {p.ratio('flops'):>8.3f} " +
+              " ".join(f"{p.ratio(m_):>14.3f}" for m_ in methods))
 
 
 if __name__ == "__main__":

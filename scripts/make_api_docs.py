@@ -17,6 +17,8 @@ MODULES = [
     "hope_keras.costs",
     "hope_keras.layers",
     "hope_keras.plots",
+    "hope_keras.profile",
+    "hope_keras.export",
     "hope_keras.baselines",
     "hope_keras.deft",
     "hope_keras.derivative_matching",

@@ -11,6 +11,7 @@ import hope_keras
 from conftest import L
 from hope_keras import _keras_graph as kg
 from hope_keras.edit import ModelEditor
+from hope_keras.profile import model_flops
 
 
 def _randomize(model, seed=0):
@@ -163,6 +164,8 @@ def test_pattern_is_compressible_and_slim_is_exact(pattern, tmp_path):
     assert _same(model, small, x)
     assert small.count_params() == round(result.params_ratio * model.count_params())
     assert small.count_params() < model.count_params()
+    # The engine's FLOPs counter agrees with profile's count of the slim model.
+    assert result.flops_ratio == pytest.approx(model_flops(small) / model_flops(model))
     path = str(tmp_path / "small.keras")
     small.save(path)
     reloaded = keras.models.load_model(path, safe_mode=True)

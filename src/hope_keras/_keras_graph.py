@@ -307,6 +307,17 @@ def inbound_count(layer) -> int:
     return len(layer._inbound_nodes)
 
 
+def call_shapes(layer) -> List[Tuple[tuple, tuple]]:
+    """``(input shape, output shape)`` of every symbolic call of `layer` (first
+    input and output of each call)."""
+    out = []
+    for node in layer._inbound_nodes:
+        ins, outs = list(node.input_tensors), list(node.outputs)
+        if ins and outs:
+            out.append((tuple(ins[0].shape), tuple(outs[0].shape)))
+    return out
+
+
 def nested_layers(layer) -> List[object]:
     """Every layer inside a nested model/layer (empty for a plain layer)."""
     fn = getattr(layer, "_flatten_layers", None)

@@ -495,8 +495,12 @@ class _Walker:
                 continue
             seen.add(key)
             out.append(Pinned(key, sp.pin[r] or sp.pin[s] or "pinned"))
+        # Unsupported layers are listed when they are what pinned some channels
+        # (not, e.g., a preprocessing layer on the model input).
+        causes = {sp.pin[r] for r in set(root_map.tolist()) if sp.pin[r]}
         for p in self.unsupported:
-            if p.layer not in seen:
+            if p.layer not in seen and (f"it feeds '{p.layer}': {p.reason}" in causes
+                                        or "shared layer" in p.reason):
                 seen.add(p.layer)
                 out.append(p)
         return out

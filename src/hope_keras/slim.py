@@ -32,9 +32,13 @@ def _np(v) -> np.ndarray:
 
 def _constant_output(producer, bn) -> np.ndarray:
     """Per channel: the BN output when it is constant, NaN otherwise."""
-    kernel = _np(producer.kernel)
-    n = kernel.shape[-1]
-    zero_filter = ~np.any(kernel.reshape(-1, n) != 0, axis=0)
+    n = int(bn.moving_mean.shape[0])
+    zero_filter = np.ones(n, dtype=bool)
+    for w in layer_rules.get(producer).out_weights(producer):
+        if w.attr == "bias":
+            continue
+        arr = np.moveaxis(_np(getattr(producer, w.attr)), w.axis, -1)
+        zero_filter &= ~np.any(arr.reshape(-1, n) != 0, axis=0)
     bias = _np(producer.bias) if getattr(producer, "use_bias", False) else np.zeros(n)
     gamma = _np(bn.gamma) if bn.scale else np.ones(n)
     beta = _np(bn.beta) if bn.center else np.zeros(n)

@@ -1,0 +1,192 @@
+#!/usr/bin/env python
+"""Pipeline benchmark (issue 11 item 4): compress → slim → recover, at equal budgets.
+
+For each model and each neuron density, three compressions of the same trained model:
+
+* ``hope`` — `hope_keras.compress(model, density=d)` with the library's defaults
+  (or ``--hope key=value`` options);
+* ``bn_scale`` — `hope_keras.baselines.prune(model, d, method="bn_scale",
+  scope="layer")` (network slimming's |γ|, the same fraction of every layer);
+* ``l1`` — `hope_keras.baselines.prune(model, d, method="l1_input", scope="layer")`
+  (Li et al.'s filter l1 norm, per layer);
+
+each followed by the *same* `hope_keras.recover` (the original as teacher, the same
+unlabeled training images, epochs, batch size and seed), on the slimmed model. It
+records, per point: held-out accuracy after compression (no data) and after
+recover, the slimmed model's parameter and FLOPs ratios (`hope_keras.profile`), and
+wall times. ``--report`` plots accuracy against the FLOPs ratio.
+
+Models: ``demo`` (bundled CNN), ``vgg8`` (``benchmarks/fixtures``) and ``resnet50``
+(``.cache/resnet50_fmnist.keras``, 32×32 RGB), loaded as in ``benchmarks/quality.py``
+on its held-out test images; the training images come from the full Fashion-MNIST
+training set (the same preprocessing as the model's test input).
+
+Usage (repository root)::
+
+    nice -n 10 .venv/bin/python benchmarks/pipeline.py --model demo
+    .venv/bin/python benchmarks/pipeline.py --model vgg8 --densities 0.9 0.7 0.5
+    .venv/bin/python benchmarks/pipeline.py --report
+
+Results: ``benchmarks/results/pipeline_<model>.json``; plots
+``docs/img/pipeline_<model>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+IMG = REPO / "docs" / "img"
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "scripts"))
+
+DENSITIES = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
+METHODS = ("hope", "bn_scale", "l1")
+
+
+def _rgb(a):
+    """As quality.load does for the ResNet-50 fixture: pad to 32×32, 3 channels."""
+    a = np.pad(a[..., 0], ((0, 0), (2, 2), (2, 2)))
+    return np.repeat(a[..., None], 3, axis=-1)
+
+
+def training_images(model_name: str, n: int, seed: int = 0) -> np.ndarray:
+    from recover_demo import training_images as gray
+
+    x = gray(n, seed)
+    return _rgb(x) if model_name == "resnet50" else x
+
+
+def compress(method: str, model, density: float, hope_kw: dict):
+    import hope_keras
+
+    if method == "hope":
+        hope_keras.compress(model, density=density, verbose=False, **hope_kw)
+    elif method == "bn_scale":
+        hope_keras.baselines.prune(model, density, method="bn_scale", scope="layer")
+    elif method == "l1":
+        hope_keras.baselines.prune(model, density, method="l1_input", scope="layer")
+    else:
+        raise ValueError(f"method must be one of {METHODS}. Received: {method!r}")
+
+
+def point(model_name, method, density, x_train, x_test, y_test, args, hope_kw,
+          recover_kw) -> dict:
+    import keras
+
+    import hope_keras
+    from quality import load
+    from recover_demo import accuracy
+
+    teacher = load(model_name, "heldout")[0]
+    model = load(model_name, "heldout")[0]
+    keras.utils.set_random_seed(args.seed)
+    t0 = time.perf_counter()
+    compress(method, model, density, hope_kw)
+    rec = {"method": method, "density": density, "compress_s": time.perf_counter() - t0}
+    small = hope_keras.slim(model)
+    rec["acc_compressed"] = accuracy(small, x_test, y_test)
+    p = hope_keras.profile(small, reference=teacher, latency=False)
+    rec.update(params_ratio=p.ratio("params"), flops_ratio=p.ratio("flops"))
+    t0 = time.perf_counter()
+    hope_keras.recover(small, x_train, teacher=teacher, epochs=args.epochs, verbose=0,
+                       **recover_kw)
+    rec["recover_s"] = time.perf_counter() - t0
+    rec["acc_recovered"] = accuracy(small, x_test, y_test)
+    return rec
+
+
+def run(args):
+    import hope_keras
+    from quality import load
+    from recover_demo import accuracy, parse_options
+
+    hope_kw, recover_kw = parse_options(args.hope), parse_options(args.recover)
+    _, x_test, y_test, _ = load(args.model, "heldout")
+    x_train = training_images(args.model, args.images)
+    teacher = load(args.model, "heldout")[0]
+    out = {"model": args.model, "images": args.images, "epochs": args.epochs,
+           "seed": args.seed, "hope": hope_kw, "recover": recover_kw,
+           "heldout": len(y_test), "acc_original": accuracy(teacher, x_test, y_test),
+           "hope_keras": hope_keras.__version__, "points": []}
+    print(f"{args.model}: {out['acc_original']:.4f} on {len(y_test)} held-out images")
+    print(f"{'method':>9} {'density':>7} {'FLOPs':>6} {'params':>6} {'compressed':>10} "
+          f"{'recovered':>9} {'recover s':>9}")
+    for density in args.densities:
+        for method in args.methods:
+            r = point(args.model, method, density, x_train, x_test, y_test, args,
+                      hope_kw, recover_kw)
+            out["points"].append(r)
+            print(f"{method:>9} {density:>7.2f} {r['flops_ratio']:>6.3f} "
+                  f"{r['params_ratio']:>6.3f} {r['acc_compressed']:>10.4f} "
+                  f"{r['acc_recovered']:>9.4f} {r['recover_s']:>9.1f}", flush=True)
+    path = Path(args.out or RESULTS / f"pipeline_{args.model}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    print(f"Wrote {path}")
+
+
+def report():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for path in sorted(RESULTS.glob("pipeline_*.json")):
+        data = json.loads(path.read_text())
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for method in METHODS:
+            pts = sorted((p for p in data["points"] if p["method"] == method),
+                         key=lambda p: p["flops_ratio"])
+            if not pts:
+                continue
+            f = [p["flops_ratio"] for p in pts]
+            line, = ax.plot(f, [p["acc_recovered"] for p in pts], "o-",
+                            label=f"{method} + recover")
+            ax.plot(f, [p["acc_compressed"] for p in pts], "x:", color=line.get_color(),
+                    alpha=0.6, label=f"{method}, no data")
+        ax.axhline(data["acc_original"], color="gray", lw=0.8, label="original")
+        ax.set_xlabel("FLOPs ratio (slimmed / original)")
+        ax.set_ylabel(f"held-out accuracy ({data['heldout']} images)")
+        ax.set_title(f"{data['model']}: compress → slim → recover "
+                     f"({data['images']} unlabeled images, {data['epochs']} epoch)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        out = IMG / f"pipeline_{data['model']}.png"
+        fig.savefig(out, dpi=120)
+        plt.close(fig)
+        print(f"Wrote {out}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="demo", choices=("demo", "vgg8", "resnet50"))
+    ap.add_argument("--densities", type=float, nargs="*", default=list(DENSITIES))
+    ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--images", type=int, default=2048)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hope", nargs="*", default=[], help="key=value for compress")
+    ap.add_argument("--recover", nargs="*", default=[], help="key=value for recover")
+    ap.add_argument("--out", help="JSON path (default benchmarks/results/pipeline_<model>.json)")
+    ap.add_argument("--report", action="store_true", help="plot every pipeline_*.json")
+    args = ap.parse_args(argv)
+    if args.report:
+        report()
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""`recover`: BN re-estimation + distillation through Keras `fit`.
+
+Checks that the distillation loss goes down, that pruned neurons stay pruned (so
+`slim` removes the same channels and matches the outputs afterwards), that softmax
+heads are distilled on their logits and restored, that labels and errors behave, and
+(in a subprocess with two logical CPUs) that MirroredStrategy matches one device.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+import hope_keras
+from conftest import copy_model, mlp, small_resnet
+from hope_keras.recover import Distiller
+
+L = keras.layers
+
+
+def _images(n=128, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, 10, 10, 3)).astype("float32")
+
+
+def _compressed(seed=4, density=0.5):
+    teacher = small_resnet(seed=seed)
+    model = copy_model(teacher)
+    hope_keras.compress(model, density=density, verbose=False)
+    return teacher, model
+
+
+def _slim_shapes(model):
+    return {layer.name: tuple(w.shape for w in layer.weights)
+            for layer in hope_keras.slim(model).layers}
+
+
+def test_distillation_loss_decreases_and_model_comes_back_compiled():
+    teacher, model = _compressed()
+    x = _images(256)
+    history = hope_keras.recover(model, x, teacher=teacher, epochs=4, verbose=0,
+                                 learning_rate=3e-3)
+    kd = history.history["distillation_loss"]
+    assert len(kd) == 4 and "label_loss" not in history.history
+    assert kd[-1] < 0.7 * kd[0], kd
+    assert model.compiled and model.loss.from_logits  # small_resnet ends in logits
+    out = model.evaluate(x[:16], np.zeros(16, "int64"), verbose=0, return_dict=True)
+    assert set(out) >= {"loss", "accuracy"}
+
+
+def test_pruned_channels_stay_zero_and_slim_removes_the_same_channels():
+    teacher, model = _compressed(density=0.4)
+    zero_before = {v.path: v.numpy() == 0 for v in model.trainable_variables}
+    shapes_before = _slim_shapes(model)
+    start = {v.path: v.numpy().copy() for v in model.trainable_variables}
+    hope_keras.recover(model, _images(), teacher=teacher, epochs=2, verbose=0)
+    moved = 0
+    for v in model.trainable_variables:
+        now = v.numpy()
+        assert np.all(now[zero_before[v.path]] == 0), v.path
+        moved += int(np.count_nonzero(now != start[v.path]))
+    assert moved > 100, moved  # it did train
+    assert _slim_shapes(model) == shapes_before
+    small = hope_keras.slim(model)
+    x = _images(32, seed=1)
+    np.testing.assert_allclose(small(x, training=False), model(x, training=False),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_recover_on_the_slimmed_model():
+    teacher, model = _compressed()
+    small = hope_keras.slim(model)
+    n_params = small.count_params()
+    history = hope_keras.recover(small, _images(256), teacher=teacher, epochs=3,
+                                 verbose=0, learning_rate=3e-3)
+    kd = history.history["distillation_loss"]
+    assert kd[-1] < kd[0], kd
+    assert small.count_params() == n_params
+
+
+def _softmax_mlp(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,))
+    h = L.ReLU()(L.BatchNormalization()(L.Dense(12)(inputs)))
+    return keras.Model(inputs, L.Dense(4, activation="softmax", name="head")(h))
+
+
+def test_softmax_head_is_distilled_on_its_logits_and_restored():
+    teacher, student = _softmax_mlp(0), _softmax_mlp(1)
+    x = np.random.default_rng(2).normal(size=(64, 6)).astype("float32")
+    distiller = Distiller(student, teacher, temperature=3.0, batchnorm="frozen")
+    distiller.compile(keras.optimizers.SGD(0.0))
+    got = distiller.evaluate(x, batch_size=64, verbose=0, return_dict=True)
+
+    def logits(m):
+        return keras.Model(m.inputs, m.get_layer("head").input)(x).numpy() @ \
+            m.get_layer("head").kernel.numpy() + m.get_layer("head").bias.numpy()
+
+    def log_softmax(z):
+        z = z - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    lp, lq = log_softmax(logits(teacher) / 3.0), log_softmax(logits(student) / 3.0)
+    want = 9.0 * np.mean(np.sum(np.exp(lp) * (lp - lq), -1))
+    np.testing.assert_allclose(got["distillation_loss"], want, rtol=1e-4)
+    assert student.get_layer("head").activation.__name__ == "softmax"
+    np.testing.assert_allclose(np.sum(student(x), -1), 1.0, rtol=1e-5)
+    hope_keras.recover(student, x, teacher=teacher, epochs=1, verbose=0)
+    assert student.get_layer("head").activation.__name__ == "softmax"
+    assert not student.loss.from_logits
+
+
+def test_identical_student_has_zero_distillation_loss():
+    teacher = _softmax_mlp(0)
+    student = copy_model(teacher)
+    x = np.random.default_rng(2).normal(size=(64, 6)).astype("float32")
+    history = hope_keras.recover(student, x, teacher=teacher, epochs=1, verbose=0,
+                                 batchnorm="frozen", reestimate=False)
+    assert history.history["distillation_loss"][0] < 1e-6
+
+
+def test_labels_and_teacherless_training():
+    teacher, model = _compressed()
+    x = _images(128)
+    y = np.argmax(teacher.predict(x, verbose=0), -1)
+    history = hope_keras.recover(model, (x, y), teacher=teacher, epochs=1, verbose=0)
+    assert {"distillation_loss", "label_loss"} <= set(history.history)
+    history = hope_keras.recover(model, (x, y), epochs=2, verbose=0)
+    assert "distillation_loss" not in history.history
+    assert len(history.history["label_loss"]) == 2
+
+
+def test_dataset_input_and_bn_only():
+    import tensorflow as tf
+
+    teacher, model = _compressed()
+    x = _images(128)
+    ds = tf.data.Dataset.from_tensor_slices(x).batch(32)
+    history = hope_keras.recover(model, ds, teacher=teacher, epochs=1, verbose=0)
+    assert len(history.history["distillation_loss"]) == 1
+    history = hope_keras.recover(model, x, epochs=0)
+    assert history.history == {}
+    assert model.compiled
+
+
+def test_bad_input_is_refused_and_model_untouched():
+    teacher, model = _compressed()
+    before = [w.copy() for w in model.get_weights()]
+    x = _images(32)
+    with pytest.raises(ValueError, match="teacher .*or labelled data"):
+        hope_keras.recover(model, x, epochs=1)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        hope_keras.recover(model, x, teacher=teacher, temperature=0)
+    with pytest.raises(ValueError, match="must not be the student"):
+        hope_keras.recover(model, x, teacher=model)
+    with pytest.raises(ValueError, match="outputs shape"):
+        hope_keras.recover(model, x, teacher=mlp())
+    with pytest.raises(TypeError, match="data must be"):
+        hope_keras.recover(model, "images.npy", teacher=teacher)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+_MIRRORED = textwrap.dedent("""
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras, numpy as np
+    sys.path.insert(0, sys.argv[1])
+    from conftest import copy_model, mlp, small_resnet
+    import hope_keras
+
+    teacher = small_resnet(seed=4)
+    compressed = copy_model(teacher)
+    hope_keras.compress(compressed, density=0.5, verbose=False)
+    x = np.random.default_rng(0).normal(size=(128, 10, 10, 3)).astype("float32")
+    kwargs = dict(epochs=2, verbose=0, batch_size=32, shuffle=False,
+                  learning_rate=3e-3)
+
+    single = copy_model(compressed)
+    h1 = hope_keras.recover(single, x, teacher=teacher, **kwargs)
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert strategy.num_replicas_in_sync == 2
+    with strategy.scope():
+        student = copy_model(compressed)
+        mirrored_teacher = copy_model(teacher)
+    h2 = hope_keras.recover(student, x, teacher=mirrored_teacher, **kwargs)
+
+    kd1, kd2 = h1.history["distillation_loss"], h2.history["distillation_loss"]
+    assert np.allclose(kd1, kd2, rtol=1e-4), (kd1, kd2)
+    assert kd1[-1] < kd1[0], kd1
+    moved = 0
+    for a, b, c, v in zip(single.get_weights(), student.get_weights(),
+                          compressed.get_weights(), single.weights):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4, err_msg=v.path)
+        assert np.all(b[c == 0] == 0) or "moving" in v.path, v.path
+        moved += int(np.count_nonzero(a != c))
+    assert moved > 100, moved
+    y1, y2 = single.predict(x, verbose=0), student.predict(x, verbose=0)
+    assert np.allclose(y1, y2, rtol=1e-3, atol=1e-3), np.abs(y1 - y2).max()
+    print("MIRRORED_OK", kd1, kd2)
+""")
+
+
+def test_recover_under_mirrored_strategy_matches_one_device():
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow",
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", _MIRRORED, tests], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "MIRRORED_OK" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-3000:])
+
+
+def test_subclassed_student_is_distilled_as_logits():
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.fc = L.Dense(8)
+            self.bn = L.BatchNormalization()
+            self.head = L.Dense(3)
+
+        def call(self, x, training=False):
+            return self.head(keras.ops.relu(self.bn(self.fc(x), training=training)))
+
+    teacher, student = Net(), Net()
+    x = np.random.default_rng(0).normal(size=(64, 5)).astype("float32")
+    teacher(x), student(x)
+    history = hope_keras.recover(student, x, teacher=teacher, epochs=3, verbose=0,
+                                 learning_rate=1e-2, reestimate=False)
+    kd = history.history["distillation_loss"]
+    assert kd[-1] < kd[0], kd
