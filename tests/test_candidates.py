@@ -110,6 +110,12 @@ def test_tables_match_a_rebuild_of_the_edited_model_and_bounds_hold():
             den = cap[r] * cap[others]
             cos = np.where(den > 0, pv.k_cross * pv.gram_u / np.where(den > 0, den, 1), 0)
             assert np.all(cos <= table.ncos[r] + 1e-4)
+            kk = np.sqrt(fresh.k_self[r] * fresh.k_self[others])
+            kappa = np.where(kk > 0, pv.k_cross / np.where(kk > 0, kk, 1), 0)
+            assert np.all(kappa <= table.nkap[r] + 1e-4)
+            un = fresh.u_norm
+            cu = np.abs(pv.gram_u) / np.maximum(un[r] * un[others], 1e-300)
+            assert np.all(cu <= table.ncu[r] + 1e-4)
 
 
 @pytest.mark.parametrize("kernel", ["approx", "exact"])
@@ -127,7 +133,8 @@ def test_pair_bound_is_below_the_merge_residual(kernel):
         n = cache.size
         table = MergeTable(cache, 2, "hope", np.ones(n), np.ones(n, bool))
         r, l = np.nonzero(~np.eye(n, dtype=bool))
-        bound, cross = table._distance(r, l)
+        bound, kc, gu = table._distance(r, l)
+        cross = kc * gu
         pv = cache.pair_values(np.minimum(r, l), np.maximum(r, l))
         A = cache.capacity[r] ** 2 + cache.capacity[l] ** 2
         R = 2 * A - pv.B ** 2

@@ -11,6 +11,7 @@ import numpy as np
 
 from hope_keras import graph as graph_lib
 from hope_keras import moments as moments_lib
+from hope_keras import cache as cache_lib
 from hope_keras.cache import GroupCache, PruneCache, build_group_cache
 from hope_keras.neurons import (LayerState, bn_arrays, coupled_capacity, eviction_p_init,
                                 extract_group)
@@ -265,9 +266,16 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
     pinned = list(g.pinned)
     states: Dict[str, LayerState] = {}
     groups: Dict[str, graph_lib.NeuronGroup] = {}
+    sketched: Dict[str, GroupCache] = {}
     for name, group in g.groups.items():
         try:
-            state = extract_group(model, group, graph=g)
+            if group.kind == "neurons" and group.readers and cache_lib.use_sketch(
+                    *cache_lib.group_dims(get, group)):
+                # Too wide for n × n tables: sketched, never held in float64.
+                sketched[name], extras = cache_lib.build_sketch_cache(get, group, kernel)
+                state = cache_lib.OnDemandState(g, group, extras)
+            else:
+                state = extract_group(model, group, graph=g)
         except ValueError as e:  # NaN/Inf weights, negative variances: reported
             pinned.append(graph_lib.Pinned(name, str(e)))
             continue
@@ -289,7 +297,9 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
     g = g.with_groups(groups, blocks=blocks, pinned=pinned)
     caches: Dict[str, object] = {}
     for name in progress(list(groups), verbose=verbose, what="cache"):
-        if groups[name].kind == "neurons":
+        if name in sketched:
+            caches[name] = sketched[name]
+        elif groups[name].kind == "neurons":
             caches[name] = build_group_cache(states[name], kernel=kernel)
         else:
             cap, second = coupled_capacity(get, groups[name], moments)

@@ -29,6 +29,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from hope_keras import costs, kernels
+from hope_keras import layers as layer_rules
 from hope_keras.neurons import LayerState
 
 # Rows per chunk: bounds the temporaries of the pair computations to a few MB per
@@ -38,6 +39,13 @@ CHUNK_ROWS = 256
 #: Groups at least this wide keep their Gram tables in float32 (half the memory,
 #: twice the matmul speed); narrower ones in float64.
 FLOAT32_WIDTH = 2048
+
+#: Groups at least this wide, or whose Gram products would cost more than
+#: `SKETCH_WORK` multiply-adds, get a `SketchCache` (no n × n tables).
+SKETCH_WIDTH = 6144
+SKETCH_WORK = 3e11
+#: Columns of the random projections of a `SketchCache`.
+SKETCH_DIM = 256
 
 
 def gram(x: np.ndarray, chunk_rows: int = CHUNK_ROWS * 4, dtype=np.float64) -> np.ndarray:
@@ -143,6 +151,45 @@ class GroupCache:
         """The diagonal of ``gram_<which>`` (``"v"``, ``"w"`` or ``"u"``) in float64."""
         return np.diag(getattr(self, "gram_" + which)).astype(np.float64)
 
+    def entries(self, which: str, a, b) -> np.ndarray:
+        """Gram entries ``⟨x_a, x_b⟩`` of ``which`` (``"v"``, ``"w"``, ``"u"``) in
+        float64, elementwise."""
+        return getattr(self, "gram_" + which)[a, b].astype(np.float64)
+
+    def gram_rows(self, which: str, rows) -> np.ndarray:
+        """Rows of a Gram matrix, (len(rows), n) float64."""
+        return getattr(self, "gram_" + which)[rows].astype(np.float64)
+
+    def max_cosine(self, rows, ok, which: str = "u", absolute: bool = False) -> np.ndarray:
+        """Per row, the largest cosine ``⟨x_r, x_l⟩/(‖x_r‖‖x_l‖)`` (or its absolute
+        value) of ``which`` (``"w"`` or ``"u"``) over the partners ``l`` in `ok`
+        (−1 when none)."""
+        rows = np.asarray(rows, dtype=np.intp)
+        g = self.gram_rows(which, rows)
+        un = np.sqrt(np.maximum(self.gram_diag(which), 0.0))
+        den = un[rows, None] * un[None, :]
+        cos = np.where(den > 0, g / np.where(den > 0, den, 1.0), 0.0)
+        if absolute:
+            cos = np.abs(cos)
+        valid = ok[None, :] & (np.arange(self.size)[None, :] != rows[:, None])
+        return np.max(np.where(valid, cos, -1.0), axis=1)
+
+    def merge_terms(self, i: int, j: int):
+        """Exact ``(gv_ii, gv_jj, gv_ij, gw_ij, gu_ii, gu_jj, gu_ij)`` of a pair."""
+        gv, gw, gu = self.gram_v, self.gram_w, self.gram_u
+        return (float(gv[i, i]), float(gv[j, j]), float(gv[i, j]), float(gw[i, j]),
+                float(gu[i, i]), float(gu[j, j]), float(gu[i, j]))
+
+    def _gram_pair(self, a, b):
+        """``(gw, gv, gu)`` entries of the pairs, float64."""
+        return self.entries("w", a, b), self.entries("v", a, b), self.entries("u", a, b)
+
+    def _rho(self, a, b, gw):
+        g, wn = self.gamma, self.wnorm
+        denom = wn[a] * wn[b]
+        rho_eff = np.where(denom > 0, gw / np.where(denom > 0, denom, 1.0), 0.0)
+        return kernels.warped_correlation(rho_eff, g[a], wn[a], g[b], wn[b])
+
     def layer_capacity(self, active: Optional[np.ndarray] = None) -> float:
         """C(layer) = Σ over active neurons of ‖f_i‖."""
         cap = self.capacity if active is None else self.capacity[active]
@@ -171,21 +218,18 @@ class GroupCache:
         """
         a = np.asarray(a, dtype=np.intp)
         b = np.asarray(b, dtype=np.intp)
-        g, be, wn = self.gamma, self.beta, self.wnorm
-        gw = self.gram_w[a, b].astype(np.float64)
-        denom = wn[a] * wn[b]
-        rho_eff = np.where(denom > 0, gw / np.where(denom > 0, denom, 1.0), 0.0)
-        rho = kernels.warped_correlation(rho_eff, g[a], wn[a], g[b], wn[b])
+        g, be = self.gamma, self.beta
+        gw, gv, gu = self._gram_pair(a, b)
+        rho = self._rho(a, b, gw)
         if self.kernel == "exact":
             kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
         else:
             kc = kernels.cross_kernel_approx(rho, self.k_self[a], self.k_self[b])
-        gu = self.gram_u[a, b].astype(np.float64)
         if not with_B:
             return PairValues(rho, kc, None, gu)
         dv, du = self.gram_diag("v"), self.gram_diag("u")
         sol = costs.merge_solution(
-            dv[a], dv[b], self.gram_v[a, b].astype(np.float64), du[a], du[b], gu,
+            dv[a], dv[b], gv, du[a], du[b], gu,
             g[a], be[a], g[b], be[b], rho, kernel=self.kernel,
         )
         return PairValues(rho, kc, sol.B, gu)
@@ -225,11 +269,12 @@ class GroupCache:
         return self._table(2)
 
     def solve_pair(self, i: int, j: int):
-        """Merge solution of pair (i, j): `costs.MergeSolution` for the engine/editor."""
-        dv, du = self.gram_diag("v"), self.gram_diag("u")
-        rho = self.pair_values([i], [j]).rho[0]
+        """Merge solution of pair (i, j): `costs.MergeSolution` for the engine/editor
+        (from exact Gram entries, `merge_terms`)."""
+        gv_ii, gv_jj, gv_ij, gw_ij, gu_ii, gu_jj, gu_ij = self.merge_terms(i, j)
+        rho = self._rho(np.array([i]), np.array([j]), np.array([gw_ij]))[0]
         return costs.merge_solution(
-            dv[i], dv[j], float(self.gram_v[i, j]), du[i], du[j], float(self.gram_u[i, j]),
+            gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij,
             self.gamma[i], self.beta[i], self.gamma[j], self.beta[j], rho,
             kernel=self.kernel,
         )
@@ -263,8 +308,167 @@ class GroupCache:
         Its Gram rows are left as they are (O(1)): nothing reads a removed
         neuron's entries (pairs need ``wnorm > 0``).
         """
+        if hasattr(self, "version"):
+            self.version += 1
+            self._terms = None
         self.gamma[j] = self.beta[j] = self.wnorm[j] = 0.0
         self.k_self[j] = self.capacity[j] = 0.0
+
+
+@dataclasses.dataclass
+class SketchCache(GroupCache):
+    """A `GroupCache` for groups too wide for n × n tables (`use_sketch`).
+
+    Gram entries off the diagonal are estimated from random projections
+    ``S = X Ω`` (``Ω`` Gaussian with variance ``1/r``, ``r = SKETCH_DIM``; the
+    estimate of a cosine has a standard deviation of about ``1/sqrt(r)``); the
+    diagonals are exact. The tables are never formed: O(n·r) memory per group.
+    The merge the engine executes uses exact entries (`merge_terms`): the cosines of
+    the current weights, read through `source`, with the cache's norms.
+
+    Attributes:
+        sk_w, sk_u: ``W_eff Ω_w`` and ``U Ω_u``, (n, r) float32.
+        dw, du: Exact ``‖w_eff,i‖²`` and ``‖u_i‖²``.
+        bias: The folded biases ``b_i`` (``v = [w_eff; b]``).
+        source: ``source(rows) -> (w_eff, b, u)`` rows of the current weights, in
+            float64 (`extract_rows`); None: estimates only.
+    """
+
+    sk_w: Optional[np.ndarray] = None
+    sk_u: Optional[np.ndarray] = None
+    dw: Optional[np.ndarray] = None
+    du: Optional[np.ndarray] = None
+    bias: Optional[np.ndarray] = None
+    source: Optional[object] = dataclasses.field(default=None, repr=False, compare=False)
+    version: int = dataclasses.field(default=0, repr=False, compare=False)
+    _terms: Optional[tuple] = dataclasses.field(default=None, repr=False, compare=False)
+
+    def copy(self) -> "SketchCache":
+        new = dataclasses.replace(self, _shared=True)
+        for f in ("gamma", "beta", "wnorm", "k_self", "capacity", "dw", "du", "bias"):
+            setattr(new, f, getattr(self, f).copy())
+        return new
+
+    def _own_grams(self) -> None:
+        if self._shared:
+            self.sk_w, self.sk_u = self.sk_w.copy(), self.sk_u.copy()
+            self._shared = False
+
+    def gram_diag(self, which: str) -> np.ndarray:
+        if which == "w":
+            return self.dw.copy()
+        if which == "u":
+            return self.du.copy()
+        return self.dw + self.bias * self.bias
+
+    def _sk(self, which):
+        return self.sk_u if which == "u" else self.sk_w
+
+    def _products(self, sk, a, b):
+        """Estimated ``⟨x_a, x_b⟩`` (float64): one pass over the sketch per distinct
+        row when the pairs share few rows (a rescan), else row by row."""
+        a, b = a.ravel(), b.ravel()
+        first = np.unique(a)
+        if first.size * sk.shape[0] <= 4 * a.size:
+            out = np.empty(a.size)
+            for r in first:
+                at = a == r
+                out[at] = (sk @ sk[r])[b[at]]
+            return out
+        return np.einsum("ij,ij->i", sk[a], sk[b], dtype=np.float64)
+
+    def _gram_pair(self, a, b):
+        gw = self.entries("w", a, b)
+        a_, b_ = np.broadcast_arrays(np.asarray(a, dtype=np.intp), np.asarray(b, dtype=np.intp))
+        return gw, gw + self.bias[a_] * self.bias[b_], self.entries("u", a, b)
+
+    def max_cosine(self, rows, ok, which: str = "u", absolute: bool = False) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.intp)
+        un = np.sqrt(np.maximum(self.du if which == "u" else self.dw, 0.0)).astype(np.float32)
+        unit = self._sk(which) / np.where(un > 0, un, 1.0)[:, None]
+        cos = np.clip(unit[rows] @ unit.T, -1.0, 1.0)
+        if absolute:
+            cos = np.abs(cos)
+        cos[:, ~ok] = -1.0
+        cos[np.arange(rows.size), rows] = -1.0
+        return cos.max(axis=1).astype(np.float64)
+
+    def entries(self, which: str, a, b) -> np.ndarray:
+        a, b = np.broadcast_arrays(np.asarray(a, dtype=np.intp), np.asarray(b, dtype=np.intp))
+        sk = self._sk(which)
+        est = self._products(sk, a, b).reshape(a.shape)
+        diag = self.gram_diag("u" if which == "u" else "w")
+        bound = np.sqrt(np.maximum(diag[a] * diag[b], 0.0))  # Cauchy–Schwarz
+        out = np.where(a == b, diag[a], np.clip(est, -bound, bound))
+        if which == "v":
+            out = out + self.bias[a] * self.bias[b]
+        return out
+
+    def gram_rows(self, which: str, rows) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.intp)
+        sk = self._sk(which)
+        out = (sk[rows] @ sk.T).astype(np.float64)
+        diag = self.gram_diag("u" if which == "u" else "w")
+        bound = np.sqrt(np.maximum(diag[rows, None] * diag[None, :], 0.0))
+        out = np.clip(out, -bound, bound)
+        out[np.arange(rows.size), rows] = diag[rows]
+        if which == "v":
+            out += self.bias[rows, None] * self.bias[None, :]
+        return out
+
+    def merge_terms(self, i: int, j: int):
+        """Exact entries of the pair, read through `source` (estimates without one).
+        The last pair's are kept for `replace_with_parent`, which runs after the
+        model's weights were edited."""
+        if self._terms is not None and self._terms[0] == (i, j, self.version):
+            return self._terms[1]
+        dv = self.gram_diag("v")
+        if self.source is None:
+            gw = float(self.entries("w", i, j))
+            gu = float(self.entries("u", i, j))
+        else:
+            # Cosines of the current weights, norms of the cache: like the dense
+            # tables (the paper's decoupled cache), the cache does not follow the
+            # neighbouring groups' edits, and the values stay consistent with it.
+            w, b, u = self.source(np.array([i, j]))
+            gw, gu = (_cosine(x[0], x[1]) * np.sqrt(max(d[i] * d[j], 0.0))
+                      for x, d in ((w, self.dw), (u, self.du)))
+        gv = gw + float(self.bias[i] * self.bias[j])
+        terms = (float(dv[i]), float(dv[j]), gv, gw, float(self.du[i]), float(self.du[j]), gu)
+        self._terms = ((i, j, self.version), terms)
+        return terms
+
+    def exact_pair_values(self, i: int, j: int) -> PairValues:
+        """`pair_values` of one pair from exact Gram entries (`merge_terms`)."""
+        gv_ii, gv_jj, gv_ij, gw_ij, gu_ii, gu_jj, gu_ij = self.merge_terms(i, j)
+        a, b = np.array([i]), np.array([j])
+        rho = self._rho(a, b, np.array([gw_ij]))
+        g, be = self.gamma, self.beta
+        if self.kernel == "exact":
+            kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
+        else:
+            kc = kernels.cross_kernel_approx(rho, self.k_self[a], self.k_self[b])
+        sol = costs.merge_solution(gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij, g[i], be[i],
+                                   g[j], be[j], rho[0], kernel=self.kernel)
+        return PairValues(rho, kc, np.atleast_1d(sol.B), np.array([gu_ij]))
+
+    def replace_with_parent(self, i: int, j: int, a1, a2, m1, m2, gamma_k, beta_k) -> None:
+        _, _, _, gw_ij, _, _, gu_ij = self.merge_terms(i, j)
+        self.version += 1
+        self._terms = None
+        self._own_grams()
+        self.dw[i] = a1 * a1 * self.dw[i] + 2.0 * a1 * a2 * gw_ij + a2 * a2 * self.dw[j]
+        self.du[i] = m1 * m1 * self.du[i] + 2.0 * m1 * m2 * gu_ij + m2 * m2 * self.du[j]
+        self.bias[i] = a1 * self.bias[i] + a2 * self.bias[j]
+        self.sk_w[i] = a1 * self.sk_w[i] + a2 * self.sk_w[j]
+        self.sk_u[i] = m1 * self.sk_u[i] + m2 * self.sk_u[j]
+        self.gamma[i], self.beta[i] = abs(gamma_k), beta_k
+        self.gamma[j], self.beta[j] = 0.0, 0.0
+        self.wnorm[i] = np.sqrt(max(self.dw[i], 0.0))
+        self.wnorm[j] = 0.0
+        self.k_self[[i, j]] = kernels.self_kernel(self.gamma[[i, j]], self.beta[[i, j]])
+        unorm = np.sqrt(np.maximum(self.du[[i, j]], 0.0))
+        self.capacity[[i, j]] = unorm * np.sqrt(self.k_self[[i, j]])
 
 
 @dataclasses.dataclass
@@ -303,6 +507,211 @@ class PruneCache:
     def copy(self) -> "PruneCache":
         return PruneCache(self.capacity.copy(), self.k_self.copy(), self.u_norm.copy(),
                           self.gamma.copy())
+
+
+def _cosine(a, b) -> float:
+    den = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b) / den if den > 0 else 0.0
+
+
+def extract_rows(array, get, group, rows, dtype=np.float64):
+    """Rows of a ``"neurons"`` group's folded vectors, read from the current weights.
+
+    Args:
+        array: ``array(layer_name, attr) -> numpy array`` of a weight (the model's,
+            or `hope_keras.edit.ModelEditor.array` for the edited mirror).
+        get: ``get(layer_name) -> keras layer`` (for its configuration).
+        group: The `hope_keras.graph.NeuronGroup`.
+        rows: Neuron indices.
+        dtype: Of ``w_eff`` and ``u``.
+
+    Returns:
+        ``(w_eff, b_eff, u)`` rows, as `hope_keras.neurons.extract_group` computes
+        them (``b_eff`` in float64).
+    """
+    rows = np.asarray(rows, dtype=np.intp)
+    producer, bn = get(group.producer), get(group.bn)
+    kernel = array(group.producer, "kernel")
+    n = kernel.shape[-1]
+    contiguous = rows.size and rows[-1] - rows[0] == rows.size - 1 and np.all(np.diff(rows) == 1)
+    cols = slice(int(rows[0]), int(rows[-1]) + 1) if contiguous else rows
+    w_raw = kernel.reshape(-1, n)[:, cols].T.astype(dtype)
+    has_bias = getattr(producer, "use_bias", False) and getattr(producer, "bias", None) is not None
+    bias = array(group.producer, "bias")[rows].astype(np.float64) if has_bias else 0.0
+    gamma = array(group.bn, "gamma")[rows].astype(np.float64) if bn.scale else 1.0
+    beta = array(group.bn, "beta")[rows].astype(np.float64) if bn.center else 0.0
+    mean = array(group.bn, "moving_mean")[rows].astype(np.float64)
+    var = array(group.bn, "moving_variance")[rows].astype(np.float64)
+    scale = np.broadcast_to(gamma / np.sqrt(var + float(bn.epsilon)), rows.shape)
+    w_eff = scale.astype(dtype)[:, None] * w_raw
+    b_eff = beta - scale * (mean - bias)
+    positions = {c.layer: c.positions for c in group.readers}
+    parts = []
+    for c in group.consumers:
+        layer = get(c.layer)
+        pos = positions[c.layer][rows]
+        for w in layer_rules.get(layer).in_weights(layer):
+            if getattr(layer, w.attr, None) is None:
+                continue
+            idx = pos if w.expand == 1 else (
+                pos[..., None] * w.expand + np.arange(w.expand)).reshape(rows.size, -1)
+            taken = np.take(array(c.layer, w.attr), idx.reshape(-1), axis=w.axis)
+            parts.append(np.moveaxis(taken, w.axis, 0).reshape(rows.size, -1).astype(dtype))
+    u = np.concatenate(parts, axis=1) if parts else np.zeros((rows.size, 0), dtype)
+    return w_eff, np.asarray(b_eff, dtype=np.float64), u
+
+
+def group_dims(get, group):
+    """``(n, d, m)``: a ``"neurons"`` group's width, input and output vector lengths,
+    from the layers' shapes."""
+    n = group.size
+    d = int(np.prod(get(group.producer).kernel.shape)) // max(n, 1)
+    m = 0
+    positions = {c.layer: c.positions for c in group.readers}
+    for c in group.consumers:
+        layer = get(c.layer)
+        k = positions[c.layer].shape[1] if c.layer in positions else 1
+        for w in layer_rules.get(layer).in_weights(layer):
+            var = getattr(layer, w.attr, None)
+            if var is not None:
+                shape = tuple(var.shape)
+                m += k * w.expand * int(np.prod(shape)) // max(shape[w.axis], 1)
+    return n, d, m
+
+
+def use_sketch(n: int, d: int, m: int) -> bool:
+    """Whether a group of width n with vectors of lengths d, m gets a `SketchCache`."""
+    return n >= SKETCH_WIDTH or float(n) * n * (d + m) >= SKETCH_WORK
+
+
+def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512,
+                       seed: int = 0):
+    """Builds a `SketchCache` from the model's layers, streaming row chunks (never
+    the group's full float64 vectors).
+
+    Returns:
+        ``(cache, extras)``: the cache and a dict with ``p_init``, ``gamma``,
+        ``beta``, ``mean``, ``var``, ``eps``, ``bias`` (the group's BN and producer
+        arrays) and ``u_split``.
+
+    Raises:
+        ValueError: on NaN/Inf weights (naming the layer).
+    """
+    import tensorflow as tf
+
+    if kernel not in ("approx", "exact"):
+        raise ValueError(f"kernel must be 'approx' or 'exact'. Received: kernel={kernel!r}")
+    from hope_keras.neurons import bn_arrays
+
+    memo = {}
+
+    def array(layer, attr):
+        key = (layer, attr)
+        if key not in memo:
+            v = getattr(get(layer), attr)
+            arr = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+            if not np.all(np.isfinite(arr)):
+                bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+                raise ValueError(
+                    f"Layer '{layer}' has {bad} NaN/Inf value(s) in its {attr}. hope_keras "
+                    "cannot score such a layer: fix or re-train the weights first.")
+            memo[key] = arr
+        return memo[key]
+
+    n = group.size
+    gamma, beta, mean, var, eps = bn_arrays(get(group.bn))
+    rng = np.random.default_rng(seed)
+    r = SKETCH_DIM
+    sk_w = sk_u = None
+    dw, du, b_eff = np.empty(n), np.empty(n), np.empty(n)
+    nnz = np.zeros(n)
+    omega_w = omega_u = None
+    first = True
+    split = None
+    for start in range(0, n, chunk_rows):
+        rows = np.arange(start, min(n, start + chunk_rows))
+        w, b, u = extract_rows(array, get, group, rows, dtype=np.float32)
+        if first:  # vectors no longer than r are kept as they are (exact)
+            first = False
+            omega_w, omega_u = (
+                None if x.shape[1] <= r else
+                tf.constant(rng.normal(0, 1 / np.sqrt(r), (x.shape[1], r)), tf.float32)
+                for x in (w, u))
+            sk_w = np.zeros((n, r if omega_w is not None else w.shape[1]), np.float32)
+            sk_u = np.zeros((n, r if omega_u is not None else u.shape[1]), np.float32)
+        for sk, x, om in ((sk_w, w, omega_w), (sk_u, u, omega_u)):
+            sk[rows] = x if om is None else tf.matmul(tf.constant(x), om).numpy()
+        # Exact diagonals: float64 sums (of float32 weights' squares, exact in float64).
+        dw[rows] = np.einsum("ij,ij->i", w, w, dtype=np.float64)
+        du[rows] = np.einsum("ij,ij->i", u, u, dtype=np.float64)
+        b_eff[rows] = b
+        nnz[rows] = np.count_nonzero(u, axis=1)
+        if split is None:
+            split = _u_split(get, group, rows[:1])
+    producer = get(group.producer)
+    nnz += np.count_nonzero(array(group.producer, "kernel").reshape(-1, n), axis=0)
+    has_bias = 1 if getattr(producer, "use_bias", False) else 0
+    bias = (array(group.producer, "bias").astype(np.float64) if has_bias else np.zeros(n))
+    g = np.abs(gamma).astype(np.float64)
+    k_self = kernels.self_kernel(g, beta)
+    cache = SketchCache(
+        gamma=g, beta=beta.astype(np.float64).copy(), wnorm=np.sqrt(np.maximum(dw, 0.0)),
+        k_self=k_self, capacity=np.sqrt(np.maximum(du, 0.0)) * np.sqrt(k_self),
+        gram_v=None, gram_w=None, gram_u=None, kernel=kernel,
+        sk_w=sk_w, sk_u=sk_u, dw=dw, du=du, bias=b_eff)
+    extras = dict(p_init=(nnz + has_bias + 4).astype(np.float64), gamma=gamma, beta=beta,
+                  mean=mean, var=var, eps=eps, bias=bias, u_split=split)
+    return cache, extras
+
+
+def _u_split(get, group, rows):
+    split = [0]
+    positions = {c.layer: c.positions for c in group.readers}
+    for c in group.consumers:
+        layer = get(c.layer)
+        pos = positions[c.layer][rows]
+        width = 0
+        for w in layer_rules.get(layer).in_weights(layer):
+            var = getattr(layer, w.attr, None)
+            if var is None:
+                continue
+            shape = tuple(var.shape)
+            width += pos.shape[1] * w.expand * int(np.prod(shape)) // max(shape[w.axis], 1)
+        split.append(split[-1] + width)
+    return split
+
+
+class OnDemandState(LayerState):
+    """The `LayerState` of a group too wide to keep its vectors (a `SketchCache`
+    group): ``w_raw`` and ``u`` (and what derives from them) are re-read from the
+    model's current weights when accessed, not kept in memory."""
+
+    def __init__(self, graph, group, extras):  # noqa: D107 - not a dataclass init
+        self._graph = graph
+        self.group = group
+        self.bias, self.gamma, self.beta = extras["bias"], extras["gamma"], extras["beta"]
+        self.mean, self.var, self.eps = extras["mean"], extras["var"], extras["eps"]
+        self.u_split, self.p_init = extras["u_split"], extras["p_init"]
+
+    def _full(self):
+        from hope_keras.neurons import extract_group
+
+        return extract_group(None, self.group, graph=self._graph)
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    @property
+    def w_raw(self) -> np.ndarray:
+        return self._full().w_raw
+
+    @property
+    def u(self) -> np.ndarray:
+        return self._full().u
+
+    def __repr__(self) -> str:
+        return f"OnDemandState(group={self.group.name!r}, size={self.size})"
 
 
 def build_group_cache(state: LayerState, kernel: str = "approx") -> GroupCache:

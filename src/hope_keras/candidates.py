@@ -46,7 +46,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from hope_keras import costs
+from hope_keras import costs, kernels
 
 # Rows per chunk for (rows × n) temporaries.
 CHUNK_ROWS = 256
@@ -106,6 +106,7 @@ class MergeTable:
         self.preselect = max(int(preselect), self.k + 1)
         self.stamp = np.full(n, -1, dtype=np.int64)  # refresh order (pair orientation)
         self.clock = 0
+        self.exact = {}  # pairs re-priced from exact entries (sketched caches): stamps
         self.fill_all(ok)
 
     # --------------------------------------------------------------- building
@@ -124,6 +125,9 @@ class MergeTable:
         # Over the live partners a row does not hold: R ≥ nc, cosine ≤ ncos.
         self.nc = np.full(n, np.inf if self.exhaustive else 0.0)
         self.ncos = np.full(n, -1.0)
+        # ... and their kernel ratio K(r,l)/sqrt(K(r,r)K(l,l)) ≤ nkap, |cos(u_r, u_l)| ≤ ncu.
+        self.nkap = np.ones(n)
+        self.ncu = np.ones(n)
         self.row_dr = np.full(n, -np.inf)  # the row's best DR when last priced, at
         self.row_C = np.full(n, np.inf)  # this C
         self.row_n = np.ones(n)  # and this live count
@@ -136,17 +140,21 @@ class MergeTable:
                 self.B[rows], self.kc[rows], self.gu[rows] = B, kc, gu
                 self.R[rows] = self._residual(rows[:, None], cols, B)
             else:
+                c = self.cache
                 self.ncos[rows] = self._output_cosine(rows, ok)
+                self.ncu[rows] = np.minimum(c.max_cosine(rows, ok, "u", True), 1.0) + 1e-6
+                if c.kernel == "approx":  # κ = I(ρ̃), ρ̃ increasing in |cos(w_r, w_l)|
+                    cw = np.minimum(c.max_cosine(rows, ok, "w", True) + 1e-6, 1.0)
+                    ratio = np.where(c.wnorm > 0, c.gamma / np.where(c.wnorm > 0, c.wnorm, 1.0),
+                                     0.0)
+                    rmax = float(ratio[ok].max()) if ok.any() else 0.0
+                    rt = kernels.warped_correlation(cw, c.gamma[rows], c.wnorm[rows], rmax, 1.0)
+                    self.nkap[rows] = np.minimum(kernels.arccos_I(rt) + 1e-6, 1.0)
 
     def _output_cosine(self, rows, ok):
         """Per row, max over partners of the cosine of the output vectors (an upper
         bound of the function-space cosine), with a margin."""
-        gu = self.cache.gram_u[rows].astype(np.float64)
-        un = np.sqrt(np.maximum(self.cache.gram_diag("u"), 0.0))
-        den = un[rows, None] * un[None, :]
-        cos = np.where(den > 0, gu / np.where(den > 0, den, 1.0), 0.0)
-        valid = ok[None, :] & (np.arange(self.n)[None, :] != rows[:, None])
-        return np.minimum(np.max(np.where(valid, cos, -1.0), axis=1), 1.0) + 1e-6
+        return np.minimum(self.cache.max_cosine(rows, ok), 1.0) + 1e-6
 
     # ------------------------------------------------------------ pair values
     def _orient(self, r, l):
@@ -161,11 +169,34 @@ class MergeTable:
         first, second = self._orient(r, l)
         pv = self.cache.pair_values(first.ravel(), second.ravel())
         shape = first.shape
-        return pv.B.reshape(shape), pv.k_cross.reshape(shape), pv.gram_u.reshape(shape)
+        B, kc, gu = pv.B.reshape(shape), pv.k_cross.reshape(shape), pv.gram_u.reshape(shape)
+        if self.exact:  # pairs re-priced from exact entries override the estimates
+            for (i, j), (si, sj, vals) in self.exact.items():
+                if (self.stamp[i], self.stamp[j]) != (si, sj):
+                    continue
+                hit = (np.minimum(first, second) == i) & (np.maximum(first, second) == j)
+                if hit.any():
+                    B, kc, gu = (np.where(hit, v, x) for v, x in zip(vals, (B, kc, gu)))
+        return B, kc, gu
 
     def _residual(self, r, l, B):
         cap = self.cache.capacity
         return 2.0 * (cap[r] ** 2 + cap[l] ** 2) - B * B
+
+    def _note_out(self, r, l, kc, gu) -> None:
+        """Pairs (r, l) now outside row r's table: its bounds must cover them."""
+        if np.size(r) == 0:
+            return
+        r, l, kc, gu = np.broadcast_arrays(np.asarray(r), np.asarray(l), kc, gu)
+        np.maximum.at(self.ncos, r, self._cos(r, l, kc * gu))
+        ks = self.cache.k_self
+        kk = np.sqrt(np.maximum(ks[r], 0.0) * np.maximum(ks[l], 0.0))
+        kap = np.where(kk > 0, kc / np.where(kk > 0, kk, 1.0), 0.0)
+        un = self.cache.u_norm
+        den = un[r] * un[l]
+        cu = np.where(den > 0, np.abs(gu) / np.where(den > 0, den, 1.0), 0.0)
+        np.maximum.at(self.nkap, r, np.minimum(kap + 1e-6, 1.0))
+        np.maximum.at(self.ncu, r, np.minimum(cu + 1e-6, 1.0))
 
     def _cos(self, r, l, cross):
         """⟨f_r, f_l⟩ / (‖f_r‖ ‖f_l‖) (0 when a capacity is 0), with a margin."""
@@ -175,7 +206,7 @@ class MergeTable:
         return np.minimum(cos, 1.0) + 1e-6
 
     def _distance(self, r, l):
-        """A lower bound of R (minus a rounding margin) and ``⟨f_r, f_l⟩``,
+        """A lower bound of R (minus a rounding margin), K(r,l) and ⟨u_r, u_l⟩,
         elementwise.
 
         ``B`` is the projection of ``f_r + f_l`` on a parent ``e_v ⊗ û`` (unit
@@ -200,7 +231,7 @@ class MergeTable:
         det = (1.0 - kappa * kappa) * np.maximum(a * b - w * w, 0.0)
         lam = 0.5 * T + np.sqrt(np.maximum(0.25 * T * T - det, 0.0))
         D = 2.0 * A - lam - 1e-7 * A - 1e-300
-        return D.reshape(shape), cross.reshape(shape)
+        return D.reshape(shape), pv.k_cross.reshape(shape), pv.gram_u.reshape(shape)
 
     def _q(self, rows):
         """(rows, n): the lower bound of R that (nc, ncos) give for every partner
@@ -232,7 +263,7 @@ class MergeTable:
         # bound; exact values for those still below.
         sp, sl = np.nonzero(valid & ~is_cand & (self._q(rows) < r_cut[:, None]))
         if sp.size:
-            D, _ = self._distance(rows[sp], sl)
+            D = self._distance(rows[sp], sl)[0]
             below = D < r_cut[sp]
             sp, sl = sp[below], sl[below]
         B, kc, gu = self._values(rows[sp], sl)
@@ -262,9 +293,28 @@ class MergeTable:
         self.nc[rows] = np.minimum(nxt, np.maximum(self.nc[rows], r_cut))
         drop = ~keep
         if drop.any():
-            np.maximum.at(self.ncos, r[drop], self._cos(r[drop], l[drop], kc[drop] * gu[drop]))
+            self._note_out(r[drop], l[drop], kc[drop], gu[drop])
         self.dirty[rows] = True
         return r, l, B, kc, gu, R
+
+    def is_exact(self, i: int, j: int) -> bool:
+        """Whether pair (i, j) was re-priced by `refine` since either neuron changed."""
+        e = self.exact.get((i, j))
+        return e is not None and e[:2] == (int(self.stamp[i]), int(self.stamp[j]))
+
+    def refine(self, i: int, j: int, pv) -> None:
+        """Replaces the values of pair (i, j), ``i < j`` (estimates of a
+        `hope_keras.cache.SketchCache`), by `pv`: its exact
+        `hope_keras.cache.PairValues`, used from now on wherever the pair is priced."""
+        B, kc, gu = float(pv.B[0]), float(pv.k_cross[0]), float(pv.gram_u[0])
+        R = float(self._residual(i, j, B))
+        self.exact = {p: e for p, e in self.exact.items()
+                      if e[:2] == (int(self.stamp[p[0]]), int(self.stamp[p[1]]))}
+        self.exact[(i, j)] = (int(self.stamp[i]), int(self.stamp[j]), (B, kc, gu))
+        for r, l in ((i, j), (j, i)):
+            pos = np.flatnonzero(self.cand[r] == l)
+            self.B[r, pos], self.kc[r, pos], self.gu[r, pos], self.R[r, pos] = B, kc, gu, R
+            self.dirty[r] = True
 
     # ---------------------------------------------------------------- updates
     def on_merge(self, i: int, ok: np.ndarray) -> None:
@@ -286,7 +336,7 @@ class MergeTable:
         self.dirty[hold_r] = True
         self.cand[i] = -1
         self.R[i] = np.inf
-        self.nc[i], self.ncos[i] = np.inf, -1.0
+        self.nc[i], self.ncos[i], self.nkap[i], self.ncu[i] = np.inf, -1.0, 0.0, 0.0
         self.dirty[i] = True
         if not ok[i] or not others.any():
             self.cand[hold_r, hold_p] = -1
@@ -297,10 +347,10 @@ class MergeTable:
         # (rows that hold it or that it might enter, and its own best partners).
         cols = np.flatnonzero(others)
         if self.cache.kernel == "approx":
-            D, cross = self._distance(np.full(cols.size, i), cols)
+            D, kc0, gu0 = self._distance(np.full(cols.size, i), cols)
         else:
             B0, kc0, gu0 = self._values(np.full(cols.size, i), cols)
-            D, cross = self._residual(i, cols, B0), kc0 * gu0
+            D = self._residual(i, cols, B0)
         need = holds[cols] | (D < self.nc[cols])
         m = min(self.preselect, cols.size)
         top = np.argpartition(np.where(need, -np.inf, D), m - 1)[:m] if m else np.array([], int)
@@ -320,9 +370,8 @@ class MergeTable:
         rest = D[~sel]
         self.nc[i] = min(float(R[drop].min()) if drop.size else np.inf,
                          float(rest.min()) if rest.size else np.inf)
-        cos_out = np.concatenate([self._cos(i, l[drop], kc[drop] * gu[drop]),
-                                  self._cos(i, cols[~sel], cross[~sel])])
-        self.ncos[i] = float(cos_out.max()) if cos_out.size else -1.0
+        self._note_out(np.full(drop.size, i), l[drop], kc[drop], gu[drop])
+        self._note_out(np.full(int((~sel).sum()), i), cols[~sel], kc0[~sel], gu0[~sel])
         # Rows that hold it: new values.
         pos_of = np.full(n, -1)
         pos_of[l] = np.arange(l.size)
@@ -348,8 +397,7 @@ class MergeTable:
             gone = np.isfinite(evicted[insert])
             if gone.any():
                 g, sg = ins[gone], s[gone]
-                self.ncos[g] = np.maximum(self.ncos[g], self._cos(
-                    g, self.cand[g, sg], self.kc[g, sg] * self.gu[g, sg]))
+                self._note_out(g, self.cand[g, sg], self.kc[g, sg], self.gu[g, sg])
             self.nc[ins] = np.minimum(self.nc[ins], evicted[insert])
             q = pos_of[ins]
             self.cand[ins, s] = i
@@ -360,7 +408,8 @@ class MergeTable:
         # Rows the parent did not enter: it is one of the partners they leave out.
         left = others & ~(self.cand == i).any(axis=1)
         lc = np.flatnonzero(left)
-        self.ncos[lc] = np.maximum(self.ncos[lc], self._cos(lc, i, cross[np.searchsorted(cols, lc)]))
+        at = np.searchsorted(cols, lc)
+        self._note_out(lc, np.full(lc.size, i), kc0[at], gu0[at])
 
     # -------------------------------------------------------------- selection
     def _price(self, r, l, B, kc, gu, C, price):
@@ -421,6 +470,28 @@ class MergeTable:
         Q = Q - 4.0 * _TOL * (cap * cap + xm * xm) - 1e-300
         return np.maximum(self.nc, Q)
 
+    def _fine_bounds(self, rows, C, n_live, ok):
+        """Per row, a lower bound of DR over the partners it does not hold, from the
+        singular-value bound of `_distance` with κ ≤ nkap and |cos(u)| ≤ ncu,
+        evaluated at every live partner's capacity (O(n) per row)."""
+        cap = self.cache.capacity
+        live = np.flatnonzero(ok)
+        a = cap[rows, None] ** 2
+        b = cap[None, live] ** 2
+        k = np.clip(self.nkap[rows, None], 0.0, 1.0)
+        c = np.clip(self.ncu[rows, None], 0.0, 1.0)
+        T = a + b + 2.0 * k * c * np.sqrt(a * b)
+        det = (1.0 - k * k) * (1.0 - c * c) * a * b
+        lam = 0.5 * T + np.sqrt(np.maximum(0.25 * T * T - det, 0.0))
+        f = 2.0 * (a + b) - lam - 1e-7 * (a + b) - 1e-300
+        f = np.where(live[None, :] == rows[:, None], np.inf, f)
+        R = np.maximum(np.maximum(f.min(axis=1), self.nc[rows]), 0.0)
+        t = self._t_max(C, ok)[rows]
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            J1 = np.sqrt(2.0 * R / (t * t + R))
+        J1 = np.where(np.isnan(J1), 0.0, J1) * (1.0 - _TOL)
+        return n_live * J1 / self.p_max if self.bound == "paper" else J1
+
     def _lazy_bounds(self, C, n_live, ok):
         lb = self.row_dr.copy()
         if self.bound == "paper":
@@ -480,8 +551,14 @@ class MergeTable:
                 val[rows], Jv[rows], part[rows] = self._price_rows(rows, C, n_live, ok, price)
                 fresh[rows] = True
                 best = min(best, float(val[rows].min()))
-            # Rows whose partners outside the table could reach the best.
+            # Rows whose partners outside the table could reach the best: the
+            # finer bound first, then a rescan.
             scan = (lbn <= best) & (lbn < np.inf)
+            if scan.any() and best < np.inf:
+                rows = np.flatnonzero(scan)
+                lb2 = self._fine_bounds(rows, C, n_live, ok)
+                lbn[rows] = np.maximum(lbn[rows], lb2)
+                scan = (lbn <= best) & (lbn < np.inf)
             if scan.any():
                 if best == np.inf:  # nothing to compare with yet: the likeliest row first
                     scan[:] = False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import heapq
 import math
 import numbers
@@ -28,7 +29,7 @@ import numpy as np
 from hope_keras import costs
 from hope_keras import layers as layer_rules
 from hope_keras.analysis import Analysis, analyze
-from hope_keras.cache import build_group_cache
+from hope_keras.cache import SketchCache, build_group_cache, build_sketch_cache, extract_rows
 from hope_keras.candidates import MergeTable
 from hope_keras.edit import ModelEditor, ParentCoefficients, defer_keyboard_interrupt
 from hope_keras.neurons import extract_group
@@ -427,6 +428,10 @@ class Encoder:
         self.mean_compensation = bool(mean_compensation)
         self.editor = ModelEditor(model, self.graph, mean_compensation=mean_compensation,
                                   moments=a.moments)
+        for name, gs in self.groups.items():
+            if isinstance(gs.cache, SketchCache):  # exact entries for executed merges
+                gs.cache.source = functools.partial(extract_rows, self.editor.array,
+                                                    self.editor.layer, self.graph.groups[name])
         self._neighbors = self._neighbor_map() if refresh == "neighbors" else {}
         self._heap: list = []
         self._seq = 0
@@ -522,8 +527,17 @@ class Encoder:
                 return J, self.cost.rank(J, self._rank_info("merge", name, 1, P,
                                                             sizes=sizes))
 
-            found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price,
-                                    cutoff=np.inf if best is None else best.DR)
+            cutoff = np.inf if best is None else best.DR
+            found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price, cutoff=cutoff)
+            if isinstance(cache, SketchCache):
+                # Sketched pair values: the pair selected is re-priced from exact
+                # Gram entries until the selection is stable.
+                for _ in range(64):
+                    if found is None or gs.table.is_exact(found[2], found[3]):
+                        break
+                    gs.table.refine(found[2], found[3],
+                                    cache.exact_pair_values(found[2], found[3]))
+                    found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price, cutoff=cutoff)
             if found is not None:
                 dr, J, i, j = found
                 if best is None or dr < best.DR:
@@ -622,9 +636,8 @@ class Encoder:
             A = cap[i] ** 2 + cap[j] ** 2
             c_rem = gs.C - cap[i] - cap[j]
             scale = sol.B if self.merge_scale == "sum" else costs.alpha_star(A, sol.B, c_rem)
-            pc = costs.parent_coefficients(sol, scale, cache.gram_v[i, i], cache.gram_v[j, j],
-                                           cache.gram_u[i, i], cache.gram_u[j, j],
-                                           cache.gram_u[i, j])
+            gv_ii, gv_jj, _, _, gu_ii, gu_jj, gu_ij = cache.merge_terms(i, j)
+            pc = costs.parent_coefficients(sol, scale, gv_ii, gv_jj, gu_ii, gu_jj, gu_ij)
             coef = tuple(float(x) for x in pc)
             eps = float(self.editor.layer(self.graph.groups[unit].bn).epsilon)
             dead_parent = coef[4] ** 2 < eps
@@ -715,8 +728,15 @@ class Encoder:
         gs = self.groups[name]
         if gs.frozen:
             return
-        state = extract_group(self.editor.mirror_model(), self.graph.groups[name])
-        gs.cache = build_group_cache(state, kernel=self.kernel)
+        group = self.graph.groups[name]
+        if isinstance(gs.cache, SketchCache):
+            gs.cache = build_sketch_cache(self.editor.mirror_model().get_layer, group,
+                                          kernel=self.kernel)[0]
+            gs.cache.source = functools.partial(extract_rows, self.editor.array,
+                                                self.editor.layer, group)
+        else:
+            state = extract_group(self.editor.mirror_model(), group)
+            gs.cache = build_group_cache(state, kernel=self.kernel)
         for j in np.flatnonzero(~gs.active):
             gs.cache.clear(int(j))
         if gs.table is not None:
