@@ -369,7 +369,7 @@ class SketchCache(GroupCache):
         row when the pairs share few rows (a rescan), else row by row."""
         a, b = a.ravel(), b.ravel()
         first = np.unique(a)
-        if first.size * sk.shape[0] <= 4 * a.size:
+        if first.size * sk.shape[0] <= a.size:
             out = np.empty(a.size)
             for r in first:
                 at = a == r

@@ -234,16 +234,28 @@ class MergeTable:
         return D.reshape(shape), pv.k_cross.reshape(shape), pv.gram_u.reshape(shape)
 
     def _q(self, rows):
-        """(rows, n): the lower bound of R that (nc, ncos) give for every partner
-        the row does not hold."""
+        """(rows, n): the lower bound of R that (nc, ncos, nkap, ncu) give for every
+        partner the row does not hold."""
         cap = self.cache.capacity
         x, y = cap[rows, None], cap[None, :]
         Q = x * x + y * y - 2.0 * self.ncos[rows, None] * x * y
         Q = Q - 4.0 * _TOL * (x * x + y * y) - 1e-300
-        return np.maximum(Q, self.nc[rows, None])
+        return np.maximum(np.maximum(Q, self.nc[rows, None]), self._sv_bound(rows, y * y))
+
+    def _sv_bound(self, rows, b):
+        """The singular-value bound of R (see `_distance`) for row neurons `rows`
+        and partners of squared capacity `b` (broadcast), with κ ≤ nkap and
+        |cos(u)| ≤ ncu."""
+        a = self.cache.capacity[rows, None] ** 2
+        k = np.clip(self.nkap[rows, None], 0.0, 1.0)
+        c = np.clip(self.ncu[rows, None], 0.0, 1.0)
+        T = a + b + 2.0 * k * c * np.sqrt(a * b)
+        det = (1.0 - k * k) * (1.0 - c * c) * a * b
+        lam = 0.5 * T + np.sqrt(np.maximum(0.25 * T * T - det, 0.0))
+        return 2.0 * (a + b) - lam - 1e-7 * (a + b) - 1e-300
 
     # ---------------------------------------------------------------- rescans
-    def _rescan(self, rows, ok, r_cut):
+    def _rescan(self, rows, ok, r_cut, headroom: float = 1.0):
         """Prices exactly, for each row, every partner it does not hold whose bound
         is below ``r_cut`` (per row), then refills its candidates (the k smallest R
         among those and the ones it held) and bounds.
@@ -261,7 +273,14 @@ class MergeTable:
         is_cand[hp, held[hp, hc]] = True
         # Partners left out whose capacity bound is below the cut; then their pair
         # bound; exact values for those still below.
-        sp, sl = np.nonzero(valid & ~is_cand & (self._q(rows) < r_cut[:, None]))
+        q = self._q(rows)
+        if headroom > 1.0:
+            # Headroom where it is cheap: the cut grows to headroom × the need for the
+            # rows where that adds few partners, so the row is not rescanned at every
+            # step while the best cost creeps up.
+            more = (valid & ~is_cand & (q < (r_cut * headroom)[:, None])).sum(axis=1)
+            r_cut = np.where(more <= 4 * self.preselect, r_cut * headroom, r_cut)
+        sp, sl = np.nonzero(valid & ~is_cand & (q < r_cut[:, None]))
         if sp.size:
             D = self._distance(rows[sp], sl)[0]
             below = D < r_cut[sp]
@@ -445,9 +464,7 @@ class MergeTable:
         t = self._t_max(C, ok)[rows]
         with np.errstate(over="ignore", invalid="ignore"):
             r_cut = np.where(c * c < 2.0, c * c * t * t / (2.0 - c * c) * (1.0 + _TOL), np.inf)
-        # Headroom: partners up to HEADROOM × the needed bound are priced too, so
-        # the row is not rescanned at every step while the best cost creeps up.
-        r, l, B, kc, gu, R = self._rescan(rows, ok, r_cut * HEADROOM)
+        r, l, B, kc, gu, R = self._rescan(rows, ok, r_cut, HEADROOM)
         pos = np.searchsorted(rows, r)
         dr, J = self._price(r, l, B, kc, gu, C, price)
         return _row_min(pos, l, dr, J, rows.size)
@@ -473,19 +490,20 @@ class MergeTable:
     def _fine_bounds(self, rows, C, n_live, ok):
         """Per row, a lower bound of DR over the partners it does not hold, from the
         singular-value bound of `_distance` with κ ≤ nkap and |cos(u)| ≤ ncu,
-        evaluated at every live partner's capacity (O(n) per row)."""
+        evaluated at every live partner's capacity (O(n) per row). The bound of R
+        is kept in ``nc``: it stays valid while partners die, and a merged parent
+        is checked against it (`on_merge`), so a row pays for it once."""
         cap = self.cache.capacity
         live = np.flatnonzero(ok)
-        a = cap[rows, None] ** 2
         b = cap[None, live] ** 2
-        k = np.clip(self.nkap[rows, None], 0.0, 1.0)
-        c = np.clip(self.ncu[rows, None], 0.0, 1.0)
-        T = a + b + 2.0 * k * c * np.sqrt(a * b)
-        det = (1.0 - k * k) * (1.0 - c * c) * a * b
-        lam = 0.5 * T + np.sqrt(np.maximum(0.25 * T * T - det, 0.0))
-        f = 2.0 * (a + b) - lam - 1e-7 * (a + b) - 1e-300
-        f = np.where(live[None, :] == rows[:, None], np.inf, f)
-        R = np.maximum(np.maximum(f.min(axis=1), self.nc[rows]), 0.0)
+        out = np.empty(rows.size)
+        step = max(1, (1 << 22) // max(live.size, 1))  # (rows × live) temporaries ≤ 32 MB
+        for s0 in range(0, rows.size, step):
+            rr = rows[s0:s0 + step]
+            f = np.where(live[None, :] == rr[:, None], np.inf, self._sv_bound(rr, b))
+            out[s0:s0 + step] = f.min(axis=1)
+        R = np.maximum(np.maximum(out, self.nc[rows]), 0.0)
+        self.nc[rows] = R
         t = self._t_max(C, ok)[rows]
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             J1 = np.sqrt(2.0 * R / (t * t + R))
