@@ -14,6 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 MODULES = [
     "hope_keras",
+    "hope_keras.activations",
     "hope_keras.plots",
     "hope_keras.baselines",
     "hope_keras.deft",

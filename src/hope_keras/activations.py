@@ -1513,15 +1513,13 @@ def _moment_table(spec):
     return mu, s, spec.mean(mu, s), np.sqrt(spec.variance(mu, s))
 
 
-def _levenberg_marquardt(spec, x, m, sd, rtol, max_iter):
-    """Damped Gauss–Newton on relative moment residuals in ``(mu, log sigma)``, vectorised.
+def _levenberg_marquardt(spec, x, m, sd, scale_m, rtol, max_iter):
+    """Damped Gauss–Newton on scaled moment residuals in ``(mu, log sigma)``, vectorised.
 
-    The mean is matched relative to ``clip(|m|, 1e-4 sd, sd)`` (relative to itself for
-    a near-dead channel, whose mean is far below its sd), the standard deviation
-    relative to ``sd``. Returns the final points and squared residual norms.
+    Residuals: ``(mean - m) / scale_m`` and ``(sd(mu, sigma) - sd) / sd``. Returns the
+    final points and the squared residual norms with the mean scaled by ``sd``.
     """
     scale = np.maximum(sd, 1e-300)
-    scale_m = np.clip(np.abs(m), 1e-4 * scale, scale)
 
     def resid(xx, idx):
         mu, s = xx[:, 0], np.exp(xx[:, 1])
@@ -1563,6 +1561,7 @@ def _levenberg_marquardt(spec, x, m, sd, rtol, max_iter):
         f[ids] = np.where(better[:, None], fn, fa)
         lam[ids] = np.where(better, lam[ids] / 3.0, lam[ids] * 4.0)
         active[ids] &= lam[ids] < 1e12
+    f[:, 0] *= scale_m / scale
     return x, np.sum(f * f, axis=1)
 
 
@@ -1570,30 +1569,55 @@ def _invert_general(spec, m, sd, rtol, max_iter=60, starts=6):
     n = m.size
     tmu, ts, tmean, tsd = _moment_table(spec)
     scale = np.maximum(sd, 1e-300)
-    # starting points: the table entries nearest in (mean - m)/sd, log sd and the
-    # "shape" asinh(mean/sd / 1e-6), which separates near-dead channels (tiny
-    # mean/sd ratios that differ by orders of magnitude) that the first two do not.
-    order = np.empty((n, starts), dtype=int)
+    # Starting points: per sigma of the table, the entry nearest in (mean - m)/sd,
+    # log sd and the "shape" asinh(mean/sd / 1e-6) (which separates near-dead channels
+    # whose tiny mean/sd ratios differ by orders of magnitude); then the `starts`
+    # best of those, so that distant branches of a non-monotone ψ all get a start.
     with np.errstate(divide="ignore", invalid="ignore"):
         log_tsd = np.log(tsd)
         shape_t = np.arcsinh(np.nan_to_num(tmean / tsd, posinf=1e300, neginf=-1e300) * 1e6)
     shape_m = np.arcsinh(m / scale * 1e6)
+    rows = np.searchsorted(_SIGMA_GRID, ts * (1 - 1e-9))
+    groups = [np.nonzero(rows == g)[0] for g in range(_SIGMA_GRID.size)]
+    order = np.empty((n, starts), dtype=int)
     for a in range(0, n, 256):
         b = slice(a, a + 256)
         d = ((tmean[None, :] - m[b, None]) / scale[b, None]) ** 2 \
             + (log_tsd[None, :] - np.log(scale[b, None])) ** 2 \
             + (shape_t[None, :] - shape_m[b, None]) ** 2
-        near = np.argpartition(d, starts, axis=1)[:, :starts]
-        rank = np.argsort(np.take_along_axis(d, near, axis=1), axis=1)
-        order[b] = np.take_along_axis(near, rank, axis=1)
+        best_d = np.stack([d[:, gi].min(axis=1) for gi in groups], axis=1)
+        best_i = np.stack([gi[np.argmin(d[:, gi], axis=1)] for gi in groups], axis=1)
+        pick = np.argsort(best_d, axis=1)[:, :starts]
+        order[b] = np.take_along_axis(best_i, pick, axis=1)
     x0 = np.stack([tmu, np.log(ts)], axis=1)
-    x, err = _levenberg_marquardt(spec, x0[order[:, 0]], m, sd, rtol, max_iter)
-    # channels that did not converge: try the other starts, keep the best
+    dpsi = np.diff(spec(_MU_GRID))
+    if np.any(dpsi > 1e-12) and np.any(dpsi < -1e-12):
+        # non-monotone ψ (SiLU, GELU, hard SiLU): several (mu, sigma) can give the same
+        # moments. Solve from every start and keep the converged one of smallest sigma
+        # (the least spread pre-activation), else the best.
+        xa, ea = _levenberg_marquardt(spec, x0[order.ravel()], np.repeat(m, starts),
+                                      np.repeat(sd, starts), np.repeat(scale, starts), rtol,
+                                      max_iter)
+        xa, ea = xa.reshape(n, starts, 2), ea.reshape(n, starts)
+        key = np.where(ea <= (10 * rtol) ** 2, xa[:, :, 1], np.inf)
+        pick = np.where(np.isfinite(key.min(axis=1)), np.argmin(key, axis=1), np.argmin(ea, axis=1))
+        x, err = xa[np.arange(n), pick], ea[np.arange(n), pick]
+    else:
+        x, err = _levenberg_marquardt(spec, x0[order[:, 0]], m, sd, scale, rtol, max_iter)
+    # Channels that did not converge: near-dead or saturated ones (mean within a
+    # hair of an edge of ψ's range, far below sd) are ill-conditioned when the mean is
+    # matched relative to sd; match it relative to its distance to that edge, from
+    # every start, and keep the best.
     retry = np.nonzero(err > rtol * rtol)[0]
     if retry.size:
-        k = starts - 1
-        xr, er = _levenberg_marquardt(spec, x0[order[retry, 1:].ravel()], np.repeat(m[retry], k),
-                                      np.repeat(sd[retry], k), rtol, max_iter)
+        g = spec(_MU_GRID)
+        edges = np.array([g.min(), g.max(), g[0], g[-1]])
+        gap = np.min(np.abs(m[retry, None] - edges[None, :]), axis=1)
+        k = starts
+        mr, sr = np.repeat(m[retry], k), np.repeat(sd[retry], k)
+        scale_r = np.repeat(np.clip(gap, 1e-4 * scale[retry], scale[retry]), k)
+        xr, er = _levenberg_marquardt(spec, x0[order[retry].ravel()], mr, sr, scale_r, rtol,
+                                      max_iter)
         er = er.reshape(-1, k)
         best = np.argmin(er, axis=1)
         er_best = er[np.arange(retry.size), best]
@@ -1616,9 +1640,12 @@ def invert_moments(activation, mean_out, var_out, *, rtol: float = 1e-8) -> Mome
       depends on ``t = mu/sigma`` only and increases with it, so ``t`` is a 1-D
       bisection and ``sigma`` the scale matching ``E[ψ²]``.
     * Other ``ψ``: a 2-D problem, solved by Levenberg–Marquardt in ``(mu, log sigma)``
-      started from the nearest entry of a precomputed ``(mu, sigma)`` table. Several
-      solutions can exist for a non-monotone ``ψ`` (SiLU, GELU, hard SiLU); the one
-      found is the one nearest the table's start.
+      started from the nearest entries of a precomputed ``(mu, sigma)`` table (one
+      per sigma row, the best six rows), retrying the unconverged channels with the
+      mean matched relative to its distance to the nearest edge of ``ψ``'s range
+      (near-dead and saturated channels). A non-monotone ``ψ`` (SiLU, GELU, hard
+      SiLU, mish) can have several solutions: all six starts are solved and the
+      converged solution of smallest ``sigma`` is returned.
     * ``var_out = 0``: ``sigma = 0`` and ``mu`` the root of ``ψ(mu) = mean_out`` of
       smallest ``|mu|`` (ReLU with mean 0 gives ``mu = 0``).
 
