@@ -53,9 +53,6 @@ CASES = np.array([
     (0.1, 1e-6, 0.3, 1e-6, 0.3),
     (2.5, 3.0, -2.0, 2.0, 0.2),
 ])
-# kernels.cross_kernel_exact clips beta/|gamma| to +-50 before multiplying by
-# |gamma_i gamma_j|, so it is wrong when |beta| > 50 |gamma| (cases 4 and 5).
-RELU_KERNEL_BUG_CASES = (4, 5)
 
 
 @pytest.fixture(scope="module")
@@ -89,17 +86,18 @@ def test_moments_match_monte_carlo(name, draws):
         _check_mc(seconds[c], x * x, f"{name} second moment case {c}")
         # variance: compare E[(psi - E psi)^2] with the exact mean removed
         _check_mc(variances[c], (x - means[c]) ** 2, f"{name} variance case {c}")
-        if name == "relu" and c in RELU_KERNEL_BUG_CASES:
-            continue
         _check_mc(crosses[c], x * y, f"{name} cross case {c}")
 
 
-@pytest.mark.xfail(strict=True, reason="kernels.cross_kernel_exact clips beta/|gamma| at +-50 "
-                   "(wrong for |beta| > 50|gamma|); ReLU delegates to it")
 def test_relu_cross_tiny_sigma():
-    # relu(y_i) = 0.8 almost surely, so K = 0.8 E[relu(y_j)]
+    """kernels.cross_kernel_exact used to clip β/|γ| at ±50 (wrong for |β| > 50|γ|);
+    beyond that it now takes the linear limit."""
+    # relu(y_i) = y_i almost surely, so K = 0.8 E[relu(y_j)] + ρ σ_i σ_j Φ(μ_j/σ_j)
+    from scipy.stats import norm
+
     value = A.get("relu").cross(0.8, 1e-6, -0.2, 1.3, 0.6)
-    assert value == pytest.approx(0.8 * kernels.relu_mean(1.3, -0.2), rel=1e-6)
+    expected = 0.8 * kernels.relu_mean(1.3, -0.2) + 0.6 * 1e-6 * 1.3 * norm.cdf(-0.2 / 1.3)
+    assert value == pytest.approx(expected, rel=1e-9)
 
 
 def test_relu_is_bit_identical_to_kernels():
