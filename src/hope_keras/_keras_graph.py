@@ -1,11 +1,13 @@
-"""The one adapter to Keras's graph internals: a model as a flat list of calls.
+"""The one adapter to Keras's private internals: a model as a flat list of calls.
 
 Keras 3 keeps a Functional model's graph in private attributes (``_nodes_by_depth``,
-``Node.arguments``, ``KerasTensor._keras_history``, ``Layer._inbound_nodes``). This is
-the only module of hope_keras that reads them; everything else works on the
-`FlatGraph` it returns. The Keras versions it is tested with are stated in
-``pyproject.toml``; CI's ``make test-keras-range`` runs the walker and slim tests on
-the oldest and newest of them.
+``Node.arguments``, ``KerasTensor._keras_history``, ``Layer._inbound_nodes``), and
+some classes hope_keras needs live only in private modules (``keras.src...``). This
+is the only module of hope_keras that reads them (and the few private attributes of
+models and optimizers that the training wrappers need); everything else works on the
+`FlatGraph` and the small functions here. The supported Keras range is stated in
+``pyproject.toml``; ``make test-keras-range`` runs the walker, registry, slim and
+engine tests on its oldest and newest versions (see docs/architecture.md).
 
 A `FlatGraph` is the model with every nested Functional/Sequential sub-model
 expanded inline: one `FlatNode` per call of a layer (or of a Keras operation such
@@ -22,8 +24,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import keras
 
-__all__ = ["FlatGraph", "FlatNode", "flatten", "rebuild", "functional_of", "flat_name",
-           "producer_layer_of", "input_layers_of", "inbound_count"]
+__all__ = ["FlatGraph", "FlatNode", "Call", "flatten", "rebuild", "functional_of",
+           "flat_name", "producer_layer_of", "input_layers_of", "inbound_count",
+           "nested_layers", "accepts_training", "run_through_graph", "model_calls",
+           "layer_calls", "optional_classes", "loss_tracker", "optimizer_variables",
+           "optimizer_trainable_variables"]
 
 
 @dataclasses.dataclass
@@ -52,6 +57,11 @@ class FlatNode:
         """The call's ``(args, kwargs)`` with tensor keys replaced from `tensors`."""
         table = {tid: tensors[key] for tid, key in self._local.items() if key in tensors}
         return self._node.arguments.fill_in(table)
+
+    @property
+    def args(self) -> tuple:
+        """The call's positional arguments as recorded (symbolic tensors, constants)."""
+        return tuple(self._node.arguments.args)
 
 
 @dataclasses.dataclass
@@ -307,10 +317,88 @@ def inbound_count(layer) -> int:
     return len(layer._inbound_nodes)
 
 
-def nested_layers(layer) -> List[object]:
-    """Every layer inside a nested model/layer (empty for a plain layer)."""
+def nested_layers(layer, recursive: bool = True) -> List[object]:
+    """Every layer inside a nested model/layer (empty for a plain layer); with
+    ``recursive=False`` only its direct children."""
     fn = getattr(layer, "_flatten_layers", None)
-    return list(fn(include_self=False)) if fn is not None else []
+    return list(fn(include_self=False, recursive=recursive)) if fn is not None else []
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of an operation in a model's own graph (nested models not entered).
+
+    Attributes:
+        op: The layer, nested model or Keras operation that was called.
+        input_shapes: Shapes of its input tensors, flattened, batch axis first.
+        output_shapes: Shapes of its output tensors, flattened.
+    """
+
+    op: object
+    input_shapes: Tuple[Tuple, ...]
+    output_shapes: Tuple[Tuple, ...]
+
+
+def _call(node) -> Call:
+    return Call(node.operation,
+                tuple(tuple(t.shape) for t in keras.tree.flatten(node.input_tensors)),
+                tuple(tuple(t.shape) for t in keras.tree.flatten(node.output_tensors)))
+
+
+def model_calls(model) -> Optional[List[Call]]:
+    """The calls of a Functional/Sequential model's own graph in topological order
+    (model inputs excluded, nested models as one call each), or None for a model
+    without a static graph (subclassed, or an unbuilt Sequential).
+
+    Example:
+
+    >>> import keras
+    >>> x = keras.Input((4,))
+    >>> model = keras.Model(x, keras.layers.Dense(2, name="d")(x))
+    >>> [(c.op.name, c.input_shapes, c.output_shapes) for c in model_calls(model)]
+    [('d', ((None, 4),), ((None, 2),))]
+    """
+    graph = getattr(model, "_functional", None) if isinstance(model, keras.Sequential) \
+        else model
+    if getattr(graph, "_nodes_by_depth", None) is None:
+        return None
+    return [_call(node) for node in _ordered_nodes(graph)
+            if not isinstance(node.operation, keras.layers.InputLayer)]
+
+
+def layer_calls(layer) -> List[Call]:
+    """Every call of `layer` on symbolic tensors (empty if it was never called so)."""
+    return [_call(node) for node in getattr(layer, "_inbound_nodes", ())]
+
+
+def optional_classes(module: str, names) -> Dict[str, type]:
+    """Classes that exist only in a private Keras module (``keras.src.<module>``):
+    ``{name: class}`` for those this Keras version has (empty if the module is absent).
+    """
+    import importlib
+
+    try:
+        mod = importlib.import_module(f"keras.src.{module}")
+    except ImportError:
+        return {}
+    return {n: getattr(mod, n) for n in names if isinstance(getattr(mod, n, None), type)}
+
+
+def loss_tracker(model):
+    """The `keras.metrics.Mean` that a compiled model's ``fit`` reports as ``loss``
+    (a custom ``train_step`` updates it)."""
+    return model._loss_tracker
+
+
+def optimizer_variables(optimizer) -> list:
+    """An optimizer's own variables (``iterations``, learning rate), without those
+    of the optimizers it wraps."""
+    return list(optimizer._variables)
+
+
+def optimizer_trainable_variables(optimizer) -> list:
+    """The model variables an optimizer was built for, in its slot order."""
+    return list(optimizer._trainable_variables)
 
 
 def accepts_training(op) -> bool:

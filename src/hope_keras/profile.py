@@ -29,6 +29,8 @@ from typing import Callable, Dict, List, Optional
 import keras
 import numpy as np
 
+from hope_keras import _keras_graph as kg
+
 # LAYER_FLOPS is public too (documented in the module docstring, not in docs/api.md).
 __all__ = ["Profile", "layer_flops", "model_flops", "profile"]
 
@@ -98,9 +100,8 @@ def _flops_fn(layer) -> Optional[Callable]:
     return None
 
 
-def _first_shape(tensors):
-    flat = keras.tree.flatten(tensors)
-    return tuple(flat[0].shape) if flat else None
+def _first_shape(shapes):
+    return shapes[0] if shapes else None
 
 
 def layer_flops(layer) -> int:
@@ -129,23 +130,12 @@ def layer_flops(layer) -> int:
     fn = _flops_fn(layer)
     if fn is None:
         return 0
-    nodes = getattr(layer, "_inbound_nodes", [])
-    if not nodes:
+    calls = kg.layer_calls(layer)
+    if not calls:
         raise ValueError(f"Layer {layer.name!r} has not been called on symbolic "
                          "inputs: its shapes are unknown. Build the model first.")
-    return sum(fn(layer, _first_shape(n.input_tensors), _first_shape(n.output_tensors))
-               for n in nodes)
-
-
-def _graph_nodes(model):
-    """The nodes of a Functional/Sequential model's graph, or None (subclassed)."""
-    graph = model
-    if isinstance(model, keras.Sequential):
-        graph = getattr(model, "_functional", None)
-    by_depth = getattr(graph, "_nodes_by_depth", None)
-    if by_depth is None:
-        return None
-    return [node for depth in sorted(by_depth, reverse=True) for node in by_depth[depth]]
+    return sum(fn(layer, _first_shape(c.input_shapes), _first_shape(c.output_shapes))
+               for c in calls)
 
 
 def model_flops(model, per_layer: bool = False):
@@ -161,17 +151,17 @@ def model_flops(model, per_layer: bool = False):
         int, or ``(int, dict)`` with ``per_layer``.
     """
     table: Dict[str, int] = {}
-    nodes = _graph_nodes(model)
-    if nodes is None:  # subclassed: each layer's own calls
-        for layer in model._flatten_layers(include_self=False, recursive=False):
+    calls = kg.model_calls(model)
+    if calls is None:  # subclassed: each layer's own calls
+        for layer in kg.nested_layers(model, recursive=False):
             _, sub = model_flops(layer, True) if isinstance(layer, keras.Model) else (
                 None, {layer.name: layer_flops(layer)})
             prefix = f"{layer.name}/" if isinstance(layer, keras.Model) else ""
             for k, v in sub.items():
                 table[prefix + k] = table.get(prefix + k, 0) + v
     else:
-        for node in nodes:
-            op = node.operation
+        for call in calls:
+            op = call.op
             if isinstance(op, keras.Model):
                 _, sub = model_flops(op, True)
                 for k, v in sub.items():
@@ -180,8 +170,7 @@ def model_flops(model, per_layer: bool = False):
             fn = _flops_fn(op)
             if fn is None:
                 continue
-            value = fn(op, _first_shape(node.input_tensors),
-                       _first_shape(node.output_tensors))
+            value = fn(op, _first_shape(call.input_shapes), _first_shape(call.output_shapes))
             table[op.name] = table.get(op.name, 0) + value
     total = int(sum(table.values()))
     return (total, table) if per_layer else total
