@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export KERAS_BACKEND ?= tensorflow
 
-.PHONY: test demo bench clean
+.PHONY: test test-keras-range demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest
 
+# The Keras-facing tests on the oldest and newest Keras that pyproject.toml allows,
+# each installed next to the environment's TensorFlow (cached in .cache/keras-range).
+test-keras-range: $(STAMP)
+	PY=$(PY) scripts/test_keras_range.sh
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .cache/keras-range
