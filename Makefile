@@ -1,5 +1,7 @@
 # One command each: `make demo` runs the main job, `make test` runs the tests.
-# Both create the virtual environment on first use.
+# `make fuzz` checks 500 random networks (tests/fuzz_networks.py); `make test-apps`
+# runs every keras.applications family (tests/test_applications.py).
+# All create the virtual environment on first use.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export KERAS_BACKEND ?= tensorflow
 
-.PHONY: test test-keras-range demo bench clean
+.PHONY: test test-apps test-keras-range fuzz demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,10 +21,16 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest
 
+test-apps: $(STAMP)
+	$(PY) -m pytest tests/test_applications.py -m applications -p no:doctest
+
 # The Keras-facing tests on the oldest and newest Keras that pyproject.toml allows,
 # each installed next to the environment's TensorFlow (cached in .cache/keras-range).
 test-keras-range: $(STAMP)
 	PY=$(PY) scripts/test_keras_range.sh
+
+fuzz: $(STAMP)
+	HOPE_FUZZ_N=500 $(PY) -m pytest tests/test_fuzz.py -q -rs -s
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

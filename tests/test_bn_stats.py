@@ -145,3 +145,30 @@ def test_unsupported_axis_names_layer():
 def test_empty_data_raises():
     with pytest.raises(ValueError, match="no batches"):
         reestimate_batchnorm_statistics(_model(), [])
+
+
+def test_nested_backbone_statistics_match_its_own_reestimation():
+    """The transfer-learning pattern: a backbone model nested in a Sequential."""
+    rng = np.random.default_rng(5)
+
+    def backbone():
+        keras.utils.set_random_seed(5)
+        inner_in = keras.Input((6, 6, 2))
+        y = keras.layers.BatchNormalization(name="bn_a")(keras.layers.Conv2D(3, 3)(inner_in))
+        y = keras.layers.ReLU()(y)
+        y = keras.layers.BatchNormalization(name="bn_b")(keras.layers.Conv2D(4, 1)(y))
+        return keras.Model(inner_in, y, name="backbone")
+
+    x = rng.normal(size=(32, 6, 6, 2)).astype("float32")
+    alone = backbone()
+    reestimate_batchnorm_statistics(alone, x, batch_size=32)
+    bb = backbone()
+    outer = keras.Sequential([keras.Input((6, 6, 2)), bb,
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2)])
+    stats = reestimate_batchnorm_statistics(outer, x, batch_size=32)
+    assert set(stats) == {"bn_a", "bn_b"}
+    for name in ("bn_a", "bn_b"):
+        np.testing.assert_allclose(bb.get_layer(name).moving_mean.numpy(),
+                                   alone.get_layer(name).moving_mean.numpy(), atol=1e-5)
+        np.testing.assert_allclose(bb.get_layer(name).moving_variance.numpy(),
+                                   alone.get_layer(name).moving_variance.numpy(), rtol=1e-4)

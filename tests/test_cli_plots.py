@@ -12,7 +12,8 @@ import hope_keras
 from conftest import copy_model, mlp, small_resnet
 from hope_keras import plots
 
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+# No TF_* settings: the CLI itself keeps TensorFlow's start-up lines off stderr.
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
 
 
 def run(*args):
@@ -27,52 +28,76 @@ def model_file(tmp_path_factory):
     return path
 
 
-def test_cli_compress_replay_report(model_file, tmp_path):
+def _in_process(capsys, *args):
+    """Runs the CLI in this process (no TensorFlow start); returns (status, stdout)."""
+    from hope_keras import cli
+
+    capsys.readouterr()
+    try:
+        status = cli.main(list(args))
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().out
+
+
+def test_cli_compress_replay_report(model_file, tmp_path, capsys):
     out, traj, png = (str(tmp_path / n) for n in ("slim.keras", "t.npz", "r.png"))
+    # One real subprocess: the command as a user runs it, stderr free of start-up noise.
     r = run("compress", model_file, "--density", "0.5", "--out", out, "--trajectory", traj)
     assert r.returncode == 0, r.stderr
     assert "density 0.5" in r.stdout
     assert "FLOPs / example" in r.stdout and "latency" not in r.stdout
+    assert r.stderr == ""  # no absl / oneDNN / CUDA / cpu_feature_guard lines
     original = keras.models.load_model(model_file)
     small = keras.models.load_model(out)
     assert small.count_params() < original.count_params()
 
     replayed = str(tmp_path / "replayed.keras")
-    r = run("replay", model_file, traj, "--density", "0.5", "--out", replayed, "--quiet")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == ""
+    status, stdout = _in_process(capsys, "replay", model_file, traj, "--density", "0.5",
+                                 "--out", replayed, "--quiet")
+    assert status == 0 and stdout == ""
     x = np.random.default_rng(0).normal(size=(3, 10, 10, 3)).astype("float32")
     np.testing.assert_allclose(keras.models.load_model(replayed)(x), small(x), rtol=1e-6,
                                atol=1e-6)
 
-    r = run("report", traj, "--out", png)
-    assert r.returncode == 0, r.stderr
-    assert os.path.getsize(png) > 10_000
-    r = run("report", traj, "--out", png, "--model", model_file)
-    assert r.returncode == 0, r.stderr
-    assert f"{small.count_params():,}" in r.stdout and "FLOPs / example" in r.stdout
+    status, _ = _in_process(capsys, "report", traj, "--out", png)
+    assert status == 0 and os.path.getsize(png) > 10_000
+    status, stdout = _in_process(capsys, "report", traj, "--out", png, "--model", model_file)
+    assert status == 0
+    assert f"{small.count_params():,}" in stdout and "FLOPs / example" in stdout
 
     tfl = str(tmp_path / "slim.tflite")
-    r = run("export", out, "--out", tfl)
-    assert r.returncode == 0, r.stderr
+    status, _ = _in_process(capsys, "export", out, "--out", tfl)
+    assert status == 0
     np.testing.assert_allclose(hope_keras.export.tflite_predict(tfl, x), small(x),
                                rtol=1e-5, atol=1e-5)
 
-    r = run("analyze", model_file)
-    assert r.returncode == 0 and "b1_add" in r.stdout and "Pinned" in r.stdout
+    status, stdout = _in_process(capsys, "analyze", model_file)
+    assert status == 0 and "b1_add" in stdout and "Pinned" in stdout
 
 
-def test_cli_errors_have_shell_exit_codes(model_file, tmp_path):
-    r = run("compress", str(tmp_path / "missing.keras"), "--density", "0.5", "--out", "x.keras")
-    assert r.returncode == 1 and "missing.keras" in r.stderr
-    r = run("compress", model_file, "--density", "1.0", "--out", str(tmp_path / "x.keras"))
-    assert r.returncode == 1 and "already met" in r.stderr
-    r = run("compress", model_file, "--out", str(tmp_path / "x.keras"))  # no budget
-    assert r.returncode == 2 and "one of the arguments" in r.stderr
+def test_cli_errors_have_shell_exit_codes(model_file, tmp_path, capsys):
+    from hope_keras import cli
+
+    def status(*args):  # in-process: the same exit statuses, without a TensorFlow start
+        try:
+            return cli.main(list(args))
+        except SystemExit as e:
+            return e.code
+
+    assert status("compress", str(tmp_path / "missing.keras"), "--density", "0.5",
+                  "--out", str(tmp_path / "x.keras")) == 1
+    assert "missing.keras" in capsys.readouterr().err
+    assert status("compress", model_file, "--density", "1.0", "--out",
+                  str(tmp_path / "x.keras")) == 1
+    assert "already met" in capsys.readouterr().err
+    assert status("compress", model_file, "--out", str(tmp_path / "x.keras")) == 2  # no budget
+    assert "one of the arguments" in capsys.readouterr().err
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"junk")
-    r = run("replay", model_file, str(bad), "--step", "1", "--out", str(tmp_path / "y.keras"))
-    assert r.returncode == 1 and "bad.npz" in r.stderr
+    assert status("replay", model_file, str(bad), "--step", "1", "--out",
+                  str(tmp_path / "y.keras")) == 1
+    assert "bad.npz" in capsys.readouterr().err
 
 
 def test_plot_functions_write_non_empty_files(tmp_path):

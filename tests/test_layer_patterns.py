@@ -11,6 +11,7 @@ import hope_keras
 from conftest import L
 from hope_keras import _keras_graph as kg
 from hope_keras.edit import ModelEditor
+from hope_keras.profile import model_flops
 
 
 def _randomize(model, seed=0):
@@ -163,6 +164,8 @@ def test_pattern_is_compressible_and_slim_is_exact(pattern, tmp_path):
     assert _same(model, small, x)
     assert small.count_params() == round(result.params_ratio * model.count_params())
     assert small.count_params() < model.count_params()
+    # The engine's FLOPs counter agrees with profile's count of the slim model.
+    assert result.flops_ratio == pytest.approx(model_flops(small) / model_flops(model))
     path = str(tmp_path / "small.keras")
     small.save(path)
     reloaded = keras.models.load_model(path, safe_mode=True)
@@ -209,3 +212,19 @@ def test_channels_first_pooling_on_channels_last_tensors_pins_with_a_reason():
     assert "channels_first" in reasons["c"]
     with pytest.raises(ValueError, match="no compressible"):
         hope_keras.compress(model, density=0.5, verbose=False)
+
+
+@pytest.mark.parametrize("pattern", [concatenate, residual_stream, channels_first_flatten],
+                         ids=lambda p: p.__name__)
+def test_baselines_on_coupled_patterns_slim_exactly(pattern):
+    from hope_keras import baselines
+
+    for method in ("l1_input", "bn_scale", "neuron_merging"):
+        model = _model(pattern, seed=4)
+        if method == "neuron_merging":
+            baselines.neuron_merging(model, density=0.6)
+        else:
+            baselines.prune(model, density=0.6, method=method, mean_compensation=True)
+        small = hope_keras.slim(model)
+        assert _same(model, small, _x(model)), method
+        assert small.count_params() < model.count_params()

@@ -20,9 +20,13 @@ def compressed():
     model = small_resnet(seed=11)
     for src, dst in ((0, 5), (1, 7), (2, 8)):
         plant_duplicate(model, "fc", "head", src, dst, seed=dst)
+    for name in ("b1a_bn", "b1b_bn"):  # a weaker block: evicted during the run
+        bn = model.get_layer(name)
+        for v in (bn.gamma, bn.beta):
+            v.assign(0.3 * v.numpy())
     original = copy_model(model)
     result = hope_keras.compress(model, density=0.35, verbose=False)
-    assert {"prune", "merge"} <= {s.kind for s in result.trajectory.steps}
+    assert {s.kind for s in result.trajectory.steps} == {"prune", "merge", "evict"}
     return original, model, result
 
 
@@ -33,8 +37,9 @@ def test_slim_equals_in_place_model_and_is_smaller(compressed):
     assert small.count_params() < model.count_params()
     assert small.count_params() == round(result.params_ratio * model.count_params())
     evicted = {s.unit for s in result.trajectory.steps if s.kind == "evict"}
-    if evicted:
-        assert "b1a" not in [layer.name for layer in small.layers]
+    assert evicted == {"b1_add"}
+    names = [layer.name for layer in small.layers]
+    assert not {"b1a", "b1a_bn", "b1b", "b1b_bn", "b1_add"} & set(names)
 
 
 def test_slim_model_save_load_round_trip(compressed, tmp_path):

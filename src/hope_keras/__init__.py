@@ -16,47 +16,56 @@
 * `derivative_matching` compresses MLPs with analytic activations.
 """
 
-from hope_keras import baselines, costs, deft, derivative_matching, layers
-from hope_keras.analysis import Analysis, BlockReport, GroupReport, analyze
-from hope_keras.bn_stats import reestimate_batchnorm_statistics
-from hope_keras.calibration import calibrate
-from hope_keras.engine import CompressionResult, Encoder, compress
-from hope_keras.graph import Coupling, ModelGraph, NeuronGroup, Pinned, ResidualBlock, walk
-from hope_keras.export import export_tflite
-from hope_keras.profile import Profile, profile
-from hope_keras.recover import Distiller, recover
-from hope_keras.slim import slim
-from hope_keras.trajectory import Step, Trajectory
+import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Analysis",
-    "BlockReport",
-    "CompressionResult",
-    "Coupling",
-    "Distiller",
-    "Encoder",
-    "GroupReport",
-    "ModelGraph",
-    "NeuronGroup",
-    "Pinned",
-    "Profile",
-    "ResidualBlock",
-    "Step",
-    "Trajectory",
-    "analyze",
-    "baselines",
-    "calibrate",
-    "costs",
-    "compress",
-    "deft",
-    "derivative_matching",
-    "export_tflite",
-    "layers",
-    "profile",
-    "recover",
-    "reestimate_batchnorm_statistics",
-    "slim",
-    "walk",
-]
+# Public name → the submodule that defines it, imported on first use: `import
+# hope_keras` (and `hope-keras --help`) does not import TensorFlow.
+_EXPORTS = {
+    "Analysis": "analysis", "BlockReport": "analysis", "GroupReport": "analysis",
+    "analyze": "analysis",
+    "reestimate_batchnorm_statistics": "bn_stats",
+    "calibrate": "calibration",
+    "CompressionInterrupted": "engine", "CompressionResult": "engine", "Encoder": "engine",
+    "compress": "engine",
+    "Coupling": "graph", "ModelGraph": "graph", "NeuronGroup": "graph", "Pinned": "graph",
+    "ResidualBlock": "graph", "walk": "graph",
+    "slim": "slim",
+    "Step": "trajectory", "Trajectory": "trajectory",
+    "export_tflite": "export",
+    "Profile": "profile", "profile": "profile",
+    "Distiller": "recover", "recover": "recover",
+}
+
+__all__ = sorted([*_EXPORTS, "baselines", "costs", "deft", "derivative_matching", "layers"])
+
+
+class _LazyPackage(types.ModuleType):
+    def __getattr__(self, name):
+        if name in _EXPORTS:
+            value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        else:
+            try:
+                value = importlib.import_module(f"{__name__}.{name}")
+            except ModuleNotFoundError as e:
+                if e.name != f"{__name__}.{name}":
+                    raise
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        self.__dict__[name] = value
+        return value
+
+    def __setattr__(self, name, value):
+        # Importing the submodule `hope_keras.slim` binds the attribute `slim` to the
+        # module; `hope_keras.slim` stays the function.
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(__all__))
+
+
+sys.modules[__name__].__class__ = _LazyPackage

@@ -24,11 +24,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import keras
 
-__all__ = ["FlatGraph", "FlatNode", "Call", "flatten", "rebuild", "functional_of",
-           "flat_name", "producer_layer_of", "input_layers_of", "inbound_count",
-           "nested_layers", "accepts_training", "run_through_graph", "model_calls",
-           "layer_calls", "optional_classes", "loss_tracker", "optimizer_variables",
-           "optimizer_trainable_variables"]
+__all__ = ["FlatGraph", "FlatNode", "flatten", "rebuild", "functional_of", "flat_name",
+           "producer_layer_of", "input_layers_of", "inbound_count", "call_shapes",
+           "nested_layers", "accepts_training", "run_through_graph", "optional_classes",
+           "loss_tracker", "optimizer_variables", "optimizer_trainable_variables"]
 
 
 @dataclasses.dataclass
@@ -317,58 +316,21 @@ def inbound_count(layer) -> int:
     return len(layer._inbound_nodes)
 
 
-def nested_layers(layer, recursive: bool = True) -> List[object]:
-    """Every layer inside a nested model/layer (empty for a plain layer); with
-    ``recursive=False`` only its direct children."""
+def call_shapes(layer) -> List[Tuple[tuple, tuple]]:
+    """``(input shape, output shape)`` of every symbolic call of `layer` (first
+    input and output of each call)."""
+    out = []
+    for node in layer._inbound_nodes:
+        ins, outs = list(node.input_tensors), list(node.outputs)
+        if ins and outs:
+            out.append((tuple(ins[0].shape), tuple(outs[0].shape)))
+    return out
+
+
+def nested_layers(layer) -> List[object]:
+    """Every layer inside a nested model/layer (empty for a plain layer)."""
     fn = getattr(layer, "_flatten_layers", None)
-    return list(fn(include_self=False, recursive=recursive)) if fn is not None else []
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """One call of an operation in a model's own graph (nested models not entered).
-
-    Attributes:
-        op: The layer, nested model or Keras operation that was called.
-        input_shapes: Shapes of its input tensors, flattened, batch axis first.
-        output_shapes: Shapes of its output tensors, flattened.
-    """
-
-    op: object
-    input_shapes: Tuple[Tuple, ...]
-    output_shapes: Tuple[Tuple, ...]
-
-
-def _call(node) -> Call:
-    return Call(node.operation,
-                tuple(tuple(t.shape) for t in keras.tree.flatten(node.input_tensors)),
-                tuple(tuple(t.shape) for t in keras.tree.flatten(node.output_tensors)))
-
-
-def model_calls(model) -> Optional[List[Call]]:
-    """The calls of a Functional/Sequential model's own graph in topological order
-    (model inputs excluded, nested models as one call each), or None for a model
-    without a static graph (subclassed, or an unbuilt Sequential).
-
-    Example:
-
-    >>> import keras
-    >>> x = keras.Input((4,))
-    >>> model = keras.Model(x, keras.layers.Dense(2, name="d")(x))
-    >>> [(c.op.name, c.input_shapes, c.output_shapes) for c in model_calls(model)]
-    [('d', ((None, 4),), ((None, 2),))]
-    """
-    graph = getattr(model, "_functional", None) if isinstance(model, keras.Sequential) \
-        else model
-    if getattr(graph, "_nodes_by_depth", None) is None:
-        return None
-    return [_call(node) for node in _ordered_nodes(graph)
-            if not isinstance(node.operation, keras.layers.InputLayer)]
-
-
-def layer_calls(layer) -> List[Call]:
-    """Every call of `layer` on symbolic tensors (empty if it was never called so)."""
-    return [_call(node) for node in getattr(layer, "_inbound_nodes", ())]
+    return list(fn(include_self=False)) if fn is not None else []
 
 
 def optional_classes(module: str, names) -> Dict[str, type]:
@@ -391,8 +353,8 @@ def loss_tracker(model):
 
 
 def optimizer_variables(optimizer) -> list:
-    """An optimizer's own variables (``iterations``, learning rate), without those
-    of the optimizers it wraps."""
+    """The variables an optimizer created itself (``iterations``, learning rate,
+    slots), without those of the optimizers it wraps."""
     return list(optimizer._variables)
 
 

@@ -29,46 +29,27 @@ __all__ = ["reestimate_batchnorm_statistics"]
 
 
 def _batchnorm_layers(model):
-    """The model's BatchNormalization layers, checked for what we support."""
+    """The model's BatchNormalization layers (nested models included), checked for
+    what we support."""
+    fg = kg.flatten(model)
     bns = []
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            bns.append(layer)
-        else:
-            nested = [
-                sub.name
-                for sub in kg.nested_layers(layer)
-                if isinstance(sub, keras.layers.BatchNormalization)
-            ]
-            if nested:
-                raise NotImplementedError(
-                    f"Layer {layer.name!r} is a nested model/layer that holds "
-                    f"BatchNormalization layers ({', '.join(nested)}); their "
-                    "inputs cannot be reached from the outer model's graph. "
-                    "Re-estimate the nested model on its own inputs, or "
-                    "flatten the model first."
-                )
-    for bn in bns:
-        ndim = len(bn.input.shape) if kg.inbound_count(bn) else None
-        if ndim is None:
+    for key, layer in fg.layers.items():
+        if not isinstance(layer, keras.layers.BatchNormalization):
+            continue
+        if fg.calls[key] != 1:
             raise ValueError(
-                f"BatchNormalization layer {bn.name!r} has not been called on "
-                "a symbolic input; build the model (e.g. with keras.Input) "
-                "first."
+                f"BatchNormalization layer {key!r} is called {fg.calls[key]} times in "
+                "the model; a shared BatchNormalization layer has no single input to "
+                "take statistics of."
             )
-        if bn.axis not in (-1, ndim - 1):
+        node = fg.node_of(key)
+        ndim = len(fg.shapes[node.inputs[0]])
+        if layer.axis not in (-1, ndim - 1):
             raise ValueError(
-                f"BatchNormalization layer {bn.name!r} normalises axis "
-                f"{bn.axis} of a rank-{ndim} input; only the last axis "
-                "(channels_last) is supported."
+                f"BatchNormalization layer {key!r} normalises axis {layer.axis} of a "
+                f"rank-{ndim} input; only the last axis (channels_last) is supported."
             )
-        if kg.inbound_count(bn) != 1:
-            raise ValueError(
-                f"BatchNormalization layer {bn.name!r} is called "
-                f"{kg.inbound_count(bn)} times in the model; a shared "
-                "BatchNormalization layer has no single input to take "
-                "statistics of."
-            )
+        bns.append(layer)
     return bns
 
 
@@ -99,54 +80,61 @@ def _iter_batches(data, batch_size):
         yield element
 
 
-def _make_step(sub_model, bns):
-    """One forward pass through ``sub_model`` returning per-BN batch moments.
+def _make_step(model, bns):
+    """One forward pass through ``model`` returning per-BN batch moments.
 
-    Every BatchNormalization layer met on the way normalises with the
-    statistics of the current batch (as in training mode, but without touching
-    its moving statistics and whatever its ``trainable`` flag); every other
-    layer runs in inference mode (so Dropout and friends do nothing).
+    Every BatchNormalization layer met on the way normalises with the statistics
+    of the current batch (as in training mode, but without touching its moving
+    statistics and whatever its ``trainable`` flag) and records the moments of its
+    input; nested models are run layer by layer the same way; every other layer
+    runs in inference mode (so Dropout and friends do nothing).
     """
     bn_ids = {id(bn) for bn in bns}
 
-    def operation_fn(op):
-        if id(op) in bn_ids:
+    def step(x):
+        recorded = {}
 
-            def call(inputs, *args, **kwargs):
-                x = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
-                axes = list(range(len(x.shape) - 1))
-                mean, variance = ops.moments(x, axes=axes)
-                out = ops.batch_normalization(
-                    x,
-                    mean,
-                    variance,
-                    axis=-1,
-                    offset=ops.cast(op.beta, x.dtype) if op.center else None,
-                    scale=ops.cast(op.gamma, x.dtype) if op.scale else None,
-                    epsilon=op.epsilon,
-                )
-                return ops.cast(out, op.compute_dtype)
+        def operation_fn(op):
+            if id(op) in bn_ids:
+
+                def call(inputs, *args, **kwargs):
+                    x = ops.cast(inputs, keras.backend.result_type(inputs.dtype, "float32"))
+                    y = ops.cast(inputs, "float64")
+                    axes = list(range(len(y.shape) - 1))
+                    count = ops.sum(ops.ones_like(y[..., :1]))
+                    mean64 = ops.mean(y, axis=axes)
+                    m2 = ops.sum(ops.square(y - mean64), axis=axes)
+                    recorded[id(op)] = (count, mean64, m2)
+                    mean, variance = ops.moments(x, axes=axes)
+                    out = ops.batch_normalization(
+                        x,
+                        mean,
+                        variance,
+                        axis=-1,
+                        offset=ops.cast(op.beta, x.dtype) if op.center else None,
+                        scale=ops.cast(op.gamma, x.dtype) if op.scale else None,
+                        epsilon=op.epsilon,
+                    )
+                    return ops.cast(out, op.compute_dtype)
+
+                return call
+            if isinstance(op, keras.Model):
+                inner = kg.functional_of(op)
+
+                def call(*args, **kwargs):
+                    return kg.run_through_graph(inner, args[0], operation_fn)
+
+                return call
+
+            def call(*args, **kwargs):
+                if kg.accepts_training(op):
+                    kwargs["training"] = False
+                return op(*args, **kwargs)
 
             return call
 
-        def call(*args, **kwargs):
-            if kg.accepts_training(op):
-                kwargs["training"] = False
-            return op(*args, **kwargs)
-
-        return call
-
-    def step(x):
-        outputs = kg.run_through_graph(sub_model, x, operation_fn)
-        moments = []
-        for y in outputs:
-            y = ops.cast(y, "float64")
-            axes = list(range(len(y.shape) - 1))
-            count = ops.sum(ops.ones_like(y[..., :1]))
-            mean = ops.mean(y, axis=axes)
-            m2 = ops.sum(ops.square(y - mean), axis=axes)
-            moments.append((count, mean, m2))
-        return moments
+        kg.run_through_graph(kg.functional_of(model), x, operation_fn)
+        return [recorded[id(bn)] for bn in bns]
 
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
@@ -183,11 +171,12 @@ def reestimate_batchnorm_statistics(
     no float32 cancellation however much data is used.
 
     Args:
-        model: A built Keras Functional or Sequential model. Its
-            BatchNormalization layers must normalise the last axis
-            (channels-last), must each be called once, and must not sit in
-            nested sub-models; otherwise a ValueError or NotImplementedError
-            naming the layer is raised before anything is changed.
+        model: A built Keras Functional or Sequential model (nested Functional
+            or Sequential sub-models are entered, e.g. a backbone inside a
+            ``Sequential([backbone, head])``). Its BatchNormalization layers must
+            normalise the last axis (channels-last) and must each be called
+            once; otherwise a ValueError naming the layer is raised before
+            anything is changed.
         data: Calibration inputs: a numpy array (or tensor) of inputs, split
             into batches of ``batch_size``; or a ``tf.data.Dataset`` or any
             iterable of batches, each either ``x`` or a tuple ``(x, y)`` /
@@ -234,14 +223,11 @@ def reestimate_batchnorm_statistics(
             print("reestimate_batchnorm_statistics: no BatchNormalization layers.")
         return {}
 
-    sub_model = keras.Model(
-        model.inputs, [bn.input for bn in bns], name=f"{model.name}_bn_inputs"
-    )
-    step = _make_step(sub_model, bns)
+    step = _make_step(model, bns)
 
     n = [0.0] * len(bns)
-    mean = [np.zeros(bn.input.shape[-1], np.float64) for bn in bns]
-    m2 = [np.zeros(bn.input.shape[-1], np.float64) for bn in bns]
+    mean = [np.zeros(bn.moving_mean.shape[-1], np.float64) for bn in bns]
+    m2 = [np.zeros(bn.moving_mean.shape[-1], np.float64) for bn in bns]
     seen = 0
     samples = 0
     for x in _iter_batches(data, batch_size):

@@ -16,22 +16,98 @@ of the original and the slimmed model (`hope_keras.profile`); `--latency` also t
 both (interleaved, `predict` and a compiled call).
 
 Exit status: 0 on success, 1 when the library refuses the input (the message says
-why), 2 on a usage error.
+why), 2 on a usage error (checked before any work, output paths included), 130 when
+interrupted (Ctrl-C).
+
+TensorFlow is imported only once the arguments are valid (``--help`` and
+``--version`` answer at once), and its start-up lines (absl, oneDNN, CUDA, CPU
+features) are kept off standard error.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import tempfile
+import zipfile
+
+ACTIONS = ("prune", "merge", "evict")
+
+# TensorFlow's start-up chatter: absl's pre-init warning, glog-style INFO/WARNING lines
+# (oneDNN, cudart stub, CPU feature guard), CUDA errors on machines without a GPU, and
+# the CPU-instructions note.
+_NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|[IW]\d{4} [\d:.]+\s+\d+ \S+:\d+\] "
+    r"|E\d{4} [\d:.]+\s+\d+ \S*cuda\S*:\d+\] "
+    r"|E\d{4} .*(cuInit|cuDNN|cuFFT|cuBLAS)"
+    r"|To enable the following instructions: .*rebuild TensorFlow"
+    r"|This TensorFlow binary is optimized to use available CPU instructions"
+)
+
+
+def _import_tensorflow_quietly() -> None:
+    """Imports TensorFlow and Keras with their start-up lines kept off stderr.
+
+    TensorFlow's C++ logging writes to file descriptor 2 before any Python setting
+    applies, so the descriptor is pointed at a temporary file during the import (and
+    the first device initialisation); lines that are not start-up noise are passed on.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if "tensorflow" in sys.modules:
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (AttributeError, OSError, ValueError):  # no real stderr: nothing to keep clean
+        import keras  # noqa: F401
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            import tensorflow as tf
+            import keras  # noqa: F401
+
+            tf.constant(0.0)  # device initialisation logs its CUDA lines here
+        finally:
+            try:
+                sys.stderr.flush()
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            tmp.seek(0)
+            kept = [line for line in tmp.read().decode(errors="replace").splitlines(True)
+                    if not _NOISE.search(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+    try:
+        import absl.logging
+
+        absl.logging.set_verbosity(absl.logging.ERROR)
+    except ImportError:
+        pass
 
 
 def _load(path):
-    import keras
-
     if not os.path.exists(path):
         raise FileNotFoundError(f"No model file at '{path}'.")
-    return keras.models.load_model(path, compile=False)
+    if os.path.isdir(path):
+        raise ValueError(f"'{path}' is a directory, not a .keras model file.")
+    if path.endswith(".keras") and not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"'{path}' is not a Keras model file: a .keras file is a zip archive and this "
+            "one is not (corrupt, truncated or another format). Save models with "
+            "model.save('name.keras').")
+    import keras
+
+    try:
+        return keras.models.load_model(path, compile=False)
+    except Exception as e:  # whatever Keras says, the file is the problem
+        raise ValueError(f"Could not load the Keras model '{path}' ({type(e).__name__}: "
+                         f"{e}).") from None
 
 
 def _analyze(args):
@@ -44,20 +120,28 @@ def _compress(args):
     import hope_keras
 
     model = _load(args.model)
-    result = hope_keras.compress(
-        model, density=args.density, params=args.params, flops=args.flops, steps=args.steps,
-        cost=args.cost,
-        actions=tuple(a.strip() for a in args.actions.split(",") if a.strip()),
-        merge_scale=args.merge_scale, refresh=args.refresh, kernel=args.kernel,
-        verbose=not args.quiet)
-    small = hope_keras.slim(model)
-    small.save(args.out)
+    n_params = model.count_params()
+    try:
+        result = hope_keras.compress(
+            model, density=args.density, params=args.params, flops=args.flops,
+            steps=args.steps, cost=args.cost, actions=args.actions,
+            merge_scale=args.merge_scale, refresh=args.refresh, kernel=args.kernel,
+            verbose=False if args.quiet else "auto")
+    except hope_keras.CompressionInterrupted as e:
+        if args.trajectory:
+            e.trajectory.save(args.trajectory)
+            print(f"Interrupted after {len(e.trajectory)} steps; wrote them to "
+                  f"{args.trajectory} (hope-keras replay can apply them).", file=sys.stderr)
+        raise
+    # The trajectory first: whatever happens to the slim model, the run is kept.
     if args.trajectory:
         result.trajectory.save(args.trajectory)
+    small = hope_keras.slim(model)
+    small.save(args.out)
     if not args.quiet:
         print(f"{len(result.trajectory)} steps, neuron density {result.density:.4f}, "
               f"parameters {small.count_params()} ({result.params_ratio:.4f} of "
-              f"{model.count_params()}); stopped: {result.stopped}. Wrote {args.out}"
+              f"{n_params}); stopped: {result.stopped}. Wrote {args.out}"
               + (f" and {args.trajectory}" if args.trajectory else ""))
         # `model` is the in-place result: the original's shapes, hence its cost.
         hope_keras.profile(small, reference=model, latency=args.latency).summary()
@@ -106,77 +190,160 @@ def _export(args):
         print(f"Wrote {args.out} ({len(flatbuffer)} bytes)")
 
 
+# ------------------------------------------------------------- argument types
+def _fraction(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}")
+    return value
+
+
+def _count(minimum):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer ≥ {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def _actions(text):
+    actions = tuple(a.strip() for a in text.split(",") if a.strip())
+    bad = [a for a in actions if a not in ACTIONS]
+    if bad or not actions:
+        raise argparse.ArgumentTypeError(
+            f"must be a comma-separated subset of {','.join(ACTIONS)}, got {text!r}")
+    return actions
+
+
+def _check_output(parser, option, path, extensions=None):
+    """A usage error now rather than after the run: a writable file path."""
+    if path is None:
+        return
+    if extensions and not path.endswith(extensions):
+        parser.error(f"{option} must end with {' or '.join(extensions)}, got '{path}'")
+    if os.path.isdir(path):
+        parser.error(f"{option} '{path}' is a directory; give a file path")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        parser.error(f"{option} '{path}': the folder '{folder}' does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        parser.error(f"{option} '{path}' is not writable")
+
+
 def _parser():
+    from hope_keras import __version__
+
     p = argparse.ArgumentParser(prog="hope-keras",
                                 description="Data-free compression of Keras models (HOPE).")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--version", action="version", version=f"hope-keras {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def common(sp):
-        sp.add_argument("--quiet", "-q", action="store_true", help="no progress or summary")
+    def command(name, help):
+        sp = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
+        sp.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress bar and no summary line")
         return sp
 
-    a = common(sub.add_parser("analyze", help="print the compressible groups of a model"))
-    a.add_argument("model", help="a .keras file")
-    a.add_argument("--kernel", choices=("approx", "exact"), default="approx")
+    a = command("analyze", "print the compressible groups, blocks and pinned layers")
+    a.add_argument("model", help="the model, a .keras file")
+    a.add_argument("--kernel", choices=("approx", "exact"), default="approx",
+                   help="cross-kernel: the paper's zero-bias approximation (default) or "
+                        "the exact one")
     a.set_defaults(fn=_analyze)
 
-    c = common(sub.add_parser("compress", help="compress a model and save the slim one"))
-    c.add_argument("model")
+    c = command("compress", "compress a model and save the slimmed one")
+    c.add_argument("model", help="the model to compress, a .keras file (not changed)")
     budget = c.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--density", type=float, help="target neuron density in (0, 1]")
-    budget.add_argument("--params", type=float, help="target parameter ratio in (0, 1]")
-    budget.add_argument("--flops", type=float, help="target FLOPs ratio in (0, 1]")
-    budget.add_argument("--steps", type=int, help="number of actions")
-    c.add_argument("--out", required=True, help="where to save the slimmed .keras model")
-    c.add_argument("--trajectory", help="also save the trajectory (.npz)")
-    c.add_argument("--merge-scale", choices=("sum", "paper"), default="sum")
-    c.add_argument("--refresh", choices=("local", "neighbors"), default="local")
-    c.add_argument("--actions", default="prune,merge,evict")
-    c.add_argument("--kernel", choices=("approx", "exact"), default="approx")
+    budget.add_argument("--density", type=_fraction,
+                        help="target neuron density in (0, 1]: compressible neurons kept")
+    budget.add_argument("--params", type=_fraction,
+                        help="target ratio of parameters kept, in (0, 1]")
+    budget.add_argument("--flops", type=_fraction,
+                        help="target ratio of FLOPs per example kept, in (0, 1]")
+    budget.add_argument("--steps", type=_count(1), help="number of actions to execute")
+    c.add_argument("--out", required=True, help="where to save the slimmed model (.keras)")
+    c.add_argument("--trajectory", help="also save the trajectory (.npz), to replay or "
+                                        "plot the run")
     c.add_argument("--cost", choices=("hope", "paper"), default="hope",
                    help="the library's width-free cost (default) or the paper's J / P_init")
+    c.add_argument("--merge-scale", choices=("sum", "paper"), default="sum",
+                   help="a merged neuron keeps the pair's summed output (sum, default) "
+                        "or the paper's scale alpha*")
+    c.add_argument("--refresh", choices=("local", "neighbors"), default="local",
+                   help="after each action refresh the touched group (local, default) or "
+                        "also its neighbours")
+    c.add_argument("--actions", type=_actions, default=ACTIONS,
+                   help="comma-separated actions allowed (default: prune,merge,evict)")
+    c.add_argument("--kernel", choices=("approx", "exact"), default="approx",
+                   help="cross-kernel: the paper's zero-bias approximation (default) or "
+                        "the exact one")
     c.add_argument("--latency", action="store_true",
                    help="also time the original and the slimmed model")
     c.set_defaults(fn=_compress)
 
-    r = common(sub.add_parser("replay", help="replay a trajectory on the original model"))
-    r.add_argument("model")
-    r.add_argument("trajectory")
+    r = command("replay", "replay a saved trajectory on the original model")
+    r.add_argument("model", help="the original model the trajectory was recorded on (.keras)")
+    r.add_argument("trajectory", help="the trajectory file (.npz) written by compress")
     target = r.add_mutually_exclusive_group(required=True)
-    target.add_argument("--density", type=float)
-    target.add_argument("--params", type=float)
-    target.add_argument("--flops", type=float)
-    target.add_argument("--step", type=int)
-    r.add_argument("--out", required=True)
-    r.add_argument("--no-slim", action="store_true", help="save the in-place model")
+    target.add_argument("--density", type=_fraction,
+                        help="replay until the neuron density is ≤ this, in (0, 1]")
+    target.add_argument("--params", type=_fraction,
+                        help="replay until the parameter ratio is ≤ this, in (0, 1]")
+    target.add_argument("--flops", type=_fraction,
+                        help="replay until the FLOPs ratio is ≤ this, in (0, 1]")
+    target.add_argument("--step", type=_count(0), help="replay exactly this many steps")
+    r.add_argument("--out", required=True, help="where to save the result (.keras)")
+    r.add_argument("--no-slim", action="store_true",
+                   help="save the edited model at full size instead of the slimmed one")
     r.set_defaults(fn=_replay)
 
-    rep = common(sub.add_parser("report", help="plot a trajectory (needs matplotlib)"))
-    rep.add_argument("trajectory")
-    rep.add_argument("--out", required=True, help="PNG path")
+    rep = command("report", "plot a trajectory (needs matplotlib)")
+    rep.add_argument("trajectory", help="the trajectory file (.npz) written by compress")
+    rep.add_argument("--out", required=True, help="the image to write (.png, .pdf or .svg)")
     rep.add_argument("--model", help="the original .keras model: also print the "
                      "profile of the trajectory's result against it")
     rep.add_argument("--latency", action="store_true", help="with --model: also time")
     rep.set_defaults(fn=_report)
 
-    e = common(sub.add_parser("export", help="convert a model to TensorFlow Lite"))
+    e = command("export", "convert a model to TensorFlow Lite")
     e.add_argument("model", help="a .keras file (e.g. the slimmed model)")
-    e.add_argument("--out", required=True, help="the .tflite path")
+    e.add_argument("--out", required=True, help="the .tflite file to write")
     e.add_argument("--quantize", choices=("dynamic",), default=None,
                    help="dynamic-range quantisation (int8 weights)")
     e.set_defaults(fn=_export)
+    p.commands = {"analyze": a, "compress": c, "replay": r, "report": rep, "export": e}
     return p
 
 
 def main(argv=None) -> int:
     """Entry point of `hope-keras`; returns the exit status."""
-    args = _parser().parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    sub = parser.commands[args.command]
+    if args.command in ("compress", "replay"):
+        _check_output(sub, "--out", args.out, (".keras",))
+    if args.command == "report":
+        _check_output(sub, "--out", args.out, (".png", ".pdf", ".svg"))
+    if args.command == "export":
+        _check_output(sub, "--out", args.out, (".tflite",))
+    if getattr(args, "trajectory", None) and args.command == "compress":
+        _check_output(sub, "--trajectory", args.trajectory)
+    _import_tensorflow_quietly()
     try:
         args.fn(args)
-    except (ValueError, FileNotFoundError, ImportError) as e:
+    except (ValueError, OSError, ImportError) as e:
         print(f"hope-keras {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"hope-keras {args.command}: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

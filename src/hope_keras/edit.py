@@ -3,7 +3,9 @@
 `ModelEditor` keeps a numpy mirror of the weights it touches, so a step costs a few
 slice assignments, and writes them back into the model's variables on `commit()`.
 Each action runs inside `step()`: if anything (an exception, KeyboardInterrupt)
-interrupts it, the mirror is restored to the last completed step.
+interrupts it, the mirror is restored to the last completed step. `commit()` is all
+or nothing: Ctrl-C waits until every variable is written, an error while writing
+puts back the ones already written.
 
 Edits go through the group's couplings (`hope_keras.graph.Coupling`) and the layer
 registry (`hope_keras.layers`): removing channel ``c`` zeroes every writer's output
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
+import threading
 from typing import Dict, List, Optional, Tuple
 
 import keras
@@ -26,6 +30,38 @@ import numpy as np
 from hope_keras import layers as layer_rules
 from hope_keras.graph import Coupling, ModelGraph, NeuronGroup
 from hope_keras.kernels import relu_mean
+
+
+@contextlib.contextmanager
+def defer_keyboard_interrupt():
+    """Holds Ctrl-C (SIGINT) back until the block ends, then raises it.
+
+    In the main thread only (Python runs signal handlers there); elsewhere the block
+    runs unguarded.
+
+    Example:
+
+    >>> with defer_keyboard_interrupt():
+    ...     pass
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    except (ValueError, OSError):  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):  # default_int_handler raises KeyboardInterrupt
+                previous(signal.SIGINT, received[0])
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,10 +197,36 @@ class ModelEditor:
             self._undo = None
 
     def commit(self) -> None:
-        """Writes every edited array back into the model's variables."""
-        for layer, attr in sorted(self._dirty):
-            getattr(self.layer(layer), attr).assign(self._arrays[(layer, attr)])
+        """Writes every edited array back into the model's variables, all or nothing.
+
+        A KeyboardInterrupt (Ctrl-C) during the write-back is raised once every
+        variable is written; any other error puts back the variables already written
+        (the model then holds the previous commit) and propagates.
+        """
+        items = [(getattr(self.layer(layer), attr), self._arrays[(layer, attr)])
+                 for layer, attr in sorted(self._dirty)]
+        interrupted = None
+        with defer_keyboard_interrupt():
+            written = []
+            try:
+                for var, value in items:
+                    before = var.numpy()
+                    while True:
+                        try:
+                            var.assign(value)
+                            break
+                        except KeyboardInterrupt as e:  # finish the write-back first
+                            if interrupted is not None:
+                                raise
+                            interrupted = e
+                    written.append((var, before))
+            except BaseException:
+                for var, before in reversed(written):
+                    var.assign(before)
+                raise
         self._dirty.clear()
+        if interrupted is not None:
+            raise interrupted
 
     # ------------------------------------------------------------ channel edits
     def _group(self, name: str) -> NeuronGroup:

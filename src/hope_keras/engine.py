@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import heapq
 import math
+import numbers
 from typing import Dict, Iterable, Optional
 
 import keras
@@ -25,8 +26,9 @@ from hope_keras import costs
 from hope_keras import layers as layer_rules
 from hope_keras.analysis import Analysis, analyze
 from hope_keras.cache import build_group_cache
-from hope_keras.edit import ModelEditor, ParentCoefficients
+from hope_keras.edit import ModelEditor, ParentCoefficients, defer_keyboard_interrupt
 from hope_keras.neurons import extract_group
+from hope_keras.progress import WorkBar
 from hope_keras.trajectory import Step, Trajectory, fingerprint
 
 ACTIONS = ("prune", "merge", "evict")
@@ -69,6 +71,33 @@ class CompressionResult:
         if self.model is None:
             raise ValueError("This CompressionResult holds no model to profile.")
         return profile(slim(self.model), reference=self.model, **kwargs)
+
+
+class CompressionInterrupted(KeyboardInterrupt):
+    """`compress` was interrupted (Ctrl-C); nothing of the run is lost.
+
+    The model holds exactly the steps of ``trajectory`` (the write-back into its
+    variables is never cut short), so the run can be saved
+    (``e.trajectory.save(path)``) or continued (``e.encoder.run(density=...)``).
+
+    Attributes:
+        trajectory: The steps executed before the interruption.
+        encoder: The `Encoder` of the run.
+
+    Example:
+
+    >>> import hope_keras
+    >>> issubclass(hope_keras.CompressionInterrupted, KeyboardInterrupt)
+    True
+    """
+
+    def __init__(self, trajectory, encoder):
+        super().__init__(
+            f"compress was interrupted after {len(trajectory)} steps; the model holds "
+            "exactly those steps. Save them with e.trajectory.save(path) or continue "
+            "with e.encoder.run(...).")
+        self.trajectory = trajectory
+        self.encoder = encoder
 
 
 class _SizeCounter:
@@ -384,6 +413,7 @@ class Encoder:
         self._heap: list = []
         self._seq = 0
         self._block_version: Dict[str, int] = {}
+        self._stale = False  # interrupted inside a step's bookkeeping: cannot continue
         self._push_all()
         self.trajectory = Trajectory({
             "model_name": model.name,
@@ -691,13 +721,15 @@ class Encoder:
         counter.update(list(counter.params_now))
         return sum(per_group.values()), counter.params_ratio, counter.flops_ratio
 
-    def run(self, density=None, params=None, flops=None, steps=None, verbose=True) -> str:
+    def run(self, density=None, params=None, flops=None, steps=None, verbose="auto") -> str:
         """Runs until the first budget is met or no action is admissible.
 
         The ranking follows the first budget given (density, then params, then
         flops). Returns why it stopped: ``"budget"``, ``"steps"`` or
-        ``"no_action"``. The model's variables hold the last completed step even if
-        interrupted.
+        ``"no_action"``. If interrupted, the model's variables hold exactly the
+        steps of `trajectory` (Ctrl-C takes effect between steps), and `run` can be
+        called again to continue. ``verbose``: progress bar, ``"auto"`` (when
+        standard output is a terminal), True or False.
         """
         target_active = (math.floor(density * self.num_neurons + 1e-9)
                          if density is not None else None)
@@ -716,11 +748,18 @@ class Encoder:
                 return "steps"
             return None
 
-        total = steps or ((self.active - target_active) if target_active is not None else None)
-        bar = None
-        if verbose:
-            bar = keras.utils.Progbar(total, unit_name="step")
-        start = len(self.trajectory)
+        if self._stale:
+            raise RuntimeError(
+                "This encoder was interrupted while updating its tables after step "
+                f"{len(self.trajectory)}: it cannot continue. The model and its "
+                "trajectory agree: save the trajectory, or replay it on the original "
+                "model and start a new run.")
+        bar, work_done = self._progress_bar(target_active, params, flops, steps, verbose)
+
+        def show():
+            bar.update(work_done(), density=self.active / self.num_neurons,
+                       params=self.sizes.params_ratio)
+
         reason = None
         try:
             while True:
@@ -732,19 +771,49 @@ class Encoder:
                 if action is None:
                     reason = "no_action"
                     break
-                self.execute(action)
-                if bar is not None:
-                    bar.update(len(self.trajectory) - start,
-                               values=[("density", self.active / self.num_neurons)])
+                recorded = len(self.trajectory)
+                with defer_keyboard_interrupt():  # Ctrl-C takes effect between steps
+                    try:
+                        self.execute(action)
+                    except BaseException:
+                        # Recorded, then interrupted: the tables may be half updated.
+                        self._stale = len(self.trajectory) > recorded
+                        raise
+                show()
         finally:
-            self.editor.commit()
+            try:
+                self.editor.commit()
+            finally:
+                show()
+                bar.close()
         return reason
+
+    def _progress_bar(self, target_active, params, flops, steps, verbose):
+        """A bar over the planned work and a function giving the work done: neurons
+        to remove under a density budget (or with no budget), parameters / FLOPs to
+        remove, or steps."""
+        if target_active is not None or (params is None and flops is None and steps is None):
+            goal = target_active if target_active is not None else self.min_reachable()[0]
+            start = self.active
+            total, unit, now = start - goal, "neuron", lambda: start - self.active
+        elif params is not None:
+            start = self.sizes.params
+            total = math.ceil(start - params * self.sizes.params0)
+            unit, now = "param", lambda: start - self.sizes.params
+        elif flops is not None:
+            start = self.sizes.flops
+            total = math.ceil(start - flops * self.sizes.flops0)
+            unit, now = "flop", lambda: start - self.sizes.flops
+        else:
+            start = len(self.trajectory)
+            total, unit, now = steps - start, "step", lambda: len(self.trajectory) - start
+        return WorkBar(max(int(total), 0), unit, verbose), now
 
 
 def compress(model, density: Optional[float] = None, params: Optional[float] = None,
              flops: Optional[float] = None, steps: Optional[int] = None, cost="hope",
              actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
-             kernel: str = "approx", verbose: bool = True,
+             kernel: str = "approx", verbose="auto",
              analysis: Optional[Analysis] = None,
              mean_compensation: bool = False) -> CompressionResult:
     """Compresses a Keras model in place with HOPE, data-free.
@@ -770,7 +839,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         refresh: ``"local"`` (default, the paper's decoupled cache) or
             ``"neighbors"``.
         kernel: ``"approx"`` (default) or ``"exact"`` cross-kernel.
-        verbose: Show a progress bar.
+        verbose: Progress bar: ``"auto"`` (default: only when standard output is a
+            terminal or a notebook), True or False.
         analysis: A precomputed `hope_keras.analyze(model, kernel=...)` result.
         mean_compensation: When a neuron is pruned, add its mean output (under the
             BN surrogate) to its consumers' biases, so the layer keeps its mean.
@@ -782,6 +852,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
     Raises:
         ValueError: on a budget already met or out of reach, or a model with no
             compressible group; the model is then left unchanged.
+        CompressionInterrupted: on Ctrl-C (a `KeyboardInterrupt`): the model holds
+            exactly the steps of the exception's ``trajectory``.
 
     Example:
 
@@ -794,11 +866,11 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
     >>> result.density, len(result.trajectory)
     (0.5, 8)
     """
-    for name, value in (("density", density), ("params", params), ("flops", flops)):
-        if value is not None and not (0.0 < value <= 1.0):
-            raise ValueError(f"{name} must be in (0, 1]. Received: {name}={value}")
-    if steps is not None and steps < 0:
-        raise ValueError(f"steps must be ≥ 0. Received: steps={steps}")
+    density, params, flops = (_fraction(name, value) for name, value in (
+        ("density", density), ("params", params), ("flops", flops)))
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, numbers.Integral)
+                              or steps < 0):
+        raise ValueError(f"steps must be an integer ≥ 0. Received: steps={steps!r}")
     enc = Encoder(model, analysis=analysis, cost=cost, actions=actions,
                   merge_scale=merge_scale, refresh=refresh, kernel=kernel, verbose=verbose,
                   mean_compensation=mean_compensation)
@@ -828,8 +900,11 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
             f"flops={flops} is out of reach: pinned layers keep at least "
             f"{min_flops:.4f} of the FLOPs. Nothing was changed."
         )
-    stopped = enc.run(density=density, params=params, flops=flops, steps=steps,
-                      verbose=verbose)
+    try:
+        stopped = enc.run(density=density, params=params, flops=flops, steps=steps,
+                          verbose=verbose)
+    except KeyboardInterrupt as e:
+        raise CompressionInterrupted(enc.trajectory, enc) from e
     return CompressionResult(
         trajectory=enc.trajectory,
         density=enc.active / enc.num_neurons,
@@ -839,3 +914,15 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         analysis=enc.analysis,
         model=model,
     )
+
+
+def _fraction(name, value):
+    """A budget in (0, 1] as a float (None stays None); a clear error otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number in (0, 1]. Received: {name}={value!r} "
+                         f"of type {type(value).__name__}")
+    if not 0.0 < float(value) <= 1.0:
+        raise ValueError(f"{name} must be in (0, 1]. Received: {name}={value}")
+    return float(value)

@@ -179,7 +179,8 @@ class SourceRule(LayerRule):
             m = int(layer.depth_multiplier)
             return 2 * positions * (k * in_live * m + in_live * m * out_live)
         k = _shape_prod(layer.kernel.shape[:-2])
-        return 2 * positions * k * in_live * out_live
+        groups = int(getattr(layer, "groups", 1) or 1)
+        return 2 * positions * k * (in_live // groups) * out_live
 
     def slim_config(self, layer, config, in_live, out_live):
         config = dict(config)
@@ -342,6 +343,14 @@ class UnsupportedRule(LayerRule):
                 f"{self.why or 'has no hope_keras layer rule (hope_keras.layers.register adds one)'}")
 
 
+class _TransposeRule(UnsupportedRule):
+    """Transposed convolutions: not compressible, but their FLOPs are counted (every
+    input position scatters the whole kernel)."""
+
+    def flops(self, layer, node, in_live, out_live, in_shape, out_shape):
+        return 2 * _shape_prod(in_shape[1:-1]) * _shape_prod(layer.kernel.shape)
+
+
 # ------------------------------------------------------------------------ the table
 _REGISTRY: Dict[type, LayerRule] = {}
 
@@ -395,7 +404,7 @@ def _register_builtins():
     for c in (L.SeparableConv1D, L.SeparableConv2D):
         register(c, SourceRule(kind="separable"))
     for c in (L.Conv1DTranspose, L.Conv2DTranspose, L.Conv3DTranspose):
-        register(c, UnsupportedRule("is a transposed convolution (not supported yet)"))
+        register(c, _TransposeRule("is a transposed convolution (not supported yet)"))
     register(L.BatchNormalization, _BatchNormRule())
     for c in (L.DepthwiseConv1D, L.DepthwiseConv2D):
         register(c, _DepthwiseRule())

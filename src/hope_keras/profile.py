@@ -5,9 +5,9 @@ layers with kernels, per example — Dense (and Dense on sequences / feature map
 Conv1D/2D/3D (grouped included), DepthwiseConv1D/2D, SeparableConv1D/2D and
 Conv1D/2D/3DTranspose. Biases, BatchNormalization, activations, pooling, additions
 and other layers are not counted (they are a few percent of a CNN's count). Layer
-types are looked up in `LAYER_FLOPS` (``{type: fn(layer, input_shape, output_shape)
--> int}``; subclasses match their nearest registered base), so a new type is one
-entry. Shapes are those of the built model's graph (every call of a layer is
+types are looked up in the layer registry (`hope_keras.layers`: each rule's
+``flops``), the same counts `compress(flops=...)` budgets with, so a new type is one
+registry entry. Shapes are those of the built model's graph (every call of a layer is
 counted; nested models are entered).
 
 **Latency**: the median over ``repeats`` runs of one batch, after ``warmup`` runs, by
@@ -30,8 +30,8 @@ import keras
 import numpy as np
 
 from hope_keras import _keras_graph as kg
+from hope_keras import layers as layer_rules
 
-# LAYER_FLOPS is public too (documented in the module docstring, not in docs/api.md).
 __all__ = ["Profile", "layer_flops", "model_flops", "profile"]
 
 METHODS = ("predict", "call", "tflite")
@@ -49,59 +49,18 @@ def _dims(shape, what, layer) -> List[int]:
     return dims
 
 
-def _positions(layer, shape, what="output") -> int:
-    """Number of spatial positions (all axes but batch and channels)."""
-    dims = _dims(shape[1:], what, layer)
-    if getattr(layer, "data_format", "channels_last") == "channels_first":
-        return int(np.prod(dims[1:]))
-    return int(np.prod(dims[:-1]))
-
-
-def _size(variable) -> int:
-    return int(np.prod(variable.shape))
-
-
-def _kernel_flops(layer, input_shape, output_shape) -> int:
-    """Dense, ConvND, DepthwiseConvND: every output position applies the kernel."""
-    return 2 * _positions(layer, output_shape) * _size(layer.kernel)
-
-
-def _separable_flops(layer, input_shape, output_shape) -> int:
-    """Depthwise kernel then 1×1 pointwise kernel, both at every output position."""
-    return 2 * _positions(layer, output_shape) * (
-        _size(layer.depthwise_kernel) + _size(layer.pointwise_kernel))
-
-
-def _transpose_flops(layer, input_shape, output_shape) -> int:
-    """Every input position scatters the whole kernel."""
-    return 2 * _positions(layer, input_shape, "input") * _size(layer.kernel)
-
-
-#: Per-layer FLOPs functions, ``fn(layer, input_shape, output_shape) -> int``.
-LAYER_FLOPS: Dict[type, Callable] = {
-    keras.layers.Dense: _kernel_flops,
-    keras.layers.Conv1D: _kernel_flops,
-    keras.layers.Conv2D: _kernel_flops,
-    keras.layers.Conv3D: _kernel_flops,
-    keras.layers.DepthwiseConv1D: _kernel_flops,
-    keras.layers.DepthwiseConv2D: _kernel_flops,
-    keras.layers.SeparableConv1D: _separable_flops,
-    keras.layers.SeparableConv2D: _separable_flops,
-    keras.layers.Conv1DTranspose: _transpose_flops,
-    keras.layers.Conv2DTranspose: _transpose_flops,
-    keras.layers.Conv3DTranspose: _transpose_flops,
-}
-
-
-def _flops_fn(layer) -> Optional[Callable]:
-    for cls in type(layer).__mro__:
-        if cls in LAYER_FLOPS:
-            return LAYER_FLOPS[cls]
-    return None
-
-
-def _first_shape(shapes):
-    return shapes[0] if shapes else None
+def _node_flops(node, fg) -> int:
+    layer = node.op
+    if not isinstance(layer, keras.layers.Layer) or not node.inputs or not node.outputs:
+        return 0
+    rule = layer_rules.get(layer)
+    in_shape, out_shape = fg.shapes[node.inputs[0]], fg.shapes[node.outputs[0]]
+    if type(rule).flops is layer_rules.LayerRule.flops:
+        return 0  # a layer type without FLOPs (BN, activations, pooling, ...)
+    _dims(out_shape[1:], "output", layer)
+    _dims(in_shape[1:], "input", layer)
+    return int(rule.flops(layer, node, int(in_shape[-1]), int(out_shape[-1]),
+                          in_shape, out_shape))
 
 
 def layer_flops(layer) -> int:
@@ -113,7 +72,7 @@ def layer_flops(layer) -> int:
 
     Returns:
         int: 2 × multiply-accumulates per example (see the module doc); 0 for a
-        type without an entry in `LAYER_FLOPS`.
+        layer type whose rule counts no FLOPs.
 
     Example:
 
@@ -127,51 +86,47 @@ def layer_flops(layer) -> int:
     """
     if isinstance(layer, keras.Model):
         return model_flops(layer)
-    fn = _flops_fn(layer)
-    if fn is None:
-        return 0
-    calls = kg.layer_calls(layer)
-    if not calls:
+    if not kg.inbound_count(layer):
         raise ValueError(f"Layer {layer.name!r} has not been called on symbolic "
                          "inputs: its shapes are unknown. Build the model first.")
-    return sum(fn(layer, _first_shape(c.input_shapes), _first_shape(c.output_shapes))
-               for c in calls)
+    rule = layer_rules.get(layer)
+    total = 0
+    for in_shape, out_shape in kg.call_shapes(layer):
+        _dims(out_shape[1:], "output", layer)
+        _dims(in_shape[1:], "input", layer)
+        total += int(rule.flops(layer, None, int(in_shape[-1]), int(out_shape[-1]),
+                                in_shape, out_shape))
+    return total
 
 
 def model_flops(model, per_layer: bool = False):
-    """FLOPs per example of a model: the sum of `layer_flops` over its graph.
+    """FLOPs per example of a model, counted by the layer registry's rules
+    (`hope_keras.layers`) over its graph, nested models entered.
 
     Args:
-        model: A built Functional or Sequential model (nested models are entered;
-            a subclassed model is counted from its layers' single calls).
-        per_layer: Also return ``{layer name: FLOPs}`` (nested layers as
-            ``"outer/inner"``).
+        model: A built Functional or Sequential model (a subclassed model is
+            counted from its layers' own calls).
+        per_layer: Also return ``{layer key: FLOPs}`` (nested layers whose names
+            repeat get their path, ``"outer/inner"``).
 
     Returns:
         int, or ``(int, dict)`` with ``per_layer``.
     """
     table: Dict[str, int] = {}
-    calls = kg.model_calls(model)
-    if calls is None:  # subclassed: each layer's own calls
-        for layer in kg.nested_layers(model, recursive=False):
-            _, sub = model_flops(layer, True) if isinstance(layer, keras.Model) else (
-                None, {layer.name: layer_flops(layer)})
-            prefix = f"{layer.name}/" if isinstance(layer, keras.Model) else ""
-            for k, v in sub.items():
-                table[prefix + k] = table.get(prefix + k, 0) + v
+    try:
+        fg = kg.flatten(model)
+    except ValueError:  # subclassed: each layer's own calls
+        for layer in kg.nested_layers(model):
+            if isinstance(layer, keras.Model) or not kg.inbound_count(layer):
+                continue
+            value = layer_flops(layer)
+            if value:
+                table[layer.name] = table.get(layer.name, 0) + value
     else:
-        for call in calls:
-            op = call.op
-            if isinstance(op, keras.Model):
-                _, sub = model_flops(op, True)
-                for k, v in sub.items():
-                    table[f"{op.name}/{k}"] = table.get(f"{op.name}/{k}", 0) + v
-                continue
-            fn = _flops_fn(op)
-            if fn is None:
-                continue
-            value = fn(op, _first_shape(call.input_shapes), _first_shape(call.output_shapes))
-            table[op.name] = table.get(op.name, 0) + value
+        for node in fg.nodes:
+            value = _node_flops(node, fg)
+            if value:
+                table[node.key] = table.get(node.key, 0) + value
     total = int(sum(table.values()))
     return (total, table) if per_layer else total
 

@@ -25,7 +25,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import numbers
 import os
+import zipfile
 from typing import List, Optional
 
 import numpy as np
@@ -101,6 +103,7 @@ class Trajectory:
     def __init__(self, meta: dict, steps: Optional[List[Step]] = None):
         self.meta = meta
         self.steps: List[Step] = list(steps or [])
+        self.source: Optional[str] = None  # the file it was loaded from
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -195,14 +198,19 @@ class Trajectory:
         """Reads a trajectory written by `save`; a clear error if the file is not one."""
         if not os.path.exists(path):
             raise FileNotFoundError(f"No trajectory file at '{path}'.")
+        hint = "Re-create it with hope_keras.compress(...).trajectory.save(path)."
+        if os.path.isdir(path) or not zipfile.is_zipfile(path):
+            raise ValueError(f"'{path}' is not a hope_keras trajectory file: it is not an "
+                             f".npz archive. {hint}")
         try:
             with np.load(path, allow_pickle=False) as data:
                 arrays = {k: data[k] for k in data.files}
             meta = json.loads(str(arrays["meta"]))
         except Exception as e:  # zip, json or key errors: all mean "not a trajectory"
+            why = ("it holds Python objects, not arrays" if "pickle" in str(e)
+                   else f"{type(e).__name__}: {e}")
             raise ValueError(
-                f"'{path}' is not a readable hope_keras trajectory file ({e}). "
-                "Re-create it with hope_keras.compress(...).trajectory.save(path)."
+                f"'{path}' is not a readable hope_keras trajectory file ({why}). {hint}"
             ) from None
         if meta.get("format") != FORMAT or meta.get("version") not in _READABLE_VERSIONS:
             raise ValueError(
@@ -234,7 +242,24 @@ class Trajectory:
             )
             for k in range(lengths["kind"])
         ]
-        return cls(meta, steps)
+        where = f"Trajectory file '{path}' is corrupt"
+        try:
+            groups = {str(name): int(size) for name, size in meta["groups"]}
+            blocks = {str(b) for b in meta["blocks"]}
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{where}: its groups / blocks metadata is unreadable.") from None
+        trajectory = cls(meta, steps)
+        trajectory._check_steps(groups, blocks, len(steps), where)
+        trajectory.source = path
+        return trajectory
+
+    def _check_steps(self, groups: dict, blocks: set, n_steps: int, where: str) -> None:
+        """Raises ValueError (naming `where` and the step) for the first of the first
+        `n_steps` steps that does not fit `groups` ({name: size}) and `blocks`."""
+        for k, s in enumerate(self.steps[:n_steps]):
+            problem = _step_problem(s, groups, blocks)
+            if problem:
+                raise ValueError(f"{where}: step {k} ({s.kind} of '{s.unit}') {problem}.")
 
     # ------------------------------------------------------------------ replay
     def replay(self, model, density: Optional[float] = None, step: Optional[int] = None,
@@ -267,6 +292,8 @@ class Trajectory:
                 f"Give exactly one of density=, params=, flops= or step=. Received: "
                 f"density={density}, params={params}, flops={flops}, step={step}"
             )
+        if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):
+            raise ValueError(f"step must be an integer. Received: step={step!r}")
         n_steps = (int(step) if step is not None
                    else self.step_for(density=density, params=params, flops=flops))
         if not 0 <= n_steps <= len(self.steps):
@@ -289,6 +316,10 @@ class Trajectory:
                     "mismatch). Replay it on the original, uncompressed model "
                     "(e.g. reload it from its file), or pass check=False."
                 )
+        where = (f"Trajectory {'file ' + repr(self.source) + ' ' if self.source else ''}"
+                 f"does not fit model '{model.name}'")
+        self._check_steps({k: v.size for k, v in g.groups.items()},
+                          {b.name for b in g.blocks if b.evictable}, n_steps, where)
         compensate = self.meta.get("options", {}).get("mean_compensation", False)
         moments = None
         if compensate:
@@ -301,6 +332,32 @@ class Trajectory:
                 apply_step(editor, s)
         editor.commit()
         return model
+
+
+def _names(names) -> str:
+    names = sorted(names)
+    return ", ".join(names[:5]) + (f", … ({len(names)} in all)" if len(names) > 5 else "")
+
+
+def _step_problem(s: Step, groups: dict, blocks: set) -> Optional[str]:
+    """Why step `s` cannot apply to these groups ({name: size}) and blocks, or None."""
+    if s.kind == "evict":
+        if s.unit not in blocks:
+            return f"names no evictable residual block (blocks: {_names(blocks) or 'none'})"
+        return None if s.i == s.j == -1 else f"has slots i={s.i}, j={s.j} (expected -1)"
+    if s.unit not in groups:
+        return f"names no neuron group (groups: {_names(groups) or 'none'})"
+    n = groups[s.unit]
+    if not 0 <= s.i < n:
+        return f"has slot i={s.i} outside [0, {n})"
+    if s.kind == "prune" and s.j != -1:
+        return f"has slot j={s.j} (expected -1 for a prune)"
+    if s.kind == "merge":
+        if not 0 <= s.j < n or s.j == s.i:
+            return f"has slot j={s.j} outside [0, {n}) or equal to i={s.i}"
+        if len(s.coef) != 6 or not np.all(np.isfinite(s.coef)):
+            return f"has non-finite parent coefficients {tuple(s.coef)}"
+    return None
 
 
 def apply_step(editor, s: Step) -> None:

@@ -1,0 +1,190 @@
+"""Interrupting compress anywhere leaves the model at the replay of a trajectory.
+
+KeyboardInterrupt is raised from monkeypatched functions in the step loop, inside a
+prune, a merge and an eviction, inside the bookkeeping after a step, and inside the
+write-back into the model's variables (as a raised exception and as a real SIGINT);
+each time the model must equal the replay of the steps the exception hands back, and
+where the run can go on, going on must give the uninterrupted run.
+"""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import hope_keras
+from conftest import copy_model, plant_duplicate, small_resnet
+from hope_keras import edit
+from hope_keras.engine import Encoder
+
+DENSITY = 0.35
+
+
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt during the test, as in a terminal (a background
+    job may have inherited it as ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _model():
+    """Its run to density 0.35 prunes, merges (twins in "fc") and evicts "b1_add"."""
+    model = small_resnet(seed=11)
+    for src, dst in ((0, 5), (1, 7), (2, 8)):
+        plant_duplicate(model, "fc", "head", src, dst, seed=dst)
+    for name in ("b1a_bn", "b1b_bn"):
+        bn = model.get_layer(name)
+        for v in (bn.gamma, bn.beta):
+            v.assign(0.3 * v.numpy())
+    return model
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The uninterrupted run: its steps and final weights."""
+    model = _model()
+    result = hope_keras.compress(model, density=DENSITY, verbose=False)
+    kinds = [s.kind for s in result.trajectory.steps]
+    assert {"prune", "merge", "evict"} <= set(kinds)
+    return result.trajectory, [w.copy() for w in model.get_weights()]
+
+
+def _assert_model_is_replay(model, trajectory):
+    replayed = trajectory.replay(_model(), step=len(trajectory))
+    for a, b in zip(replayed.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def _assert_same_run(trajectory, model, reference):
+    ref_traj, ref_weights = reference
+    assert [(s.kind, s.unit, s.i, s.j) for s in trajectory.steps] == [
+        (s.kind, s.unit, s.i, s.j) for s in ref_traj.steps]
+    for a, b in zip(model.get_weights(), ref_weights):
+        np.testing.assert_array_equal(a, b)
+
+
+def _interrupt_on_call(monkeypatch, owner, name, k, before=False, exc=KeyboardInterrupt):
+    """Makes owner.name raise `exc` on its k-th call (after doing its work unless
+    `before`)."""
+    real = getattr(owner, name)
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if before and calls["n"] == k:
+            raise exc("interrupted")
+        out = real(*args, **kwargs)
+        if not before and calls["n"] == k:
+            raise exc("interrupted")
+        return out
+
+    monkeypatch.setattr(owner, name, flaky)
+    return calls
+
+
+@pytest.mark.parametrize("where, k", [
+    ("loop", 4),      # between steps: Encoder.next_action
+    ("prune", 2),     # inside a prune, after its edits reached the mirror
+    ("merge", 2),     # inside a merge
+    ("evict", 1),     # inside the eviction
+])
+def test_interrupted_compress_hands_back_a_trajectory_the_model_equals(where, k, reference,
+                                                                       monkeypatch):
+    owner, name = {"loop": (Encoder, "next_action"), "prune": (edit.ModelEditor, "prune"),
+                   "merge": (edit.ModelEditor, "merge"),
+                   "evict": (edit.ModelEditor, "evict")}[where]
+    calls = _interrupt_on_call(monkeypatch, owner, name, k)
+    model = _model()
+    with pytest.raises(hope_keras.CompressionInterrupted) as e:
+        hope_keras.compress(model, density=DENSITY, verbose=False)
+    assert isinstance(e.value, KeyboardInterrupt) and calls["n"] == k
+    monkeypatch.undo()
+    trajectory = e.value.trajectory
+    done = len(trajectory)
+    assert 0 < done < len(reference[0])
+    _assert_model_is_replay(model, trajectory)
+    # The interrupted step left no trace: the run continues where it stopped.
+    assert e.value.encoder.run(density=DENSITY, verbose=False) == "budget"
+    assert len(trajectory) > done
+    _assert_same_run(trajectory, model, reference)
+
+
+def test_sigint_during_a_step_takes_effect_after_the_step(reference, monkeypatch, ctrl_c):
+    real = edit.ModelEditor.evict
+
+    def evict_then_ctrl_c(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, mid-step
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(edit.ModelEditor, "evict", evict_then_ctrl_c)
+    model = _model()
+    with pytest.raises(hope_keras.CompressionInterrupted) as e:
+        hope_keras.compress(model, density=DENSITY, verbose=False)
+    monkeypatch.undo()
+    trajectory = e.value.trajectory
+    assert trajectory.steps[-1].kind == "evict"  # the step finished, then it stopped
+    _assert_model_is_replay(model, trajectory)
+    e.value.encoder.run(density=DENSITY, verbose=False)
+    _assert_same_run(trajectory, model, reference)
+
+
+def test_interrupted_bookkeeping_keeps_model_and_trajectory_but_refuses_to_continue(
+        monkeypatch):
+    from hope_keras import cache
+
+    _interrupt_on_call(monkeypatch, cache.GroupCache, "replace_with_parent", 1, before=True)
+    model = _model()
+    with pytest.raises(hope_keras.CompressionInterrupted) as e:
+        hope_keras.compress(model, density=DENSITY, verbose=False)
+    monkeypatch.undo()
+    assert e.value.trajectory.steps[-1].kind == "merge"  # recorded and written
+    _assert_model_is_replay(model, e.value.trajectory)
+    with pytest.raises(RuntimeError, match="cannot continue"):
+        e.value.encoder.run(density=DENSITY, verbose=False)
+
+
+def _variable_class(model):
+    return type(model.weights[0])
+
+
+@pytest.mark.parametrize("how", ["raise", "sigint"])
+def test_interrupting_the_write_back_still_writes_every_step(how, reference, monkeypatch,
+                                                           ctrl_c):
+    model = _model()
+    var_class = _variable_class(model)
+    real = var_class.assign
+    calls = {"n": 0}
+
+    def assign(self, value, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            if how == "raise":
+                raise KeyboardInterrupt("interrupted")
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, value, *args, **kwargs)
+
+    enc = Encoder(model)  # built before the patch: only the write-back assigns
+    monkeypatch.setattr(var_class, "assign", assign)
+    with pytest.raises(KeyboardInterrupt):
+        enc.run(density=DENSITY, verbose=False)
+    monkeypatch.undo()
+    assert calls["n"] > 5  # the assignments went on after the interrupt
+    assert len(enc.trajectory) == len(reference[0])
+    _assert_same_run(enc.trajectory, model, reference)
+
+
+def test_an_error_in_the_write_back_restores_the_variables_already_written(monkeypatch):
+    model = _model()
+    before = [w.copy() for w in model.get_weights()]
+    var_class = _variable_class(model)
+    enc = Encoder(model)
+    _interrupt_on_call(monkeypatch, var_class, "assign", 6, before=True, exc=RuntimeError)
+    with pytest.raises(RuntimeError):
+        enc.run(density=DENSITY, verbose=False)
+    monkeypatch.undo()
+    # All or nothing: the model is still the original (the replay of zero steps).
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
