@@ -1,5 +1,6 @@
 # One command each: `make demo` runs the main job, `make test` runs the tests.
-# `make fuzz` checks 500 random networks (tests/fuzz_networks.py).
+# `make fuzz` checks 500 random networks (tests/fuzz_networks.py); `make test-apps`
+# runs every keras.applications family (tests/test_applications.py).
 # All create the virtual environment on first use.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -9,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export KERAS_BACKEND ?= tensorflow
 
-.PHONY: test fuzz demo bench clean
+.PHONY: test test-apps test-keras-range fuzz demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +21,14 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest
 
+test-apps: $(STAMP)
+	$(PY) -m pytest tests/test_applications.py -m applications -p no:doctest
+
+# The Keras-facing tests on the oldest and newest Keras that pyproject.toml allows,
+# each installed next to the environment's TensorFlow (cached in .cache/keras-range).
+test-keras-range: $(STAMP)
+	PY=$(PY) scripts/test_keras_range.sh
+
 fuzz: $(STAMP)
 	HOPE_FUZZ_N=500 $(PY) -m pytest tests/test_fuzz.py -q -rs -s
 
@@ -27,4 +36,4 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .cache/keras-range

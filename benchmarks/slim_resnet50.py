@@ -1,11 +1,12 @@
-"""Issue 3 benchmark: slimmed ResNet50 at densities 0.9 … 0.3 — parameters, FLOPs and
-measured inference latency (batch 8, 224×224, CPU) relative to the original.
+"""Slimmed ResNet50 at densities 0.9 … 0.3 (or FLOPs ratios 0.9 … 0.4 with
+``--flops``) — parameters, FLOPs and measured inference latency (batch 8, 224×224,
+CPU) relative to the original.
 
-One greedy run to density 0.3, replayed to each density. Counts and timings come from
+One greedy run to the lowest budget, replayed to each point. Counts and timings come from
 `hope_keras.profile` (FLOPs: 2 × multiply-accumulates of the Dense/Conv layers;
 latency: median of interleaved runs of the original and the slimmed model, compiled
 direct call, and with ``--tflite`` also the TFLite interpreter).
-Run: .venv/bin/python benchmarks/slim_resnet50.py [--tflite] [--repeats 5]
+Run: .venv/bin/python benchmarks/slim_resnet50.py [--flops] [--tflite] [--repeats 5]
 """
 
 import argparse
@@ -21,23 +22,27 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tflite", action="store_true", help="also time TFLite float32")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--flops", action="store_true",
+                    help="budget in FLOPs ratios (compress(flops=...)) instead of density")
     args = ap.parse_args()
     methods = ("call", "tflite") if args.tflite else ("call",)
     model = calibrated_resnet50()
     weights = model.get_weights()
     work = keras.models.clone_model(model)
     work.set_weights(weights)
-    result = hope_keras.compress(work, density=0.3, verbose=False)
+    what, points = (("flops", (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)) if args.flops
+                     else ("density", (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)))
+    result = hope_keras.compress(work, verbose=False, **{what: min(points)})
     x = np.random.default_rng(0).uniform(0, 255, (8, 224, 224, 3)).astype("float32")
-    print(f"{'density':>8} {'params':>8} {'FLOPs':>8} " +
+    print(f"{what:>8} {'params':>8} {'FLOPs':>8} " +
           " ".join(f"{'latency ' + m:>14}" for m in methods))
-    for density in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3):
+    for density in points:
         m = keras.models.clone_model(model)
         m.set_weights(weights)
-        result.trajectory.replay(m, density=density)
+        result.trajectory.replay(m, **{what: density})
         p = hope_keras.profile(hope_keras.slim(m), reference=model, x=x, methods=methods,
                                repeats=args.repeats, warmup=1)
-        if density == 0.9:
+        if density == points[0]:
             ref = p.reference
             print(f"original: {ref.params} params, {ref.flops / 1e9:.2f} GFLOPs/image, "
                   + ", ".join(f"{m_} {1e3 * t:.0f} ms/batch of 8"

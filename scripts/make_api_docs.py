@@ -16,6 +16,7 @@ MODULES = [
     "hope_keras",
     "hope_keras.costs",
     "hope_keras.layers",
+    "hope_keras.activations",
     "hope_keras.plots",
     "hope_keras.profile",
     "hope_keras.export",

@@ -226,3 +226,19 @@ def test_kernels_vectorised_and_finite():
     assert out.shape == shape and np.all(np.isfinite(out)) and np.all(out >= 0)
     # Cauchy-Schwarz bound
     assert np.all(out <= np.sqrt(self_kernel(g, b) * self_kernel(g[::-1], b[::-1])) * (1 + 1e-9) + 1e-15)
+
+
+def test_exact_cross_kernel_beyond_the_clip_takes_the_linear_limit():
+    """|β| > 50|γ|: relu(y) = y (or 0) almost surely; a Monte-Carlo-free check by the
+    closed-form limit and by continuity from just inside the clip."""
+    from scipy.stats import norm
+
+    k = cross_kernel_exact(0.01, 0.6, 0.01, 0.6, 0.3)  # both linear: E[y_i y_j]
+    assert k == pytest.approx(0.36 + 0.3 * 1e-4, rel=1e-12)
+    k = cross_kernel_exact(1e-6, 0.1, 1.0, 0.0, 0.5)  # y_i linear, y_j a ReLU
+    expected = 0.1 * norm.pdf(0.0) + 0.5 * 1e-6 * norm.cdf(0.0)
+    assert k == pytest.approx(expected, rel=1e-9)
+    assert cross_kernel_exact(1e-6, -0.1, 1.0, 0.3, 0.5) == 0.0  # y_i dead
+    inside = cross_kernel_exact(1.0, 49.9, 0.7, -0.2, 0.4)
+    outside = cross_kernel_exact(1.0, 50.1, 0.7, -0.2, 0.4)
+    assert outside == pytest.approx(inside * 50.1 / 49.9, rel=1e-3)

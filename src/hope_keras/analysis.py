@@ -31,6 +31,7 @@ class GroupReport:
         layer_capacity: Σ capacities.
         block: Name of the residual block that holds the group, if any.
         kind: ``"neurons"`` (mergeable) or ``"coupled"`` (pruned only).
+        note: Why a ``"coupled"`` group is pruned only.
     """
 
     name: str
@@ -41,6 +42,7 @@ class GroupReport:
     layer_capacity: float
     block: Optional[str]
     kind: str = "neurons"
+    note: str = ""
 
 
 @dataclasses.dataclass
@@ -110,12 +112,13 @@ class Analysis:
         h = self.graph.hidden_channels
         return n / h if h else 0.0
 
-    def summary(self, print_fn=print, max_pinned: int = 40) -> None:
+    def summary(self, print_fn=print, max_pinned: int = 40, show_notes: bool = True) -> None:
         """Prints the groups, blocks and pinned layers, like `model.summary()`.
 
         Args:
             print_fn: Where to print.
             max_pinned: List at most this many pinned layers (the rest are counted).
+            show_notes: Under each pruned-only group, say why it cannot merge.
         """
         out = io.StringIO()
         w = 34
@@ -128,6 +131,8 @@ class Analysis:
                 f"{g.name:<{w}}{g.kind:>9}{g.size:>9}{g.layer_capacity:>12.4g}"
                 f"{g.p_init.mean():>13.1f}{len(g.layers):>8}  {g.block or ''}\n"
             )
+            if g.note and show_notes:
+                out.write(f"{'':<4}{_short(g.note, w + 60)}\n")
         out.write(f"{line}\nCompressible channels: {self.num_neurons} in "
                   f"{len(self.groups)} groups; {100 * self.coverage():.1f}% of the "
                   f"{self.graph.hidden_channels} hidden channels\n")
@@ -312,7 +317,7 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
             name=name, size=states[name].size, capacities=caches[name].capacity.copy(),
             p_init=states[name].p_init.copy(), layers=groups[name].layers,
             layer_capacity=caches[name].layer_capacity(), block=block_of.get(name),
-            kind=groups[name].kind,
+            kind=groups[name].kind, note=groups[name].note,
         )
         for name in groups
     ]

@@ -96,6 +96,7 @@ class NeuronGroup:
         passthrough: ``"neurons"`` groups: weightless layers between activation and
             consumers.
         tensors: ``{tensor key: (n, k) positions}`` wherever the channels flow.
+        note: For a ``"coupled"`` group, why it is pruned only.
     """
 
     name: str
@@ -108,6 +109,7 @@ class NeuronGroup:
     consumers: Tuple[Consumer, ...] = ()
     passthrough: Tuple[str, ...] = ()
     tensors: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    note: str = ""
 
     @property
     def mergeable(self) -> bool:
@@ -462,7 +464,7 @@ class _Walker:
             name = fg.nodes[min(writers[r])].key
             group = NeuronGroup(name=name, size=n, kind="coupled", couplings=tuple(couplings),
                                 producer=name, tensors=table)
-            groups[name] = _as_neurons(fg, group) or group
+            groups[name] = _as_neurons(fg, group)
             group_of_root[r] = name
         pinned = self._pinned(root_map, groups_pos)
         blocks = _find_blocks(fg, groups)
@@ -515,24 +517,33 @@ def _is_plain_relu(op) -> bool:
     return False
 
 
-def _as_neurons(fg, group: NeuronGroup) -> Optional[NeuronGroup]:
-    """The group as the paper's neuron layer, when it has that shape."""
+def _as_neurons(fg, group: NeuronGroup) -> NeuronGroup:
+    """The group as the paper's neuron layer when it has that shape; otherwise the
+    group with ``note`` saying why it is pruned only."""
+
+    def only(why):
+        return dataclasses.replace(group, note=f"prune only: {why}")
+
     outs = [c for c in group.couplings if c.role == "out"]
     if len(outs) != 1:
-        return None
+        return only(f"{len(outs)} layers write these channels (coupled through "
+                    "Add/Multiply)")
     producer = fg.node_of(outs[0].layer)
     if not isinstance(producer.op, (keras.layers.Dense, keras.layers.Conv1D,
                                     keras.layers.Conv2D, keras.layers.Conv3D)):
-        return None
-    if layer_rules.get(producer.op).activation(producer.op) is not None:
-        return None
+        return only(f"written by a {type(producer.op).__name__}")
+    act_fused = layer_rules.get(producer.op).activation(producer.op)
+    if act_fused is not None:
+        return only(f"the activation is fused into '{producer.key}'")
     kids = fg.children(producer)
     if len(kids) != 1 or not isinstance(kids[0].op, keras.layers.BatchNormalization):
-        return None
+        return only(f"'{producer.key}' is not followed by a single BatchNormalization")
     bn = kids[0]
     kids = fg.children(bn)
-    if len(kids) != 1 or not _is_plain_relu(kids[0].op):
-        return None
+    if len(kids) != 1 or layer_rules.get(kids[0].op).activation(kids[0].op) is None:
+        return only(f"'{bn.key}' is not followed by a single activation")
+    if not _is_plain_relu(kids[0].op):
+        return only(f"activation '{kids[0].key}' is not plain ReLU (merges need ReLU)")
     act = kids[0]
     consumers, passthrough = [], []
     frontier = [act]
@@ -551,12 +562,12 @@ def _as_neurons(fg, group: NeuronGroup) -> Optional[NeuronGroup]:
                 passthrough.append(kid.key)
                 frontier.append(kid)
             else:
-                return None
+                return only(f"its channels reach '{kid.key}' ({type(kid.op).__name__})")
     roles = {(c.layer, c.role) for c in group.couplings}
     expected = {(producer.key, "out"), (bn.key, "channel")} | {
         (c.layer, "in") for c in consumers}
     if roles != expected or not consumers:
-        return None
+        return only("its channels flow through other layers with weights")
     return dataclasses.replace(group, kind="neurons", producer=producer.key, bn=bn.key,
                                activation=act.key, consumers=tuple(consumers),
                                passthrough=tuple(passthrough))

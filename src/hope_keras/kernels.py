@@ -299,9 +299,22 @@ def cross_kernel_exact(gamma_i, beta_i, gamma_j, beta_j, rho_tilde):
     bi, bj, r = _f64(beta_i), _f64(beta_j), np.clip(_f64(rho_tilde), -1.0, 1.0)
     gi, bi, gj, bj, r = np.broadcast_arrays(gi, bi, gj, bj, r)
     pi_, pj_ = gi > 0, gj > 0
-    a_i = np.clip(_safe_div(bi, np.where(pi_, gi, 1.0)), -_Z_CLIP, _Z_CLIP)
-    a_j = np.clip(_safe_div(bj, np.where(pj_, gj, 1.0)), -_Z_CLIP, _Z_CLIP)
+    raw_i = _safe_div(bi, np.where(pi_, gi, 1.0))
+    raw_j = _safe_div(bj, np.where(pj_, gj, 1.0))
+    a_i = np.clip(raw_i, -_Z_CLIP, _Z_CLIP)
+    a_j = np.clip(raw_j, -_Z_CLIP, _Z_CLIP)
     both = gi * gj * _standard_cross(a_i, a_j, r)
+    # Beyond |β/γ| = 50 a ReLU is linear (or dead) almost surely: the linear limit,
+    # E[y_i relu(y_j)] = β_i E[relu(y_j)] + ρ|γ_i γ_j| Φ(a_j) (Stein's lemma).
+    lin_i, lin_j = pi_ & (raw_i > _Z_CLIP), pj_ & (raw_j > _Z_CLIP)
+    dead = (pi_ & (raw_i < -_Z_CLIP)) | (pj_ & (raw_j < -_Z_CLIP))
+    cov = r * gi * gj
+    lin_both = bi * bj + cov
+    lin_first = bi * relu_mean(gj, bj) + cov * ndtr(a_j)
+    lin_second = bj * relu_mean(gi, bi) + cov * ndtr(a_i)
+    both = np.where(lin_i & lin_j, lin_both,
+                    np.where(lin_i, lin_first, np.where(lin_j, lin_second, both)))
+    both = np.where(dead, 0.0, both)
     only_j = np.maximum(bi, 0.0) * relu_mean(gj, bj)  # gamma_i == 0
     only_i = np.maximum(bj, 0.0) * relu_mean(gi, bi)  # gamma_j == 0
     none = np.maximum(bi, 0.0) * np.maximum(bj, 0.0)

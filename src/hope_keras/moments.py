@@ -10,8 +10,8 @@ readers' biases (mean compensation):
 * BatchNormalization: mean β, variance γ² (whatever its input; the surrogate).
 * LayerNormalization: the same per channel (β, γ²).
 * an elementwise activation ψ: the Gaussian moments ``E[ψ(z)]``, ``E[ψ(z)²]`` of
-  ``z ~ N(mean, variance)`` (`hope_keras.activations` when available, closed forms
-  for ReLU and linear).
+  ``z ~ N(mean, variance)`` (`hope_keras.activations`; carried unchanged for an
+  activation it does not know, such as PReLU).
 * sources (Dense, ConvND, ...) and depthwise convolutions: linear maps of
   independent inputs, ``mean = Σ w·mean_in + b``, ``variance = Σ w²·variance_in``.
 * Add / Subtract / Average: sums of means and variances (independent inputs);
@@ -30,7 +30,6 @@ from typing import Dict, Tuple
 import keras
 import numpy as np
 
-from hope_keras import kernels
 from hope_keras import layers as layer_rules
 
 __all__ = ["propagate", "activation_moments"]
@@ -63,51 +62,18 @@ def activation_moments(activation, mean, var):
     return m1, np.maximum(m2 - m1 * m1, 0.0)
 
 
-class _Relu:
-    """The ReLU moments of `hope_keras.kernels` (always available)."""
-
-    @staticmethod
-    def mean(mu, sigma):
-        return kernels.relu_mean(sigma, mu)
-
-    @staticmethod
-    def second_moment(mu, sigma):
-        return kernels.self_kernel(sigma, mu)
-
-
-class _Linear:
-    @staticmethod
-    def mean(mu, sigma):
-        return mu
-
-    @staticmethod
-    def second_moment(mu, sigma):
-        return mu * mu + sigma * sigma
-
-
 def _gaussian_spec(activation):
-    """An object with ``mean(mu, sigma)`` and ``second_moment(mu, sigma)``, or None."""
-    try:  # the full activation library (issue "Beyond ReLU")
-        from hope_keras import activations as acts
+    """The `hope_keras.activations.GaussianActivation` of a Keras activation (name,
+    callable or activation layer), or None when it has none (moments then pass
+    through unchanged)."""
+    from hope_keras import activations as acts
 
-        spec = acts.lookup(activation)
-        if spec is not None:
-            return spec
-    except (ImportError, AttributeError):
-        pass
-    if isinstance(activation, keras.layers.ReLU):
-        if (activation.max_value is None and float(activation.negative_slope) == 0.0
-                and float(activation.threshold) == 0.0):
-            return _Relu
+    try:
+        if isinstance(activation, keras.layers.Layer):
+            return acts.from_layer(activation)
+        return acts.get(activation)
+    except ValueError:  # UnsupportedActivationError: PReLU, softmax, unknown functions
         return None
-    if isinstance(activation, keras.layers.Layer):
-        activation = getattr(activation, "activation", None)
-    name = activation if isinstance(activation, str) else getattr(activation, "__name__", "")
-    if name == "relu":
-        return _Relu
-    if name == "linear":
-        return _Linear
-    return None
 
 
 def _linear_source(layer, rule, mean, var):

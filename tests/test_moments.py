@@ -1,0 +1,107 @@
+"""The data-free moment propagation against Monte Carlo, where its rules are exact:
+BatchNormalization with the true input statistics, activations of Gaussians, linear
+maps and sums of independent inputs, Concatenate, Flatten, scalar operations."""
+
+import keras
+import numpy as np
+import pytest
+
+import hope_keras
+from hope_keras import _keras_graph as kg
+from hope_keras import moments as moments_lib
+from hope_keras.neurons import coupled_capacity
+
+L = keras.layers
+N = 200_000
+
+
+def _set_bn(bn, mean, var, gamma, beta):
+    for w, v in zip((bn.moving_mean, bn.moving_variance, bn.gamma, bn.beta),
+                    (mean, var, gamma, beta)):
+        w.assign(np.asarray(v, dtype="float32"))
+
+
+def test_propagated_moments_match_monte_carlo():
+    rng = np.random.default_rng(0)
+    a_in, b_in = keras.Input((3,), name="a"), keras.Input((4, 4, 2), name="b")
+    c_in = keras.Input((2,), name="c")
+    # Branch a: BN with the input's true statistics, then GELU, Dense (linear).
+    bn_a = L.BatchNormalization(name="bn_a")
+    ya = L.Activation("gelu", name="gelu")(bn_a(a_in))
+    da = L.Dense(2, name="da")(ya)
+    # Branch b: BN, ReLU6, depthwise conv, +3 then ×0.5, Flatten.
+    bn_b = L.BatchNormalization(name="bn_b")
+    yb = L.ReLU(6.0, name="relu6")(bn_b(b_in))
+    yb = L.DepthwiseConv2D(3, padding="valid", name="dw")(yb)
+    yb = (yb + 3.0) * 0.5
+    flat = L.Flatten(name="flat")(yb)
+    # Independent branches meet: Add and Concatenate. (A Dense over `flat` would read
+    # overlapping, hence correlated, depthwise windows: not an exact case.)
+    s = L.Add(name="sum")([L.Dense(2, name="dc")(c_in), da])
+    out = L.Concatenate(name="cat")([s, da, flat])
+    model = keras.Model([a_in, b_in, c_in], out)
+    mu_a, sd_a = np.array([0.5, -1.0, 2.0]), np.array([1.0, 0.5, 2.0])
+    mu_b, sd_b = np.array([0.3, -0.2]), np.array([1.5, 0.7])
+    _set_bn(bn_a, mu_a, sd_a ** 2 - 1e-3, [1.2, 0.8, 0.5], [0.1, -0.4, 0.3])
+    _set_bn(bn_b, mu_b, sd_b ** 2 - 1e-3, [2.0, 1.0], [1.0, 3.0])
+    xa = (mu_a + sd_a * rng.standard_normal((N, 3))).astype("float32")
+    xb = (mu_b + sd_b * rng.standard_normal((N, 4, 4, 2))).astype("float32")
+    xc = rng.standard_normal((N, 2)).astype("float32")  # the placeholder moments: N(0, 1)
+    fg = kg.flatten(model)
+    table = moments_lib.propagate(fg)
+    probe_layers = ["gelu", "da", "dw", "flat", "sum", "cat"]
+    probe = keras.Model(model.inputs, [model.get_layer(n).output for n in probe_layers])
+    values = probe.predict([xa, xb, xc], batch_size=20_000, verbose=0)
+    # Every call's output tensor key, by layer name.
+    key_of = {n.key: n.outputs[0] for n in fg.nodes}
+    for name, v in zip(probe_layers, values):
+        v = np.asarray(v, dtype=np.float64).reshape(N, -1, v.shape[-1])
+        mean, var = table[key_of[name]]
+        emp_mean = v.mean(axis=(0, 1))
+        emp_var = v.var(axis=(0, 1))
+        if name in ("flat", "cat"):  # positions: compare per position
+            emp_mean, emp_var = v.reshape(N, -1).mean(0), v.reshape(N, -1).var(0)
+        se = np.sqrt(np.maximum(emp_var, 1e-12) / N)
+        assert np.all(np.abs(mean - emp_mean) <= 6 * se + 1e-3), (name, mean, emp_mean)
+        np.testing.assert_allclose(var, emp_var, rtol=0.03, atol=1e-3, err_msg=name)
+
+
+def test_anchored_flags_need_a_normalisation_upstream():
+    inputs = keras.Input((4,))
+    h = L.Dense(5, activation="relu", name="free")(inputs)
+    g = L.ReLU()(L.BatchNormalization(name="bn")(L.Dense(3, name="p")(inputs)))
+    model = keras.Model(inputs, L.Concatenate()([h, g]))
+    fg = kg.flatten(model)
+    anchored = {}
+    moments_lib.propagate(fg, anchored=anchored)
+    cat = fg.outputs[0]
+    assert anchored[cat].tolist() == [False] * 5 + [True] * 3
+
+
+def test_coupled_capacity_reduces_to_the_neuron_capacity_on_a_neuron_layer():
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6, 6, 2))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(5, 3, name="p")(inputs)))
+    a = L.Conv2D(3, 1, name="a")(x)
+    b = L.Dense(2, name="b")(L.Flatten()(L.MaxPooling2D()(x)))
+    model = keras.Model(inputs, [a, b])
+    from conftest import randomize_bn
+
+    randomize_bn(model, 3)
+    analysis = hope_keras.analyze(model)
+    group = analysis.graph.groups["p"]
+    cap, second = coupled_capacity(analysis.graph.layer, group, analysis.moments)
+    np.testing.assert_allclose(cap, analysis.caches["p"].capacity, rtol=1e-12)
+    np.testing.assert_allclose(second, analysis.caches["p"].k_self, rtol=1e-12)
+
+
+@pytest.mark.parametrize("act", ["relu", "silu", "tanh"])
+def test_activation_moments_match_monte_carlo(act):
+    rng = np.random.default_rng(1)
+    m, v = np.array([0.4, -1.0]), np.array([1.3, 0.2])
+    mean, var = moments_lib.activation_moments(act, m, v)
+    z = m + np.sqrt(v) * rng.standard_normal((N, 2))
+    y = np.asarray(keras.activations.get(act)(z.astype("float32")), dtype=np.float64)
+    se = y.std(0) / np.sqrt(N)
+    assert np.all(np.abs(mean - y.mean(0)) <= 6 * se)
+    np.testing.assert_allclose(var, y.var(0), rtol=0.02)
