@@ -46,17 +46,20 @@ def _steps(result):
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("cost", ["hope", "paper"])
 @pytest.mark.parametrize("options", [{}, {"merge_scale": "paper"}, {"actions": ("merge",)},
-                                     {"kernel": "exact"}])
+                                     {"kernel": "exact"}, {"budget": "flops"}])
 def test_bounded_scan_reproduces_the_exhaustive_trajectory(seed, cost, options):
     """Same actions, bit for bit the same J and DR, at every step: with k = 1 and 3
-    the bounds force rescans, reinsertions of merged parents and lazy re-pricing."""
+    the bounds force rescans, reinsertions of merged parents and lazy re-pricing
+    (under a FLOPs budget the default cost ranks a merge by J / sqrt(FLOPs))."""
     base = clustered_mlp(seed)
+    options = dict(options)
+    budget = {"flops": 0.3} if options.pop("budget", None) else {"density": 0.35}
     analysis = hope_keras.analyze(base, kernel=options.get("kernel", "approx"))
     runs = {}
     for k in (None, 1, 3):
         model = clustered_mlp(seed)
-        runs[k] = hope_keras.compress(model, density=0.35, cost=cost, verbose=False,
-                                      merge_candidates=k, analysis=analysis, **options)
+        runs[k] = hope_keras.compress(model, cost=cost, verbose=False, merge_candidates=k,
+                                      analysis=analysis, **budget, **options)
     ref = _steps(runs[None])
     assert sum(s[0] == "merge" for s in ref) >= 5  # the fixture exercises merges
     for k in (1, 3):
@@ -105,8 +108,10 @@ def test_tables_match_a_rebuild_of_the_edited_model_and_bounds_hold():
                 continue
             pv = fresh.pair_values(np.full(len(others), r), others)
             cap = fresh.capacity
-            R = 2 * (cap[r] ** 2 + cap[others] ** 2) - pv.B ** 2
-            assert np.all(R >= table.nc[r] - 1e-4 * (cap[r] ** 2 + cap[others] ** 2))
+            # The default cost orders rows by E = ‖f_r + f_l‖² − B².
+            E = (cap[r] ** 2 + cap[others] ** 2 + 2 * pv.k_cross * pv.gram_u - pv.B ** 2)
+            assert table.sum_residual
+            assert np.all(E >= table.nc[r] - 1e-4 * (cap[r] ** 2 + cap[others] ** 2))
             den = cap[r] * cap[others]
             cos = np.where(den > 0, pv.k_cross * pv.gram_u / np.where(den > 0, den, 1), 0)
             assert np.all(cos <= table.ncos[r] + 1e-4)
@@ -120,8 +125,10 @@ def test_tables_match_a_rebuild_of_the_edited_model_and_bounds_hold():
 
 @pytest.mark.parametrize("kernel", ["approx", "exact"])
 def test_pair_bound_is_below_the_merge_residual(kernel):
-    """R = 2A − B² ≥ the singular-value bound ≥ ‖f_i − f_j‖², on every pair of a
-    fixture with duplicated, dead and near-collinear neurons."""
+    """Paper's order: R = 2A − B² ≥ the singular-value bound ≥ ‖f_i − f_j‖²; the
+    default cost's: E = ‖f_i + f_j‖² − B² ≥ the smaller squared singular value, and
+    ≥ the row bounds from capacities, nkap and ncu; on every pair of a fixture with
+    duplicated, dead and near-collinear neurons."""
     model = clustered_mlp(4, noise=0.0)
     bn = model.get_layer("fc0_bn")
     g = bn.gamma.numpy()
@@ -131,7 +138,7 @@ def test_pair_bound_is_below_the_merge_residual(kernel):
     for name in ("fc0", "fc1"):
         cache = build_group_cache(extract_group(model, walk(model).groups[name]), kernel)
         n = cache.size
-        table = MergeTable(cache, 2, "hope", np.ones(n), np.ones(n, bool))
+        table = MergeTable(cache, 2, "paper", np.ones(n), np.ones(n, bool))
         r, l = np.nonzero(~np.eye(n, dtype=bool))
         bound, kc, gu = table._distance(r, l)
         cross = kc * gu
@@ -141,6 +148,20 @@ def test_pair_bound_is_below_the_merge_residual(kernel):
         assert np.all(R >= bound)
         assert np.all(bound >= A - 2 * cross - 1e-6 * A - 1e-12)
         assert np.median((R - bound) / np.maximum(A, 1e-12)) < 0.2  # and it is tight
+        # The default cost's residual and its bounds.
+        ok = np.ones(n, bool)
+        hope = MergeTable(cache, 2, "hope", np.ones(n), ok)
+        E = A + 2 * cross - pv.B ** 2
+        lam2 = hope._distance(r, l)[0]
+        assert np.all(E >= lam2)
+        assert np.median((E - lam2) / np.maximum(A, 1e-12)) < 0.2
+        cap = cache.capacity
+        row = hope._sv_bound(r, cap[l] ** 2)[:, 0]  # κ ≤ nkap, |cos u| ≤ ncu from the start
+        assert np.all(E >= row)
+        E = np.maximum(E, 0.0)  # the cost clamps it; the row bounds are ≥ 0
+        assert np.all(E >= hope._nc_residual(ok)[r])
+        assert np.all(E >= hope._q(np.arange(n))[r, l])
+        assert np.all(pv.B <= cap[r] + cap[l] + 1e-9)  # t_max: C_rem + B ≤ C
 
 
 def test_closed_form_of_the_merge_cost():
@@ -153,6 +174,21 @@ def test_closed_form_of_the_merge_cost():
     R, t = 2 * A - B * B, 2 * c + B
     np.testing.assert_allclose(costs.j_merge(A, B, c, 3), 3 * np.sqrt(2 * R / (t * t + R)),
                                rtol=1e-10)
+
+
+def test_closed_form_of_the_default_merge_cost():
+    """The default cost is sqrt(E)/(C_rem + B), E = ‖f_i + f_j‖² − B²: increasing in E,
+    at least sqrt(E)/C when B ≤ ‖f_i‖ + ‖f_j‖ (the bounds rely on it)."""
+    rng = np.random.default_rng(1)
+    xi, xj = rng.uniform(0.1, 2.0, (2, 200))
+    nss = (xi + xj) ** 2 * rng.uniform(0, 1, 200)
+    B = np.sqrt(nss) * rng.uniform(0, 1, 200)
+    C = xi + xj + rng.uniform(0.0, 5.0, 200)
+    J = costs.get("hope").merge(costs.MergeCandidates(xi ** 2 + xj ** 2, B, C - xi - xj,
+                                                      nss, 5, 5))
+    E = nss - B * B
+    np.testing.assert_allclose(J, np.sqrt(E) / (C - xi - xj + B), rtol=1e-12)
+    assert np.all(J >= np.sqrt(E) / C * (1 - 1e-12))
 
 
 def test_merge_candidates_option():
@@ -202,3 +238,30 @@ def test_wide_groups_keep_float32_grams():
         cache_lib.FLOAT32_WIDTH = old
     assert narrow.gram_w.dtype == np.float64 and wide.gram_w.dtype == np.float32
     np.testing.assert_allclose(wide.B, narrow.B, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("cost", ["hope", "paper"])
+def test_select_with_a_rank_factor_matches_the_exhaustive_scan(cost):
+    """DR = scale·J (the default cost under a FLOPs budget ranks by J / sqrt(FLOPs)):
+    the bounded selection, told the factor, picks the exhaustive scan's pair, with and
+    without a cutoff and at several live capacities."""
+    model = clustered_mlp(5, widths=(30,))
+    cache = build_group_cache(extract_group(model, walk(model).groups["fc0"]))
+    n = cache.size
+    p_init = np.random.default_rng(0).uniform(1.0, 3.0, n)
+    cst = costs.get(cost)
+    ok = np.ones(n, bool)
+    ok[[3, 7]] = False
+    C0 = float(cache.capacity[ok].sum())
+    for scale in (1e-3, 0.2, 7.0):
+        def price(A, B, c_rem, nss, P):
+            J = cst.merge(costs.MergeCandidates(A, B, c_rem, nss, int(ok.sum()), n))
+            return J, scale * (J / P if cost == "paper" else J)
+
+        ref = MergeTable(cache, None, cost, p_init, ok)
+        for C in (C0, 0.6 * C0):
+            want = ref.select(C, int(ok.sum()), ok, price)
+            for cutoff in (np.inf, want[0] * 1.5):
+                table = MergeTable(cache, 1, cost, p_init, ok)
+                got = table.select(C, int(ok.sum()), ok, price, cutoff=cutoff, scale=scale)
+                assert got == want, (scale, C, cutoff)

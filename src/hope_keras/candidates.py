@@ -25,6 +25,17 @@ capacity, allows it, and the row's candidates and bounds are refilled. A table
 starts empty (``nc = 0``, ``ncos`` from the Gram matrix of ``u``), so rows are only
 priced when they could matter.
 
+The library's default cost (`hope_keras.costs.HopeCost`) prices a merge by the
+sum-scale residual ``J = sqrt(E) / (C_rem + B)`` with ``E = ‖f_i + f_j‖² − B²``; its
+rows are ordered by ``E`` instead of ``R``. ``E`` is at least the smaller squared
+singular value of the rank-2 operator ``f_i + f_j`` (``B²`` is at most the larger
+one), which capacities and the bounds ``κ ≤ nkap``, ``|cos(u)| ≤ ncu`` bound from
+below; ``C_rem + B ≤ C`` since ``B ≤ ‖f_i‖ + ‖f_j‖``, so ``J ≥ sqrt(E)/C``. The
+cosine bound ``R ≥ ‖f_i − f_j‖²`` has no counterpart for ``E`` and is not used.
+Both built-in costs rank a merge linearly in ``J`` (``DR = scale·J``, over ``P``
+for the paper's; ``scale = 1/sqrt(FLOPs)`` for the default under a FLOPs budget):
+`MergeTable.select` takes that factor.
+
 For fixed pair values ``J_merge`` only grows when ``C`` shrinks, so a row's best
 cost computed at an earlier step (times ``n / n_then`` for the paper's cost) is a
 lower bound of its cost now: only rows whose bound reaches the best are re-priced
@@ -64,8 +75,9 @@ class MergeTable:
         cache: The group's `hope_keras.cache.GroupCache` (read, never written).
         k: Candidates kept per neuron, or None for every partner (exhaustive).
         bound: How the run's cost moves, for the bounds: ``"paper"``
-            (``DR = n·J₁(C)/P``), ``"hope"`` (``DR = J₁(C)``) or None (unknown:
-            every candidate is priced at every step, no bounds).
+            (``DR = scale·n·J₁(C)/P``, rows ordered by ``R``), ``"hope"``
+            (``DR = scale·sqrt(E)/(C_rem + B)``, rows ordered by ``E``) or None
+            (unknown: every candidate is priced at every step, no bounds).
         p_init: The group's static per-slot footprints (the paper's ``P``).
         ok: Which neurons can pair (active, non-zero input vector).
         preselect: Partners priced exactly when a merged parent's row is filled
@@ -85,7 +97,7 @@ class MergeTable:
     >>> group = next(iter(walk(model).groups.values()))
     >>> cache = build_group_cache(extract_group(model, group))
     >>> table = MergeTable(cache, 4, "hope", np.ones(16), np.ones(16, bool))
-    >>> price = lambda A, B, c_rem, nss, P: (costs.j_merge(A, B, c_rem, 1.0),) * 2
+    >>> price = lambda A, B, c_rem, nss, P: (costs.j_merge_residual(nss, B, c_rem, 1.0),) * 2
     >>> dr, J, i, j = table.select(cache.layer_capacity(), 16, np.ones(16, bool), price)
     >>> i < j
     True
@@ -101,10 +113,14 @@ class MergeTable:
         self.exhaustive = k is None or k >= n - 1
         self.k = n if self.exhaustive else int(k)
         self.bound = None if self.exhaustive else bound
+        # The C-free residual that orders a row: the paper's R = 2A − B², or for the
+        # library's cost the sum-scale residual E = ‖f_i + f_j‖² − B².
+        self.sum_residual = bound == "hope"
         self.p_init = np.asarray(p_init, dtype=np.float64)
         self.p_max = float(self.p_init.max()) if n else 1.0
         self.preselect = max(int(preselect), self.k + 1)
         self.stamp = np.full(n, -1, dtype=np.int64)  # refresh order (pair orientation)
+        self.scale = 1.0  # the run's rank factor at the current selection
         self.clock = 0
         self.exact = {}  # pairs re-priced from exact entries (sketched caches): stamps
         self.fill_all(ok)
@@ -131,6 +147,7 @@ class MergeTable:
         self.row_dr = np.full(n, -np.inf)  # the row's best DR when last priced, at
         self.row_C = np.full(n, np.inf)  # this C
         self.row_n = np.ones(n)  # and this live count
+        self.row_g = np.ones(n)  # and this rank factor (DR per J)
         self.dirty = np.ones(n, dtype=bool)  # pair values changed since
         for start in range(0, n, CHUNK_ROWS):
             rows = np.arange(start, min(n, start + CHUNK_ROWS))
@@ -138,7 +155,7 @@ class MergeTable:
                 cols = np.broadcast_to(np.arange(n), (rows.size, n))
                 B, kc, gu = self._values(rows[:, None], cols)
                 self.B[rows], self.kc[rows], self.gu[rows] = B, kc, gu
-                self.R[rows] = self._residual(rows[:, None], cols, B)
+                self.R[rows] = self._residual(rows[:, None], cols, B, kc * gu)
             else:
                 c = self.cache
                 self.ncos[rows] = self._output_cosine(rows, ok)
@@ -179,9 +196,13 @@ class MergeTable:
                     B, kc, gu = (np.where(hit, v, x) for v, x in zip(vals, (B, kc, gu)))
         return B, kc, gu
 
-    def _residual(self, r, l, B):
+    def _residual(self, r, l, B, cross):
+        """The row order: ``R = 2A − B²`` (paper) or ``E = A + 2·cross − B²``."""
         cap = self.cache.capacity
-        return 2.0 * (cap[r] ** 2 + cap[l] ** 2) - B * B
+        A = cap[r] ** 2 + cap[l] ** 2
+        if self.sum_residual:
+            return A + 2.0 * cross - B * B
+        return 2.0 * A - B * B
 
     def _note_out(self, r, l, kc, gu) -> None:
         """Pairs (r, l) now outside row r's table: its bounds must cover them."""
@@ -230,7 +251,8 @@ class MergeTable:
         w = kk * pv.gram_u
         det = (1.0 - kappa * kappa) * np.maximum(a * b - w * w, 0.0)
         lam = 0.5 * T + np.sqrt(np.maximum(0.25 * T * T - det, 0.0))
-        D = 2.0 * A - lam - 1e-7 * A - 1e-300
+        # E = T − B² ≥ T − λ (the smaller squared singular value).
+        D = (T if self.sum_residual else 2.0 * A) - lam - 1e-7 * A - 1e-300
         return D.reshape(shape), pv.k_cross.reshape(shape), pv.gram_u.reshape(shape)
 
     def _q(self, rows):
@@ -238,9 +260,12 @@ class MergeTable:
         partner the row does not hold."""
         cap = self.cache.capacity
         x, y = cap[rows, None], cap[None, :]
+        sv = np.maximum(self.nc[rows, None], self._sv_bound(rows, y * y))
+        if self.sum_residual:  # ‖f_i − f_j‖² bounds R, not E
+            return sv
         Q = x * x + y * y - 2.0 * self.ncos[rows, None] * x * y
         Q = Q - 4.0 * _TOL * (x * x + y * y) - 1e-300
-        return np.maximum(np.maximum(Q, self.nc[rows, None]), self._sv_bound(rows, y * y))
+        return np.maximum(Q, sv)
 
     def _sv_bound(self, rows, b):
         """The singular-value bound of R (see `_distance`) for row neurons `rows`
@@ -252,7 +277,8 @@ class MergeTable:
         T = a + b + 2.0 * k * c * np.sqrt(a * b)
         det = (1.0 - k * k) * (1.0 - c * c) * a * b
         lam = 0.5 * T + np.sqrt(np.maximum(0.25 * T * T - det, 0.0))
-        return 2.0 * (a + b) - lam - 1e-7 * (a + b) - 1e-300
+        # λ is largest and T − λ smallest at the corner κ = nkap, cos(u) = ncu.
+        return (T if self.sum_residual else 2.0 * (a + b)) - lam - 1e-7 * (a + b) - 1e-300
 
     # ---------------------------------------------------------------- rescans
     def _rescan(self, rows, ok, r_cut, headroom: float = 1.0):
@@ -293,7 +319,8 @@ class MergeTable:
         B = np.concatenate([self.B[hr, hc], B])
         kc = np.concatenate([self.kc[hr, hc], kc])
         gu = np.concatenate([self.gu[hr, hc], gu])
-        R = np.concatenate([self.R[hr, hc], self._residual(rows[sp], sl, B[hp.size:])])
+        R = np.concatenate([self.R[hr, hc], self._residual(rows[sp], sl, B[hp.size:],
+                                                            kc[hp.size:] * gu[hp.size:])])
         order = np.lexsort((l, R, pr))  # per row: smallest R first, ties by index
         counts = np.bincount(pr, minlength=rows.size)
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
@@ -326,7 +353,7 @@ class MergeTable:
         `hope_keras.cache.SketchCache`), by `pv`: its exact
         `hope_keras.cache.PairValues`, used from now on wherever the pair is priced."""
         B, kc, gu = float(pv.B[0]), float(pv.k_cross[0]), float(pv.gram_u[0])
-        R = float(self._residual(i, j, B))
+        R = float(self._residual(i, j, B, kc * gu))
         self.exact = {p: e for p, e in self.exact.items()
                       if e[:2] == (int(self.stamp[p[0]]), int(self.stamp[p[1]]))}
         self.exact[(i, j)] = (int(self.stamp[i]), int(self.stamp[j]), (B, kc, gu))
@@ -344,7 +371,7 @@ class MergeTable:
         if self.exhaustive:
             cols = np.arange(n)
             B, kc, gu = self._values(np.full(n, i), cols)
-            R = self._residual(np.full(n, i), cols, B)
+            R = self._residual(np.full(n, i), cols, B, kc * gu)
             for arr, val in ((self.B, B), (self.kc, kc), (self.gu, gu), (self.R, R)):
                 arr[i, :] = val
                 arr[:, i] = val
@@ -369,7 +396,7 @@ class MergeTable:
             D, kc0, gu0 = self._distance(np.full(cols.size, i), cols)
         else:
             B0, kc0, gu0 = self._values(np.full(cols.size, i), cols)
-            D = self._residual(i, cols, B0)
+            D = self._residual(i, cols, B0, kc0 * gu0)
         need = holds[cols] | (D < self.nc[cols])
         m = min(self.preselect, cols.size)
         top = np.argpartition(np.where(need, -np.inf, D), m - 1)[:m] if m else np.array([], int)
@@ -378,7 +405,7 @@ class MergeTable:
         sel |= need
         l = cols[sel]
         B, kc, gu = self._values(np.full(l.size, i), l)
-        R = self._residual(i, l, B)
+        R = self._residual(i, l, B, kc * gu)
         # Its own row: the k smallest R; the bounds over the rest.
         order = np.lexsort((l, R))
         kk = min(self.k, l.size)
@@ -453,27 +480,48 @@ class MergeTable:
         self.row_dr[rows] = best
         self.row_C[rows] = C
         self.row_n[rows] = n_live
+        self.row_g[rows] = self.scale
         self.dirty[rows] = False
         return best, Jb, part
 
     def _price_rescan(self, rows, C, n_live, ok, price, best):
         """Rescans `rows` and prices every partner that could cost less than `best`:
         per row (DR, J, partner)."""
-        c = best * self.p_max / n_live if self.bound == "paper" else best
-        c = c / (1.0 - _TOL)
+        c = best / self._factor(n_live) / (1.0 - _TOL)
         t = self._t_max(C, ok)[rows]
         with np.errstate(over="ignore", invalid="ignore"):
-            r_cut = np.where(c * c < 2.0, c * c * t * t / (2.0 - c * c) * (1.0 + _TOL), np.inf)
+            if self.sum_residual:  # J₁ = sqrt(E)/t' < c needs E < c²t'²
+                r_cut = c * c * t * t * (1.0 + _TOL)
+            else:  # J₁ = sqrt(2R/(t² + R)) < c needs R < c²t²/(2 − c²)
+                r_cut = np.where(c * c < 2.0, c * c * t * t / (2.0 - c * c) * (1.0 + _TOL),
+                                 np.inf)
         r, l, B, kc, gu, R = self._rescan(rows, ok, r_cut, HEADROOM)
         pos = np.searchsorted(rows, r)
         dr, J = self._price(r, l, B, kc, gu, C, price)
         return _row_min(pos, l, dr, J, rows.size)
 
+    def _factor(self, n_live):
+        """DR ≥ this × the width-free cost J₁ of any pair (``n/P_max`` for the
+        paper's cost), times the run's rank factor."""
+        return self.scale * (n_live / self.p_max if self.bound == "paper" else 1.0)
+
     def _t_max(self, C, ok):
-        """Per row, an upper bound of ``t = 2·C_rem + B`` over its partners."""
+        """Per row, an upper bound of the cost's denominator over its partners:
+        ``t = 2·C_rem + B`` (paper), ``C_rem + B`` (sum residual); ``B ≤ x_i + x_j``."""
         cap = self.cache.capacity
         x_max = float(cap[ok].max()) if ok.any() else 0.0
+        if self.sum_residual:
+            return np.maximum(C, costs.FLOOR + cap + x_max) * (1.0 + _TOL)
         return np.maximum(2.0 * C - cap, 2.0 * costs.FLOOR + cap + x_max) * (1.0 + _TOL)
+
+    def _j_lower(self, R, t):
+        """A lower bound of J₁ from a lower bound of the residual and ``t_max``."""
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            if self.sum_residual:
+                J1 = np.sqrt(R) / t
+            else:
+                J1 = np.sqrt(2.0 * R / (t * t + R))
+        return np.where(np.isnan(J1), 0.0, J1) * (1.0 - _TOL)
 
     def _nc_residual(self, ok):
         """Per row, a lower bound of R over the live partners it does not hold:
@@ -481,6 +529,9 @@ class MergeTable:
         the smallest live one, or ``nc``, whichever is larger."""
         cap = self.cache.capacity
         x_min = float(cap[ok].min()) if ok.any() else 0.0
+        if self.sum_residual:  # T − λ grows with the partner's capacity
+            sv = self._sv_bound(np.arange(self.n), x_min * x_min)[:, 0]
+            return np.maximum(self.nc, sv)
         rho = np.minimum(self.ncos, 1.0)
         xm = np.maximum(x_min, np.maximum(rho, 0.0) * cap)
         Q = cap * cap + xm * xm - 2.0 * rho * cap * xm
@@ -504,14 +555,10 @@ class MergeTable:
             out[s0:s0 + step] = f.min(axis=1)
         R = np.maximum(np.maximum(out, self.nc[rows]), 0.0)
         self.nc[rows] = R
-        t = self._t_max(C, ok)[rows]
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            J1 = np.sqrt(2.0 * R / (t * t + R))
-        J1 = np.where(np.isnan(J1), 0.0, J1) * (1.0 - _TOL)
-        return n_live * J1 / self.p_max if self.bound == "paper" else J1
+        return self._factor(n_live) * self._j_lower(R, self._t_max(C, ok)[rows])
 
     def _lazy_bounds(self, C, n_live, ok):
-        lb = self.row_dr.copy()
+        lb = self.row_dr * (self.scale / self.row_g)
         if self.bound == "paper":
             lb = lb * (n_live / self.row_n)
         lb = lb * (1.0 - _TOL) - 1e-300
@@ -521,18 +568,14 @@ class MergeTable:
 
     def _nc_bounds(self, C, n_live, ok):
         """Per row, a lower bound of DR over the partners it does not hold."""
-        t = self._t_max(C, ok)
         R = np.maximum(self._nc_residual(ok), 0.0)
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            J1 = np.sqrt(2.0 * R / (t * t + R))
-        J1 = np.where(np.isnan(J1), 0.0, J1) * (1.0 - _TOL)
-        lb = n_live * J1 / self.p_max if self.bound == "paper" else J1
+        lb = self._factor(n_live) * self._j_lower(R, self._t_max(C, ok))
         lb = np.where(np.isinf(self.nc), np.inf, lb)  # the row holds every partner
         lb[~ok] = np.inf
         return lb
 
     def select(self, C: float, n_live: int, ok: np.ndarray, price: Callable,
-               cutoff: float = np.inf):
+               cutoff: float = np.inf, scale: float = 1.0):
         """The group's cheapest merge: ``(DR, J, i, j)`` with ``i < j``, or None.
 
         Args:
@@ -544,10 +587,17 @@ class MergeTable:
             cutoff: Only a merge with ``DR < cutoff`` matters (the group's best
                 prune): with bounds, rows that cannot go below it are not priced,
                 and None is returned when no merge does.
+            scale: The run's rank of ``J = 1`` for this group now (with ``P = 1``):
+                the built-in costs rank a merge by ``DR = scale·J`` (over ``P`` for
+                the paper's), e.g. ``1/sqrt(FLOPs)`` under a FLOPs budget. The
+                bounds use it; it must be positive.
         """
         rows_ok = np.flatnonzero(ok)
         if rows_ok.size < 2:
             return None
+        if not scale > 0:
+            raise ValueError(f"scale must be positive. Received: scale={scale!r}")
+        self.scale = float(scale)
         if self.bound is None:  # exhaustive, or a cost without bounds
             dr, J, part = self._price_rows(rows_ok, C, n_live, ok, price)
             return _pick(rows_ok, dr, J, part)

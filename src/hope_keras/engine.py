@@ -528,7 +528,12 @@ class Encoder:
                                                             sizes=sizes))
 
             cutoff = np.inf if best is None else best.DR
-            found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price, cutoff=cutoff)
+            scale = 1.0
+            if gs.table.bound is not None:  # built-in costs: DR linear in J (bounds)
+                scale = float(np.ravel(self.cost.rank(np.ones(1), self._rank_info(
+                    "merge", name, 1, np.ones(1), sizes=sizes)))[0])
+            found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price, cutoff=cutoff,
+                                    scale=scale)
             if isinstance(cache, SketchCache):
                 # Sketched pair values: the pair selected is re-priced from exact
                 # Gram entries until the selection is stable.
@@ -537,7 +542,8 @@ class Encoder:
                         break
                     gs.table.refine(found[2], found[3],
                                     cache.exact_pair_values(found[2], found[3]))
-                    found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price, cutoff=cutoff)
+                    found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price, cutoff=cutoff,
+                                            scale=scale)
             if found is not None:
                 dr, J, i, j = found
                 if best is None or dr < best.DR:
