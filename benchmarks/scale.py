@@ -13,7 +13,9 @@ Targets (issue 12, 2 shared CPU cores): ResNet-50 analyze ≤ 1.5 s, compress �
 VGG16 analyze ≤ 5 s, compress ≤ 60 s, ≤ 3 GB; MLP compress ≤ 60 s, ≤ 3 GB.
 
 Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K]
-(``--candidates none``: the exhaustive scan; ``--steps N``: stop after N steps).
+(``--candidates none``: the exhaustive scan; ``--steps N``: stop after N steps;
+``--compare``: afterwards, rerun with the exhaustive scan on a fresh copy of the model
+and report whether the trajectories are identical: kinds, units, indices, J and DR).
 """
 
 import argparse
@@ -68,6 +70,8 @@ def main():
                    help="Encoder merge_candidates: an int, 'none' (exhaustive) or 'auto'")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--profile", action="store_true", help="cProfile analyze and compress")
+    p.add_argument("--compare", action="store_true",
+                   help="rerun with the exhaustive scan and compare the trajectories")
     args = p.parse_args()
     build, density = MODELS[args.model]
     density = args.density or density
@@ -118,6 +122,27 @@ def main():
           f"; analyze + compress {t_an + t_init + t_run:.2f} s wall, "
           f"{c_an + c_comp:.2f} s CPU (compress alone {c_comp:.2f} s CPU)")
     print(f"peak RSS {peak_rss_gb():.2f} GB; load average {load[0]:.1f} (1 min) at end")
+    if args.compare:
+        keras.utils.set_random_seed(0)
+        ref_model = build()
+        t = time.perf_counter()
+        ref = hope_keras.Encoder(ref_model, analysis=hope_keras.analyze(ref_model),
+                                 merge_candidates=None)
+        ref.run(density=density, steps=args.steps, verbose=False)
+        t_ref = time.perf_counter() - t
+
+        def steps(tr):
+            return [(s.kind, s.unit, s.i, s.j, s.J, s.DR) for s in tr.steps]
+
+        a, b = steps(traj), steps(ref.trajectory)
+        diff = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if diff is None and len(a) == len(b):
+            print(f"exhaustive scan ({t_ref:.2f} s wall): identical trajectory, {len(b)} steps")
+        else:
+            k = diff if diff is not None else min(len(a), len(b))
+            print(f"exhaustive scan ({t_ref:.2f} s wall): trajectories differ at step {k} "
+                  f"of {len(a)} / {len(b)}: {a[k] if k < len(a) else None} vs "
+                  f"{b[k] if k < len(b) else None}")
 
 
 if __name__ == "__main__":
