@@ -495,10 +495,16 @@ class MergeTable:
             else:  # J₁ = sqrt(2R/(t² + R)) < c needs R < c²t²/(2 − c²)
                 r_cut = np.where(c * c < 2.0, c * c * t * t / (2.0 - c * c) * (1.0 + _TOL),
                                  np.inf)
-        r, l, B, kc, gu, R = self._rescan(rows, ok, r_cut, HEADROOM)
-        pos = np.searchsorted(rows, r)
-        dr, J = self._price(r, l, B, kc, gu, C, price)
-        return _row_min(pos, l, dr, J, rows.size)
+        # Rows in chunks: a rescan's temporaries are (rows × n) (≤ 16 MB each here).
+        step = max(1, (1 << 21) // max(self.n, 1))
+        out = []
+        for s0 in range(0, rows.size, step):
+            rr = rows[s0:s0 + step]
+            r, l, B, kc, gu, R = self._rescan(rr, ok, r_cut[s0:s0 + step], HEADROOM)
+            pos = np.searchsorted(rr, r)
+            dr, J = self._price(r, l, B, kc, gu, C, price)
+            out.append(_row_min(pos, l, dr, J, rr.size))
+        return tuple(np.concatenate(x) for x in zip(*out))
 
     def _factor(self, n_live):
         """DR ≥ this × the width-free cost J₁ of any pair (``n/P_max`` for the
