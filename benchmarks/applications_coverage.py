@@ -3,7 +3,7 @@
 For each family (``weights=None``, small inputs, 10 classes; BN statistics
 re-estimated on 4 random images so that they are not the initial 0/1; VGG16 through
 `hope_keras.calibrate`, ConvNeXtTiny too since its LayerNorm has no moving
-statistics), and the nested transfer-learning model
+statistics; logits, `classifier_activation=None`), and the nested transfer-learning model
 ``Sequential([Input, ResNet50(include_top=False), GlobalAveragePooling2D, Dense])``:
 
 * coverage: compressible channels / hidden output channels of every Conv/Dense
@@ -44,7 +44,10 @@ def build(name):
                                  keras.layers.GlobalAveragePooling2D(),
                                  keras.layers.Dense(10)])
     size = {"InceptionV3": 75, "Xception": 71}.get(name, 32)
-    kw = dict(weights=None, input_shape=(size, size, 3), classes=10)
+    # Logits, not softmax: a random deep network's softmax saturates to exact 0/1,
+    # which would hide any slim-vs-in-place difference.
+    kw = dict(weights=None, input_shape=(size, size, 3), classes=10,
+              classifier_activation=None)
     if name.startswith("MobileNetV3") or name.startswith("ConvNeXt"):
         kw["include_preprocessing"] = False
     return getattr(A, name)(**kw)
