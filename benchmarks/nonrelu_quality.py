@@ -32,10 +32,11 @@ Methods:
   (``scope``, ``mean_compensation``). On the FLOPs axis a baseline's density is
   searched (bisection over its removal order) for the first point at or below the ratio.
 
-Usage (repository root, ~10 min on 2 shared cores)::
+Usage (repository root, ~4 min on 2 shared cores)::
 
     nice -n 10 .venv/bin/python benchmarks/nonrelu_quality.py
     .venv/bin/python benchmarks/nonrelu_quality.py --report     # markdown tables
+    nice -n 10 .venv/bin/python benchmarks/nonrelu_quality.py --diagnose  # see `diagnose`
 
 Result: ``benchmarks/results/nonrelu_quality_<model>.json``.
 """
@@ -340,6 +341,78 @@ def run(model_name, n_sel, n_heldout, methods):
     return out
 
 
+# ------------------------------------------------------------------- diagnosis
+def diagnose(model_name, n_sel, n_heldout, targets=(0.8, 0.7, 0.6)):
+    """Allocation against within-layer ranking, and what the BN statistics cost.
+
+    For each target density: the per-group kept counts of HOPE's run ("hope"
+    allocation) or the same fraction of every group ("layer"), filled by ranking each
+    group's channels by HOPE's capacity ‖u‖·sqrt(E[ψ²]), by sqrt(E[ψ²]) alone (no
+    output weights), by ‖u‖ alone, or by |γ| (BN scale); each evaluated as is, with
+    the data-free statistics compensation (``sc``), and with BN statistics
+    re-estimated on the 512 bundled *training* images (``bn``, data: an upper bound
+    for any statistics correction). Held-out accuracy only; this chooses nothing.
+    """
+    import hope_keras
+    from hope_keras.data import load_demo_data
+    from hope_keras.edit import ModelEditor
+
+    bench = Bench(model_name, n_sel, n_heldout)
+    a = bench.analysis
+    xc = load_demo_data().x_calib
+    scores = {"capacity": {g: a.caches[g].capacity for g in a.caches},
+              "rms_psi": {g: np.sqrt(a.caches[g].k_self) for g in a.caches},
+              "u_norm": {g: a.caches[g].u_norm for g in a.caches},
+              "bn_scale": {g: np.abs(st.gamma) for g, st in a.states.items()}}
+    sizes = bench.sizes.sizes
+    out = {}
+    for d in targets:
+        bench.reset()
+        res = hope_keras.compress(bench.model, density=d, analysis=a, verbose=False)
+        alive = dict(sizes)
+        for step in res.trajectory.steps:
+            alive[step.unit] -= 1
+        allocs = {"hope": alive,
+                  "layer": {g: max(1, int(round(d * n))) for g, n in sizes.items()}}
+        for an, alloc in allocs.items():
+            for sn, sc in scores.items():
+                cell = {}
+                for mode in ("none", "sc", "bn"):
+                    bench.reset()
+                    editor = ModelEditor(bench.model, a.graph)
+                    for g, keep in alloc.items():
+                        for i in np.argsort(sc[g], kind="stable")[: sizes[g] - keep]:
+                            with editor.step():
+                                editor.prune(g, int(i))
+                    editor.commit()
+                    if mode == "sc":
+                        compensate_statistics(a.graph.flat, bench.moments0)
+                    elif mode == "bn":
+                        hope_keras.reestimate_batchnorm_statistics(bench.model, xc,
+                                                                   batch_size=256)
+                    cell[mode] = bench.ev()[0]["heldout"]
+                out[f"{d}|{an}|{sn}"] = {"alive": alloc, **cell}
+                print(f"  {d} {an:5s} {sn:9s} " + " ".join(
+                    f"{k}:{100 * v:.1f}" for k, v in cell.items()), flush=True)
+    bench.reset()
+    path = RESULTS / f"nonrelu_diagnosis_{model_name}.json"
+    path.write_text(json.dumps({"targets": list(targets), "cells": out}, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+def report_diagnosis(model_name):
+    r = json.loads((RESULTS / f"nonrelu_diagnosis_{model_name}.json").read_text())
+    lines = ["| density | allocation | ranking | as is | + statistics compensation | "
+             "+ BN re-estimated on 512 training images |", "|---|---|---|---|---|---|"]
+    for key, c in r["cells"].items():
+        d, an, sn = key.split("|")
+        lines.append(f"| {d} | {an} | {sn} | {100 * c['none']:.1f} | {100 * c['sc']:.1f} | "
+                     f"{100 * c['bn']:.1f} |")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
 # ------------------------------------------------------------------------ report
 def report(model_name):
     r = json.loads((RESULTS / f"nonrelu_quality_{model_name}.json").read_text())
@@ -413,7 +486,14 @@ def main(argv=None):
     p.add_argument("--methods", nargs="*",
                    default=list(HOPE) + list(BASELINES) + list(EXPERIMENTS))
     p.add_argument("--report", action="store_true", help="only print the tables")
+    p.add_argument("--diagnose", action="store_true",
+                   help="allocation × within-layer ranking × statistics (held-out)")
     args = p.parse_args(argv)
+    if args.diagnose:
+        if not args.report:
+            diagnose(args.model, args.n_sel, args.n_heldout)
+        report_diagnosis(args.model)
+        return 0
     if not args.report:
         run(args.model, args.n_sel, args.n_heldout, args.methods)
     report(args.model)
