@@ -8,8 +8,13 @@
    ``tests/test_applications.py`` (BN statistics from a pass over 4 uniform random
    images): groups by kind, share of hidden channels compressible
    (``Analysis.coverage()``), ``compress(density=0.8)`` + ``slim`` against the
-   in-place model (max |difference| of the softmax outputs on those 4 images) and the
-   slim model's parameter count against the engine's ``params_ratio``.
+   in-place model (max |difference| of the softmax outputs on those 4 images), the
+   slim model's parameter count against the engine's ``params_ratio``, and the slim
+   model saved as ``.keras`` and reloaded in safe mode (max |difference| to the slim
+   model). ConvNeXtTiny (LayerNormalization, no BN before its GELUs) runs twice: as
+   built, and through ``hope_keras.calibrate`` on the same 4 images (identity BNs with
+   the measured pre-activation statistics before each GELU), row "ConvNeXtTiny
+   (calibrate)".
 
 Usage (repository root)::
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -54,6 +60,7 @@ def time_efficientnet(repeats):
     keras.utils.set_random_seed(0)
     model = keras.applications.EfficientNetB0(weights=None)  # 224×224, 1000 classes
     prepare(model, np.random.default_rng(0), n=2)
+    load_before = os.getloadavg()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -62,8 +69,10 @@ def time_efficientnet(repeats):
     kinds = {k: sum(g.kind == k for g in a.groups) for k in ("neurons", "coupled")}
     print(f"EfficientNetB0 @224: {len(a.groups)} groups {kinds}, {a.num_neurons} channels, "
           f"coverage {100 * a.coverage():.1f}%; analyze best {min(times):.2f} s, "
-          f"all {[round(t, 2) for t in times]} (load average "
-          f"{os.getloadavg()[0]:.1f})", flush=True)
+          f"all {[round(t, 2) for t in times]} (load average 1/5/15 min before "
+          f"{'/'.join(f'{v:.2f}' for v in load_before)}, after "
+          f"{'/'.join(f'{v:.2f}' for v in os.getloadavg())}; {os.cpu_count()} CPUs)",
+          flush=True)
 
 
 def coverage_table(size):
@@ -72,10 +81,12 @@ def coverage_table(size):
     import hope_keras
 
     rows = []
-    for name in FAMILIES:
+    for name in FAMILIES + ("ConvNeXtTiny (calibrate)",):
         keras.utils.set_random_seed(0)
-        model = build(name, size)
+        model = build(name.split(" ")[0], size)
         x = prepare(model, np.random.default_rng(0))
+        if name.endswith("(calibrate)"):
+            model = hope_keras.calibrate(model, x)
         t0 = time.perf_counter()
         a = hope_keras.analyze(model)
         t_an = time.perf_counter() - t0
@@ -85,17 +96,22 @@ def coverage_table(size):
         y, ys = model.predict(x, verbose=0), small.predict(x, verbose=0)
         diff = float(np.abs(y - ys).max())
         exact = small.count_params() == round(res.params_ratio * model.count_params())
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "small.keras")
+            small.save(path)
+            reloaded = keras.models.load_model(path, safe_mode=True)
+            rt = float(np.abs(reloaded.predict(x, verbose=0) - ys).max())
         rows.append((name, len(a.groups), kinds["neurons"], kinds["coupled"],
                      a.num_neurons, a.graph.hidden_channels, a.coverage(), res.density,
-                     res.params_ratio, diff, exact, t_an))
+                     res.params_ratio, diff, exact, rt, t_an))
         print(f"{name}: {rows[-1]}", flush=True)
     print(f"\n| model (@{size}×{size}) | groups (neurons / coupled) | compressible / hidden "
           "channels | coverage | density reached | params ratio | max abs(slim − in-place) "
-          "| params exact | analyze (s) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (name, ng, nn, nc, n, h, cov, d, pr, diff, exact, t) in rows:
+          "| params exact | .keras round-trip max abs | analyze (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (name, ng, nn, nc, n, h, cov, d, pr, diff, exact, rt, t) in rows:
         print(f"| {name} | {ng} ({nn} / {nc}) | {n} / {h} | {100 * cov:.1f}% | {d:.3f} | "
-              f"{pr:.3f} | {diff:.1e} | {'yes' if exact else 'NO'} | {t:.2f} |")
+              f"{pr:.3f} | {diff:.1e} | {'yes' if exact else 'NO'} | {rt:.1e} | {t:.2f} |")
 
 
 def main(argv=None):
