@@ -457,8 +457,9 @@ def report(model_name):
                          "point on the held-out split itself, the strictest reading; then "
                          "the baseline best on the selection split, evaluated on held-out)\n")
             lines.append(f"| target | {hope_name} | best baseline (held-out) | difference | "
-                         "best on sel → its held-out | difference |")
-            lines.append("|---|---|---|---|---|---|")
+                         "best on sel → its held-out | difference | best global | "
+                         "difference | best per layer | difference |")
+            lines.append("|---|---|---|---|---|---|---|---|---|---|")
             for t in ts:
                 hp = {p["target"]: p for p in res[hope_name]}.get(t)
                 bl = {m: {p["target"]: p for p in res[m]}.get(t) for m in pool if m in res}
@@ -471,8 +472,15 @@ def report(model_name):
                 bh = 100 * bl[best_h]["acc"]["heldout"]
                 bs = 100 * bl[best_s]["acc"]["heldout"]
                 mark = " (target ≥ −1)" if t in TARGET_POINTS and hope_name == "hope" else ""
+                scoped = []
+                for scope in ("global", "layer"):
+                    sub = {m: p for m, p in bl.items() if f"_{scope}" in m}
+                    b = max(sub, key=lambda m: sub[m]["acc"]["heldout"])
+                    v = 100 * sub[b]["acc"]["heldout"]
+                    scoped.append(f"{v:.1f} {b} | {h - v:+.1f}")
                 lines.append(f"| {t:g} | {h:.1f} | {bh:.1f} {best_h} | {h - bh:+.1f}{mark} | "
-                             f"{best_s} → {bs:.1f} | {h - bs:+.1f} |")
+                             f"{best_s} → {bs:.1f} | {h - bs:+.1f} | " + " | ".join(scoped)
+                             + " |")
     text = "\n".join(lines)
     print(text)
     return text
