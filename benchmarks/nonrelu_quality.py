@@ -351,7 +351,8 @@ def diagnose(model_name, n_sel, n_heldout, targets=(0.8, 0.7, 0.6)):
     output weights), by ‖u‖ alone, or by |γ| (BN scale); each evaluated as is, with
     the data-free statistics compensation (``sc``), and with BN statistics
     re-estimated on the 512 bundled *training* images (``bn``, data: an upper bound
-    for any statistics correction). Held-out accuracy only; this chooses nothing.
+    for any statistics correction). Accuracy on both splits; ``--report`` prints one
+    (``--split``, default held-out). It chooses nothing.
     """
     import hope_keras
     from hope_keras.data import load_demo_data
@@ -390,24 +391,26 @@ def diagnose(model_name, n_sel, n_heldout, targets=(0.8, 0.7, 0.6)):
                     elif mode == "bn":
                         hope_keras.reestimate_batchnorm_statistics(bench.model, xc,
                                                                    batch_size=256)
-                    cell[mode] = bench.ev()[0]["heldout"]
+                    cell[mode] = bench.ev()[0]  # {split: accuracy}
                 out[f"{d}|{an}|{sn}"] = {"alive": alloc, **cell}
                 print(f"  {d} {an:5s} {sn:9s} " + " ".join(
-                    f"{k}:{100 * v:.1f}" for k, v in cell.items()), flush=True)
+                    f"{k}:{100 * v['sel']:.1f}/{100 * v['heldout']:.1f}"
+                    for k, v in cell.items()), flush=True)
     bench.reset()
     path = RESULTS / f"nonrelu_diagnosis_{model_name}.json"
     path.write_text(json.dumps({"targets": list(targets), "cells": out}, indent=1) + "\n")
     print(f"wrote {path}")
 
 
-def report_diagnosis(model_name):
+def report_diagnosis(model_name, split="heldout"):
     r = json.loads((RESULTS / f"nonrelu_diagnosis_{model_name}.json").read_text())
+    print(f"{split} split, accuracy %")
     lines = ["| density | allocation | ranking | as is | + statistics compensation | "
              "+ BN re-estimated on 512 training images |", "|---|---|---|---|---|---|"]
     for key, c in r["cells"].items():
         d, an, sn = key.split("|")
-        lines.append(f"| {d} | {an} | {sn} | {100 * c['none']:.1f} | {100 * c['sc']:.1f} | "
-                     f"{100 * c['bn']:.1f} |")
+        lines.append(f"| {d} | {an} | {sn} | {100 * c['none'][split]:.1f} | "
+                     f"{100 * c['sc'][split]:.1f} | {100 * c['bn'][split]:.1f} |")
     text = "\n".join(lines)
     print(text)
     return text
@@ -495,12 +498,14 @@ def main(argv=None):
                    default=list(HOPE) + list(BASELINES) + list(EXPERIMENTS))
     p.add_argument("--report", action="store_true", help="only print the tables")
     p.add_argument("--diagnose", action="store_true",
-                   help="allocation × within-layer ranking × statistics (held-out)")
+                   help="allocation × within-layer ranking × statistics")
+    p.add_argument("--split", choices=SPLITS, default="heldout",
+                   help="the split --diagnose --report prints")
     args = p.parse_args(argv)
     if args.diagnose:
         if not args.report:
             diagnose(args.model, args.n_sel, args.n_heldout)
-        report_diagnosis(args.model)
+        report_diagnosis(args.model, args.split)
         return 0
     if not args.report:
         run(args.model, args.n_sel, args.n_heldout, args.methods)
