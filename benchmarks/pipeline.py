@@ -210,6 +210,22 @@ def report():
         print(f"Wrote {out}")
 
 
+def table():
+    """Markdown tables of every pipeline_*.json (for docs/benchmarks.md)."""
+    for path in sorted(RESULTS.glob("pipeline_*.json")):
+        data = json.loads(path.read_text())
+        axis = data.get("budget", "density")
+        print(f"\n{path.name}: {data['model']}, original {100 * data['acc_original']:.2f}% "
+              f"on {data['heldout']} held-out images, seed {data['seed']}\n")
+        print(f"| method | {axis} | FLOPs | params | data-free | after recover |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for p in data["points"]:
+            budget = p.get(axis, p.get("density"))
+            print(f"| {p['method']} | {budget:.2f} | {p['flops_ratio']:.3f} "
+                  f"| {p['params_ratio']:.3f} | {100 * p['acc_compressed']:.2f}% "
+                  f"| {100 * p['acc_recovered']:.2f}% |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="demo", choices=("demo", "vgg8", "resnet50"))
@@ -226,9 +242,13 @@ def main(argv=None):
     ap.add_argument("--recover", nargs="*", default=[], help="key=value for recover")
     ap.add_argument("--out", help="JSON path (default benchmarks/results/pipeline_<model>.json)")
     ap.add_argument("--report", action="store_true", help="plot every pipeline_*.json")
+    ap.add_argument("--table", action="store_true",
+                    help="print every pipeline_*.json as a markdown table")
     args = ap.parse_args(argv)
     if args.report:
         report()
+    elif args.table:
+        table()
     else:
         run(args)
 
