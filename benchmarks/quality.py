@@ -28,7 +28,9 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   without ``n``: the default before commit 2d3a04b), ``hope_prev`` (the same on every
   axis, ranked per neuron under every budget), ``hope_paper`` (``cost="paper"``; it
   prices only the paper's neuron layers, so its own density counts fewer neurons:
-  the benchmark converts, see `Bench.run_hope`),
+  the benchmark converts, see `Bench.run_hope`), ``hope_neurons`` (the default cost
+  on the paper's neuron layers only, as ``cost="paper"``: residual streams and other
+  coupled groups stay whole),
   ``hope_neighbors`` (``refresh="neighbors"``), ``hope_prune``
   (prune only), ``hope_mc``, ``hope_prune_mc`` (``mean_compensation=True``),
   ``hope_merge_paper`` (``merge_scale="paper"`` with the α* merge cost that prices
@@ -156,12 +158,19 @@ def _costs():
         def merge(self, c):
             return super().merge(c) * (c.n0 / self.mean_n0) ** self.beta
 
-    return ScoreRankCost, OrderCost, WidthWeightedCost
+    class NeuronsOnlyCost(costs.HopeCost):
+        """The default cost on the paper's neuron layers only (``groups="neurons"``,
+        as `cost="paper"`): residual streams and other coupled groups stay whole."""
+
+        name = "hope_neurons_only"
+        groups = "neurons"
+
+    return ScoreRankCost, OrderCost, WidthWeightedCost, NeuronsOnlyCost
 
 
 def hope_methods(ctx):
     """{name: (compress options, axes)}; `ctx` holds the model's mean savings."""
-    ScoreRankCost, OrderCost, WidthWeightedCost = _costs()
+    ScoreRankCost, OrderCost, WidthWeightedCost, NeuronsOnlyCost = _costs()
 
     def order(alpha, alpha_merge=False):
         return OrderCost(alpha, ctx["mean_params"], ctx["mean_flops"], alpha_merge)
@@ -171,6 +180,7 @@ def hope_methods(ctx):
         "hope_alpha_merge": (dict(cost=order(0.0, alpha_merge=True)), ("density",)),
         "hope_prev": (dict(cost=order(0.0, alpha_merge=True)), AXES),
         "hope_paper": (dict(cost="paper"), AXES),
+        "hope_neurons": (dict(cost=NeuronsOnlyCost()), AXES),
         "hope_mc": (dict(mean_compensation=True), AXES),
         "hope_neighbors": (dict(refresh="neighbors"), ("density",)),
         "hope_prune": (dict(actions=("prune",)), ("density",)),
@@ -193,7 +203,7 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_alpha_merge", "hope_prev", "hope_paper", "hope_mc", "hope_neighbors", "hope_prune",
+HOPE_NAMES = ("hope", "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc", "hope_neighbors", "hope_prune",
               "hope_prune_mc", "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
               "rank_gamma_prune", "rank_u_prune", "hope_width_b50", "order_a0", "order_a25",
               "order_a50", "order_a75", "order_param")
@@ -605,6 +615,7 @@ LABELS = {
     "hope_alpha_merge": "HOPE, merges priced by α* (default before 2d3a04b)",
     "hope_prev": "HOPE cost of 864cb63 (α* merge cost, J per neuron)",
     "hope_paper": "HOPE `cost=\"paper\"`",
+    "hope_neurons": "exp: default cost on the paper's neuron layers only (streams whole)",
     "hope_mc": "HOPE + mean compensation",
     "hope_neighbors": "HOPE `refresh=\"neighbors\"`",
     "hope_prune": "HOPE prune-only",
@@ -746,7 +757,13 @@ def decisions(results):
                 [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
         return list(RATIOS)
 
-    def block(title, methods, axis, note=""):
+    def ran(meth, axis):
+        return any(r and r["results"].get(meth, {}).get(axis) for r in results.values())
+
+    def block(title, methods, axis, note="", needs=()):
+        if needs and not any(ran(x, axis) for x in needs):
+            return  # none of the variants this block compares was run
+        methods = [x for x in methods if ran(x, axis)]
         lines.append(f"\n#### {title}\n")
         if note:
             lines.append(note + "\n")
@@ -773,14 +790,19 @@ def decisions(results):
           ["hope", "hope_alpha_merge", "hope_prev", "hope_merge_paper", "hope_prune",
            "hope_width_b50",
            "hope_neighbors", "hope_paper"], "density", dens)
+    ranks = ["rank_k", "rank_gamma", "rank_u", "rank_k_prune", "rank_gamma_prune",
+             "rank_u_prune"]
     block("Within-layer ranking (density axis)",
           ["hope", "rank_k", "rank_gamma", "rank_u", "hope_prune", "rank_k_prune",
-           "rank_gamma_prune", "rank_u_prune"], "density", dens)
-    mc_pairs = [b for b in BASELINES if not b.startswith("nm")]
-    block("Mean compensation (density axis)",
-          ["hope", "hope_mc", "hope_prune", "hope_prune_mc"] + mc_pairs, "density", dens)
-    block("Mean compensation (flops axis)", ["hope", "hope_mc"] + mc_pairs, "flops",
-          "Mean accuracy % over the FLOPs ratios 0.9…0.3 every listed method reached.")
+           "rank_gamma_prune", "rank_u_prune"], "density", dens, needs=ranks)
+    for axis in ("density", "flops"):
+        # Only the baselines run both ways (`name` and `name_mc`).
+        mc_pairs = [x for b in BASELINES if b.endswith("_mc") and ran(b, axis)
+                    for x in (b[:-3], b)]
+        block(f"Mean compensation ({axis} axis)",
+              ["hope", "hope_mc", "hope_prune", "hope_prune_mc"] + mc_pairs, axis,
+              dens if axis == "density" else "Mean accuracy % over the FLOPs ratios "
+              "0.9…0.3 every listed method reached.", needs=["hope_mc", "hope_prune_mc"])
     for axis in ("params", "flops"):
         block(f"Ordering under a {axis}= budget",
               ["hope", "order_a0", "order_a25", "order_a50", "order_a75", "order_param",
@@ -790,9 +812,42 @@ def decisions(results):
     return lines
 
 
+def summary(results):
+    """The default against the best plain baseline, held-out split, at the points of
+    issue 15's targets: one table for the CNNs, one for LeNet."""
+    lines = []
+    cnn = [m for m in ("demo", "vgg8", "resnet50") if results.get(m)]
+    head = [("density", d) for d in (0.9, 0.8, 0.7, 0.6, 0.5)]
+    flops = [("flops", f) for f in (0.8, 0.6, 0.5)]
+
+    def rows(model, points):
+        r = results[model]
+        a = [acc_at(r, "hope", ax, t) for ax, t in points]
+        b = [best_baseline(r, ax, t) for ax, t in points]
+        bold = [x is not None and y[0] is not None and x >= y[0] for x, y in zip(a, b)]
+        da = " | ".join(f"**{fmt(x)}**" if k else fmt(x) for x, k in zip(a, bold))
+        db = " | ".join(f"{fmt(v)} {short(n) if n else ''}".strip() for v, n in b)
+        return [f"| {model}, default | {da} |", f"| {model}, best baseline | {db} |"]
+
+    if cnn:
+        lines.append("| model | " + " | ".join(f"{t:g}" for _, t in head)
+                     + " | " + " | ".join(f"FLOPs {t:g}" for _, t in flops) + " |")
+        lines.append("|---" * (len(head) + len(flops) + 1) + "|")
+        for m in cnn:
+            lines += rows(m, head + flops)
+    if results.get("lenet300"):
+        pts = [("density", d) for d in (0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)] + flops
+        lines.append("\n| LeNet-300-100 | " + " | ".join(
+            f"{t:g}" if ax == "density" else f"FLOPs {t:g}" for ax, t in pts) + " |")
+        lines.append("|---" * (len(pts) + 1) + "|")
+        lines += [x.replace("lenet300, ", "") for x in rows("lenet300", pts)]
+    return lines
+
+
 def report(models=MODELS, plots=True):
     results = {m: load_results(m) for m in models}
-    lines = []
+    lines = ["\n### Summary: default against the best baseline (held-out split)\n"]
+    lines += summary(results)
     for model in models:
         r = results.get(model)
         if r is None:
