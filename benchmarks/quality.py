@@ -203,7 +203,8 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc", "hope_neighbors", "hope_prune",
+HOPE_NAMES = ("hope", "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc",
+              "hope_neighbors", "hope_prune",
               "hope_prune_mc", "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
               "rank_gamma_prune", "rank_u_prune", "hope_width_b50", "order_a0", "order_a25",
               "order_a50", "order_a75", "order_param")
@@ -785,11 +786,18 @@ def decisions(results):
                     cells.append(fmt(v))
             lines.append(f"| {LABELS.get(meth, meth)} | " + " | ".join(cells) + " |")
 
-    dens = "Mean accuracy % over densities 0.9…0.3 (LeNet 0.8…0.2)."
+    dens = ("Mean accuracy % over the densities 0.9…0.3 (LeNet 0.8…0.2) that every "
+            "listed method reached on that model.")
     block("Merge cost, merges, allocation (density axis)",
           ["hope", "hope_alpha_merge", "hope_prev", "hope_merge_paper", "hope_prune",
            "hope_width_b50",
            "hope_neighbors", "hope_paper"], "density", dens)
+    for axis in ("density", "flops"):
+        block(f"Residual streams priced or whole ({axis} axis)",
+              ["hope", "hope_neurons", "hope_paper"], axis,
+              dens if axis == "density" else "Mean accuracy % over the FLOPs ratios "
+              "0.9…0.3 every listed method reached on that model.",
+              needs=["hope_neurons"])
     ranks = ["rank_k", "rank_gamma", "rank_u", "rank_k_prune", "rank_gamma_prune",
              "rank_u_prune"]
     block("Within-layer ranking (density axis)",
@@ -896,7 +904,7 @@ def plot(model, r):
 
     IMG.mkdir(parents=True, exist_ok=True)
     fig, axs = plt.subplots(1, 3, figsize=(16, 4.8), sharey=True)
-    show = ["hope", "hope_alpha_merge", "hope_paper", "hope_prune", "order_a0",
+    show = ["hope", "hope_alpha_merge", "hope_paper", "hope_neurons", "hope_prune", "order_a0",
             "order_param"] + \
         list(PLAIN_BASELINES) + ["bn_scale_layer_mc", "bn_scale_global_mc"]
     colors = plt.get_cmap("tab20").colors
