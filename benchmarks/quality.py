@@ -238,7 +238,15 @@ def heldout_test(n: int):
     return x, data["y_test"][idx].astype(np.int64)
 
 
-def load(model_name: str, n_sel: int, n_heldout: int):
+def load(model_name: str, split: str = "subset"):
+    """(model, x_test, y_test, x_calib) for one split: ``"subset"`` (the bundled 2000
+    images) or ``"heldout"`` (2000 others). Used by benchmarks/pipeline.py."""
+    model, splits, xc = load_splits(model_name, 2000, 2000)
+    x, y = splits["heldout" if split == "heldout" else "sel"]
+    return model, x, y, xc
+
+
+def load_splits(model_name: str, n_sel: int, n_heldout: int):
     """(model, {split: (x, y)}, x_calib) for a benchmark model."""
     import keras
 
@@ -339,7 +347,7 @@ class Bench:
         import hope_keras
         from hope_keras.calibration import calibrate
 
-        model, splits, xc = load(model_name, n_sel, n_heldout)
+        model, splits, xc = load_splits(model_name, n_sel, n_heldout)
         info = {"model": model_name, "params": int(model.count_params()),
                 "n": {k: int(len(v[0])) for k, v in splits.items()}}
         if model_name == "lenet300":
