@@ -142,3 +142,113 @@ def test_plan_rejects_a_non_dense_head():
         deft.plan(model, head="nope")
     with pytest.raises(ValueError, match="pinned_elasticity"):
         deft.plan(model, pinned_elasticity=0.5)
+
+
+# ------------------------------------------------------ shock reduction (compensate)
+def _bias_choice_mlp(use_bias, seed=0):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,))
+    x = inputs
+    for k, w in enumerate((12, 10)):
+        x = keras.layers.Dense(w, use_bias=use_bias, name=f"fc{k}")(x)
+        x = keras.layers.ReLU()(keras.layers.BatchNormalization(name=f"fc{k}_bn")(x))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            n = layer.gamma.shape[0]
+            layer.gamma.assign(rng.uniform(0.5, 1.5, n))
+            layer.beta.assign(rng.normal(0.0, 0.5, n))
+            layer.moving_mean.assign(rng.normal(0.0, 0.3, n))
+            layer.moving_variance.assign(rng.uniform(0.5, 2.0, n))
+    return model
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_mean_compensation_is_exact_when_the_cut_signal_is_constant(use_bias):
+    # Slack neurons with γ = 0 output the constant ReLU(β): replacing their cut
+    # weights by weight × mean (into the core bias, or the core BN's moving mean when
+    # there is no bias) must leave every output unchanged, the grafted head included.
+    model = _bias_choice_mlp(use_bias)
+    p = deft.plan(model, percentile=40)
+    assert p.options["compensate"] == "mean"  # the default
+    for g in p.groups:
+        bn = model.get_layer(p.options["bn_of"][g])
+        gamma = bn.gamma.numpy()
+        gamma[p.elasticity[g] > 0] = 0.0
+        bn.gamma.assign(gamma)
+    assert p.mask("fc1", model.get_layer("fc1").kernel.shape) is not None
+    x = np.random.default_rng(1).normal(size=(64, 6)).astype("float32")
+    want = np.asarray(model(x))
+    errors = {}
+    for comp in ("none", "mean"):
+        m = copy_model(model)
+        deft.apply_plan(m, p, merges=False, check=False, compensate=comp)
+        graft = deft.SourceRetention(m, plan=p, compensate=comp).logits(m, x)
+        errors[comp] = (np.abs(np.asarray(m(x)) - want).max(), np.abs(graft - want).max())
+    assert min(errors["none"]) > 1e-2, errors
+    assert max(errors["mean"]) < 1e-5, errors
+
+
+def test_mean_var_compensation_against_an_explicit_loop():
+    model = small_resnet(seed=3)
+    p = deft.plan(model, percentile=50, compensate="mean_var")
+    m = copy_model(model)
+    p.apply(m)
+    from hope_keras import moments
+    from hope_keras.graph import walk
+
+    # Reference: the merged (unmasked) model's surrogate moments, explicit loops.
+    ref = copy_model(model)
+    p.apply(ref, mask=False)
+    fg = walk(ref).flat
+    table = moments.propagate(fg)
+    checked = 0
+    for name in p.input_drift:
+        layer = ref.get_layer(name)
+        mask = p.mask(name, layer.kernel.shape)
+        if mask is None or name == p.head:
+            continue
+        k = layer.kernel.numpy().astype(np.float64)
+        k = k.reshape(-1, k.shape[-2], k.shape[-1])
+        mean, var = table[fg.node_of(name).inputs[0]]
+        cut = mask.reshape(k.shape[1:]) == 0
+        bn = [c for c in fg.children(fg.node_of(name))][0].op
+        for b in range(k.shape[2]):
+            shift = lost = total = 0.0
+            for a in range(k.shape[1]):
+                for s in range(k.shape[0]):
+                    total += k[s, a, b] ** 2 * var[a]
+                    if cut[a, b]:
+                        shift += k[s, a, b] * mean[a]
+                        lost += k[s, a, b] ** 2 * var[a]
+            new_bias = m.get_layer(name).bias.numpy()[b]
+            np.testing.assert_allclose(new_bias, layer.bias.numpy()[b] + shift,
+                                       rtol=1e-5, atol=1e-6)
+            kept = max(1.0 - lost / total, 1e-2) if total > 0 else 1.0
+            np.testing.assert_allclose(m.get_layer(bn.name).moving_variance.numpy()[b],
+                                       bn.moving_variance.numpy()[b] * kept, rtol=1e-5)
+            checked += int(cut[:, b].any())
+    assert checked > 0
+
+
+def test_per_layer_threshold_and_summary(tmp_path):
+    model = small_resnet(seed=2)
+    p = deft.plan(model, percentile=40, threshold="layer", compensate="none")
+    for g in p.groups:
+        tau = deft.lock_threshold(p.j_prune[g], p.c_rem[g], 40)[0]
+        assert p.tau_groups[g] == tau
+        rule = (p.j_prune[g] < tau).astype(np.float32)
+        rule[p.vessels[g]] = 1.0
+        np.testing.assert_array_equal(p.elasticity[g], rule)
+        assert p.counts()[g][0] >= 1
+    lines = []
+    p.summary(print_fn=lines.append)
+    assert "threshold layer" in lines[0] and "inputs from slack" in lines[0]
+    p.save(tmp_path / "p.npz")
+    q = DeftPlan.load(tmp_path / "p.npz")
+    assert q.tau_groups == p.tau_groups and q.options["compensate"] == "none"
+    with pytest.raises(ValueError, match="threshold='per-layer'"):
+        deft.plan(model, threshold="per-layer")
+    with pytest.raises(ValueError, match="compensate='median'"):
+        deft.plan(model, compensate="median")
