@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export KERAS_BACKEND ?= tensorflow
 
-.PHONY: test test-apps fuzz demo bench clean
+.PHONY: test test-apps test-keras-range fuzz demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ test: $(STAMP)
 test-apps: $(STAMP)
 	$(PY) -m pytest tests/test_applications.py -m applications -p no:doctest
 
+# The Keras-facing tests on the oldest and newest Keras that pyproject.toml allows,
+# each installed next to the environment's TensorFlow (cached in .cache/keras-range).
+test-keras-range: $(STAMP)
+	PY=$(PY) scripts/test_keras_range.sh
+
 fuzz: $(STAMP)
 	HOPE_FUZZ_N=500 $(PY) -m pytest tests/test_fuzz.py -q -rs -s
 
@@ -31,4 +36,4 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .cache/keras-range

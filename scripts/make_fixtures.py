@@ -103,6 +103,45 @@ def load_fashion_mnist(directory: Path = FMNIST_DIR) -> dict[str, np.ndarray]:
     return {key: read_idx(directory / name) for key, name in FILES.items()}
 
 
+# Config keys that newer Keras writes with these default values and that older Keras
+# releases in the supported range (pyproject.toml) reject as unknown arguments.
+_NEW_DEFAULT_KEYS = {
+    "input_axes": None, "output_axes": None,  # initializers, Keras 3.15
+    "quantization_config": None,  # Dense/Conv
+    "renorm": False, "renorm_clipping": None, "renorm_momentum": 0.99,  # BatchNormalization
+    "optional": False,  # InputLayer
+}
+
+
+def make_portable(path: Path) -> None:
+    """Rewrites a ``.keras`` file so that the oldest supported Keras loads it too.
+
+    Drops the config keys of ``_NEW_DEFAULT_KEYS`` where they hold their default
+    value (the newer Keras that wrote them fills in the same default when they are
+    missing); the weights are copied byte for byte.
+    """
+    import json
+    import zipfile
+
+    def strip(obj):
+        if isinstance(obj, dict):
+            return {k: strip(v) for k, v in obj.items()
+                    if not (k in _NEW_DEFAULT_KEYS and type(v) is type(_NEW_DEFAULT_KEYS[k])
+                            and v == _NEW_DEFAULT_KEYS[k])}
+        if isinstance(obj, list):
+            return [strip(v) for v in obj]
+        return obj
+
+    tmp = path.with_suffix(".tmp")
+    with zipfile.ZipFile(path) as zin, zipfile.ZipFile(tmp, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename == "config.json":
+                data = json.dumps(strip(json.loads(data))).encode()
+            zout.writestr(info, data)
+    tmp.replace(path)
+
+
 def build_model(dropout: float = 0.3):
     """The fixture architecture (see the module docstring)."""
     import keras
@@ -207,6 +246,7 @@ def main(argv=None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     model_path = args.out_dir / "fmnist_cnn.keras"
     final.save(model_path)
+    make_portable(model_path)
     data_path = args.out_dir / "fmnist_test_subset.npz"
     np.savez_compressed(
         data_path,

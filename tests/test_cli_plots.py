@@ -28,8 +28,21 @@ def model_file(tmp_path_factory):
     return path
 
 
-def test_cli_compress_replay_report(model_file, tmp_path):
+def _in_process(capsys, *args):
+    """Runs the CLI in this process (no TensorFlow start); returns (status, stdout)."""
+    from hope_keras import cli
+
+    capsys.readouterr()
+    try:
+        status = cli.main(list(args))
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().out
+
+
+def test_cli_compress_replay_report(model_file, tmp_path, capsys):
     out, traj, png = (str(tmp_path / n) for n in ("slim.keras", "t.npz", "r.png"))
+    # One real subprocess: the command as a user runs it, stderr free of start-up noise.
     r = run("compress", model_file, "--density", "0.5", "--out", out, "--trajectory", traj)
     assert r.returncode == 0, r.stderr
     assert "density 0.5" in r.stdout
@@ -40,28 +53,27 @@ def test_cli_compress_replay_report(model_file, tmp_path):
     assert small.count_params() < original.count_params()
 
     replayed = str(tmp_path / "replayed.keras")
-    r = run("replay", model_file, traj, "--density", "0.5", "--out", replayed, "--quiet")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == ""
+    status, stdout = _in_process(capsys, "replay", model_file, traj, "--density", "0.5",
+                                 "--out", replayed, "--quiet")
+    assert status == 0 and stdout == ""
     x = np.random.default_rng(0).normal(size=(3, 10, 10, 3)).astype("float32")
     np.testing.assert_allclose(keras.models.load_model(replayed)(x), small(x), rtol=1e-6,
                                atol=1e-6)
 
-    r = run("report", traj, "--out", png)
-    assert r.returncode == 0, r.stderr
-    assert os.path.getsize(png) > 10_000
-    r = run("report", traj, "--out", png, "--model", model_file)
-    assert r.returncode == 0, r.stderr
-    assert f"{small.count_params():,}" in r.stdout and "FLOPs / example" in r.stdout
+    status, _ = _in_process(capsys, "report", traj, "--out", png)
+    assert status == 0 and os.path.getsize(png) > 10_000
+    status, stdout = _in_process(capsys, "report", traj, "--out", png, "--model", model_file)
+    assert status == 0
+    assert f"{small.count_params():,}" in stdout and "FLOPs / example" in stdout
 
     tfl = str(tmp_path / "slim.tflite")
-    r = run("export", out, "--out", tfl)
-    assert r.returncode == 0, r.stderr
+    status, _ = _in_process(capsys, "export", out, "--out", tfl)
+    assert status == 0
     np.testing.assert_allclose(hope_keras.export.tflite_predict(tfl, x), small(x),
                                rtol=1e-5, atol=1e-5)
 
-    r = run("analyze", model_file)
-    assert r.returncode == 0 and "b1_add" in r.stdout and "Pinned" in r.stdout
+    status, stdout = _in_process(capsys, "analyze", model_file)
+    assert status == 0 and "b1_add" in stdout and "Pinned" in stdout
 
 
 def test_cli_errors_have_shell_exit_codes(model_file, tmp_path, capsys):

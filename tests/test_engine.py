@@ -284,9 +284,9 @@ def test_interruption_leaves_model_at_last_completed_step(exc, monkeypatch):
     calls = {"n": 0}
     real_prune = edit.ModelEditor.prune
 
-    def flaky_prune(self, group, i):
+    def flaky_prune(self, group, i, **kwargs):  # merges call it too (compensate=)
         calls["n"] += 1
-        real_prune(self, group, i)  # writes half of the step, then fails
+        real_prune(self, group, i, **kwargs)  # writes half of the step, then fails
         if calls["n"] == 6:
             raise exc("interrupted")
 
@@ -412,3 +412,79 @@ def test_mean_compensation_of_a_bias_free_consumer_goes_into_its_bn_mean():
     expected = ref_bn(z.astype("float32"), training=False).numpy()
     probe = keras.Model(model.inputs, model.get_layer("b_bn").output)
     np.testing.assert_allclose(probe.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-5)
+
+
+def _flops(model):
+    """2 × multiply-adds of the Dense/Conv layers for one example (independent count)."""
+    total = 0
+    for layer in model.layers:
+        if isinstance(layer, (L.Dense, L.Conv2D)):
+            spatial = int(np.prod(layer.output.shape[1:-1] or [1]))
+            total += 2 * spatial * int(np.prod(layer.kernel.shape))
+    return total
+
+
+def test_hope_cost_ranks_a_flops_budget_by_the_geometric_mean_of_neurons_and_flops():
+    """Under flops=, DR = J / sqrt(k·S), S the FLOPs the slimmed model loses (counted
+    here by slimming the edited model), k the neurons removed."""
+    from hope_keras.edit import ModelEditor
+
+    model = small_resnet(seed=5)
+    base = _flops(hope_keras.slim(model))
+
+    def saved(edit):
+        m = copy_model(model)
+        editor = ModelEditor(m, hope_keras.analyze(m).graph)  # the copy's layers
+        with editor.step():
+            edit(editor)
+        editor.commit()
+        return base - _flops(hope_keras.slim(m))
+
+    enc = Encoder(model, budget="flops")
+    drs = []
+    for name in enc.groups:
+        a = enc.best_group_action(name)
+        S = saved(lambda e: e.prune(name, 0))
+        assert S > 0 and a.DR == pytest.approx(a.J / np.sqrt(S), rel=1e-9)
+        drs.append(a.DR)
+    a = enc.eviction_action("b1_add")
+    S = saved(lambda e: e.evict("b1_add"))
+    assert a.neurons == 6 and a.DR == pytest.approx(a.J / np.sqrt(6 * S), rel=1e-9)
+    drs.append(a.DR)
+    step = hope_keras.compress(copy_model(model), flops=0.5, steps=1,
+                               verbose=False).trajectory.steps[0]
+    assert step.DR == pytest.approx(min(drs), rel=1e-9)
+    # Density and params budgets keep J per neuron removed.
+    for budget in ("density", "params"):
+        enc.set_budget(budget)
+        assert enc.eviction_action("b1_add").DR == pytest.approx(a.J / 6)
+
+
+def test_hope_cost_prices_the_sum_scale_parent_it_builds():
+    """Neuron 4 of fc0 is neuron 1 scaled by 2 (y_4 = 2·y_1) with another output
+    vector: f_1 + f_4 is one neuron, so the sum-scale merge is lossless and the default
+    cost prices it at 0; the paper's α*-scaled parent shrinks the output (J > 0)."""
+    model = mlp((6, 5), seed=7)
+    p, bn = model.get_layer("fc0"), model.get_layer("fc0_bn")
+    _set(p, "kernel", lambda w: np.where(np.arange(6) == 4, 2 * w[:, 1:2], w))
+    _set(p, "bias", lambda b: np.where(np.arange(6) == 4, 2 * b[1], b))
+    eps = bn.epsilon
+    for attr, fn in (("gamma", lambda a: 2 * a[1]), ("beta", lambda a: 2 * a[1]),
+                     ("moving_mean", lambda a: 2 * a[1]),
+                     ("moving_variance", lambda a: 4 * a[1] + 3 * eps)):
+        _set(bn, attr, lambda a, fn=fn: np.where(np.arange(6) == 4, fn(a), a))
+    x = _x(model)
+    relu = keras.Model(model.input, model.get_layer("fc0_relu").output)(x).numpy()
+    np.testing.assert_allclose(relu[:, 4], 2 * relu[:, 1], rtol=1e-5, atol=1e-6)
+    before = copy_model(model)
+    enc = Encoder(model, actions=("merge",))
+    a = enc.best_group_action("fc0")
+    assert (a.kind, a.i, a.j) == ("merge", 1, 4) and a.J == pytest.approx(0.0, abs=1e-6)
+    gs = enc.groups["fc0"]
+    cap = gs.cache.capacity
+    paper_J = hope_keras.costs.j_merge(cap[1] ** 2 + cap[4] ** 2, gs.cache.B[1, 4],
+                                       gs.C - cap[1] - cap[4], 1)
+    assert paper_J > 1e-3
+    enc.execute(a)
+    enc.editor.commit()
+    assert outputs_equal(model, before, x, rtol=1e-5, atol=1e-5)

@@ -212,3 +212,19 @@ def test_channels_first_pooling_on_channels_last_tensors_pins_with_a_reason():
     assert "channels_first" in reasons["c"]
     with pytest.raises(ValueError, match="no compressible"):
         hope_keras.compress(model, density=0.5, verbose=False)
+
+
+@pytest.mark.parametrize("pattern", [concatenate, residual_stream, channels_first_flatten],
+                         ids=lambda p: p.__name__)
+def test_baselines_on_coupled_patterns_slim_exactly(pattern):
+    from hope_keras import baselines
+
+    for method in ("l1_input", "bn_scale", "neuron_merging"):
+        model = _model(pattern, seed=4)
+        if method == "neuron_merging":
+            baselines.neuron_merging(model, density=0.6)
+        else:
+            baselines.prune(model, density=0.6, method=method, mean_compensation=True)
+        small = hope_keras.slim(model)
+        assert _same(model, small, _x(model)), method
+        assert small.count_params() < model.count_params()

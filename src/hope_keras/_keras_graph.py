@@ -1,11 +1,13 @@
-"""The one adapter to Keras's graph internals: a model as a flat list of calls.
+"""The one adapter to Keras's private internals: a model as a flat list of calls.
 
 Keras 3 keeps a Functional model's graph in private attributes (``_nodes_by_depth``,
-``Node.arguments``, ``KerasTensor._keras_history``, ``Layer._inbound_nodes``). This is
-the only module of hope_keras that reads them; everything else works on the
-`FlatGraph` it returns. The Keras versions it is tested with are stated in
-``pyproject.toml``; CI's ``make test-keras-range`` runs the walker and slim tests on
-the oldest and newest of them.
+``Node.arguments``, ``KerasTensor._keras_history``, ``Layer._inbound_nodes``), and
+some classes hope_keras needs live only in private modules (``keras.src...``). This
+is the only module of hope_keras that reads them (and the few private attributes of
+models and optimizers that the training wrappers need); everything else works on the
+`FlatGraph` and the small functions here. The supported Keras range is stated in
+``pyproject.toml``; ``make test-keras-range`` runs the walker, registry, slim and
+engine tests on its oldest and newest versions (see docs/architecture.md).
 
 A `FlatGraph` is the model with every nested Functional/Sequential sub-model
 expanded inline: one `FlatNode` per call of a layer (or of a Keras operation such
@@ -23,7 +25,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 import keras
 
 __all__ = ["FlatGraph", "FlatNode", "flatten", "rebuild", "functional_of", "flat_name",
-           "producer_layer_of", "input_layers_of", "inbound_count"]
+           "producer_layer_of", "input_layers_of", "inbound_count", "call_shapes",
+           "nested_layers", "accepts_training", "run_through_graph", "optional_classes",
+           "loss_tracker", "optimizer_variables", "optimizer_trainable_variables"]
 
 
 @dataclasses.dataclass
@@ -52,6 +56,11 @@ class FlatNode:
         """The call's ``(args, kwargs)`` with tensor keys replaced from `tensors`."""
         table = {tid: tensors[key] for tid, key in self._local.items() if key in tensors}
         return self._node.arguments.fill_in(table)
+
+    @property
+    def args(self) -> tuple:
+        """The call's positional arguments as recorded (symbolic tensors, constants)."""
+        return tuple(self._node.arguments.args)
 
 
 @dataclasses.dataclass
@@ -322,6 +331,36 @@ def nested_layers(layer) -> List[object]:
     """Every layer inside a nested model/layer (empty for a plain layer)."""
     fn = getattr(layer, "_flatten_layers", None)
     return list(fn(include_self=False)) if fn is not None else []
+
+
+def optional_classes(module: str, names) -> Dict[str, type]:
+    """Classes that exist only in a private Keras module (``keras.src.<module>``):
+    ``{name: class}`` for those this Keras version has (empty if the module is absent).
+    """
+    import importlib
+
+    try:
+        mod = importlib.import_module(f"keras.src.{module}")
+    except ImportError:
+        return {}
+    return {n: getattr(mod, n) for n in names if isinstance(getattr(mod, n, None), type)}
+
+
+def loss_tracker(model):
+    """The `keras.metrics.Mean` that a compiled model's ``fit`` reports as ``loss``
+    (a custom ``train_step`` updates it)."""
+    return model._loss_tracker
+
+
+def optimizer_variables(optimizer) -> list:
+    """The variables an optimizer created itself (``iterations``, learning rate,
+    slots), without those of the optimizers it wraps."""
+    return list(optimizer._variables)
+
+
+def optimizer_trainable_variables(optimizer) -> list:
+    """The model variables an optimizer was built for, in its slot order."""
+    return list(optimizer._trainable_variables)
 
 
 def accepts_training(op) -> bool:

@@ -47,7 +47,6 @@ import numpy as np
 
 from hope_keras.analysis import Analysis, analyze
 from hope_keras.edit import ModelEditor
-from hope_keras.neurons import consumer_rows, rows_to_kernel
 
 __all__ = [
     "METHODS",
@@ -256,7 +255,7 @@ def neuron_merging(model, density: float, criterion: str = "auto", bn_aware: boo
     for name, st in a.states.items():
         crit = criterion
         if crit == "auto":
-            dense = isinstance(model.get_layer(st.group.producer), keras.layers.Dense)
+            dense = isinstance(a.graph.layer(st.group.producer), keras.layers.Dense)
             crit = "l2" if dense else "l1"
         group_scores[name] = _filter_norm(st, 1 if crit == "l1" else 2)
     removed = _select(a, group_scores, density, scope)
@@ -285,13 +284,19 @@ def neuron_merging(model, density: float, criterion: str = "auto", bn_aware: boo
                 coef[r, k] = s
                 merges.append((g, int(p), k, s, c))
         with editor.step():
-            if np.any(coef):
-                for cons in grp.consumers:
-                    kernel = editor.array(cons.layer, "kernel")
-                    rows = consumer_rows(kernel.astype(np.float64), cons.kind, grp.size)
-                    rows = rows + coef.T @ rows[rem]
-                    new = rows_to_kernel(rows, cons.kind, kernel.shape).astype(kernel.dtype)
-                    editor._write(cons.layer, "kernel", Ellipsis, new)
+            # u_k += s·u_p in every reader, at the channels' positions (Flatten rows,
+            # concatenation offsets, separable kernels alike).
+            for r, k in zip(*np.nonzero(coef)):
+                p = int(rem[r])
+                for reader in grp.readers:
+                    slices = editor._in_indices(reader, int(k))
+                    if len(slices) != 1:  # a separable reader: no linear merge exists
+                        continue
+                    for (attr, idx_k), (_, idx_p) in zip(slices,
+                                                         editor._in_indices(reader, p)):
+                        arr = editor.array(reader.layer, attr)
+                        value = arr[idx_k].astype(np.float64) + coef[r, k] * arr[idx_p]
+                        editor._write(reader.layer, attr, idx_k, value.astype(arr.dtype))
             for p in rem:
                 editor.prune(g, int(p))
     editor.commit()

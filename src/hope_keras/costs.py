@@ -582,11 +582,22 @@ class HopeCost(Cost):
 
     * prune: ``J = ‖f_i‖/(C − ‖f_i‖)``, the relative capacity the layer loses
       (emptying a layer from ``n0`` to ``n`` neurons costs about ``log(n0/n)``);
-    * merge: the paper's ``J_merge`` without the width factor ``n``;
+    * merge: the residual of the parent the engine builds with the default
+      ``merge_scale="sum"`` (capacity ``B``), relative to what the layer keeps:
+      ``J = sqrt(max(‖f_i + f_j‖² − B², 0)) / (C_rem + B)`` (the sum-consistent
+      cost, without ``n``). It is never much above the cost of pruning the weaker
+      neuron, since a merge is that prune with the best compensation the other
+      neuron can give. (The paper's ``J_merge`` prices the α*-scaled parent that
+      ``merge_scale="paper"`` builds.)
     * evict: ``J = C_branch / C_identity``, the relative RMS the stream loses;
-    * rank: ``J`` per neuron removed under a density budget (an eviction removes
-      every live neuron of its block); see docs/theory.md for the derivation and
-      docs/quality.md for the measurements behind the choice.
+    * rank: ``J`` per neuron removed (an eviction removes every live neuron of its
+      block) under a density or a params budget; under a FLOPs budget ``J`` per
+      geometric mean of the neurons ``k`` and the FLOPs ``S`` the action removes,
+      ``J / sqrt(k·S)``. Per neuron, a FLOPs budget is bought without looking at
+      what it counts (FLOPs per neuron differ ~100× between an early convolution
+      and a Dense layer); per FLOP (``J / S``), the layers with the costliest
+      neurons are thinned until they break. See docs/theory.md for the
+      derivation and docs/quality.md for the measurements behind the choice.
     """
 
     name = "hope"
@@ -595,13 +606,16 @@ class HopeCost(Cost):
         return j_prune(c.capacity, c.C, 1.0)
 
     def merge(self, c):
-        return j_merge(c.A, c.B, c.c_rem, 1.0)
+        return j_merge_residual(c.norm_sum_sq, c.B, c.c_rem, 1.0)
 
     def evict(self, c):
         return float(c.c_branch / max(float(c.c_identity), FLOOR))
 
     def rank(self, J, info):
-        return J / np.maximum(info.neurons, 1)
+        k = np.maximum(info.neurons, 1)
+        if info.budget == "flops":
+            return J / np.sqrt(k * np.maximum(info.flops, 1.0))
+        return J / k
 
 
 _COSTS = {"paper": PaperCost, "hope": HopeCost}

@@ -45,6 +45,8 @@ from typing import Dict, List, Optional, Sequence
 import keras
 import numpy as np
 
+from hope_keras import _keras_graph as kg
+
 __all__ = [
     "WeightAxis", "LayerRule", "SourceRule", "ChannelwiseRule", "MergeRule",
     "ConcatRule", "FlattenRule", "ReshapeRule", "UnsupportedRule", "register", "get",
@@ -440,15 +442,15 @@ def _register_builtins():
     for c in (L.LayerNormalization, L.GroupNormalization, L.UnitNormalization):
         register(c, UnsupportedRule(
             "normalises across channels: removing a channel would change the others"))
-    try:  # ConvNeXt's per-channel scale and stochastic depth (keras.applications)
-        from keras.src.applications import convnext
-
-        register(convnext.LayerScale, ChannelwiseRule([WeightAxis("gamma", 0)],
-                                                      data_format=False))
-        register(convnext.StochasticDepth, ChannelwiseRule(passthrough=True,
-                                                           data_format=False))
-    except ImportError:  # pragma: no cover - older Keras
-        pass
+    # ConvNeXt's per-channel scale and stochastic depth (keras.applications)
+    convnext = kg.optional_classes("applications.convnext",
+                                   ("LayerScale", "StochasticDepth"))
+    if "LayerScale" in convnext:
+        register(convnext["LayerScale"], ChannelwiseRule([WeightAxis("gamma", 0)],
+                                                         data_format=False))
+    if "StochasticDepth" in convnext:
+        register(convnext["StochasticDepth"], ChannelwiseRule(passthrough=True,
+                                                              data_format=False))
     _register_ops()
 
 
@@ -466,21 +468,18 @@ class _ScalarOpRule(LayerRule):
 
 
 def _register_ops():
-    try:
-        from keras.src.ops import numpy as knp
-    except ImportError:  # pragma: no cover
-        return
-    for name, op in (("Add", "add"), ("Subtract", "subtract"), ("Multiply", "multiply"),
-                     ("Divide", "divide"), ("TrueDivide", "divide")):
-        cls = getattr(knp, name, None)
-        if cls is not None:
-            register(cls, _ScalarOpRule(op))
+    ops = (("Add", "add"), ("Subtract", "subtract"), ("Multiply", "multiply"),
+           ("Divide", "divide"), ("TrueDivide", "divide"))
+    classes = kg.optional_classes("ops.numpy", [name for name, _ in ops])
+    for name, op in ops:
+        if name in classes:
+            register(classes[name], _ScalarOpRule(op))
 
 
 def scalar_operand(node):
     """For an operation node of `_ScalarOpRule`: ``(scalar, tensor_first)`` when it
     combines one tensor with a Python/numpy scalar, else None."""
-    args = node._node.arguments.args
+    args = node.args
     if len(args) != 2:
         return None
     kinds = [isinstance(a, keras.KerasTensor) for a in args]

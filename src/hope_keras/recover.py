@@ -33,6 +33,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from hope_keras import _keras_graph as kg
 from hope_keras.bn_stats import reestimate_batchnorm_statistics
 
 __all__ = ["Distiller", "recover"]
@@ -50,9 +51,9 @@ def _output_layer(model):
         raise ValueError(
             f"recover distils a model with one output; model {model.name!r} has "
             f"{len(model.outputs)}. Received: outputs={[t.name for t in model.outputs]}")
-    op = model.outputs[0]._keras_history.operation
+    op = kg.producer_layer_of(model.outputs[0])
     while isinstance(op, keras.Model) and getattr(op, "outputs", None):
-        op = op.outputs[0]._keras_history.operation
+        op = kg.producer_layer_of(op.outputs[0])
     return op
 
 
@@ -80,8 +81,7 @@ _NOISE_TYPES = (keras.layers.Dropout, keras.layers.GaussianDropout,
 
 def _noise_layers(model):
     """Dropout-like layers of ``model`` (nested models included)."""
-    return [layer for layer in model._flatten_layers(include_self=False)
-            if isinstance(layer, _NOISE_TYPES)]
+    return [layer for layer in kg.nested_layers(model) if isinstance(layer, _NOISE_TYPES)]
 
 
 class _Overrides:
@@ -308,7 +308,7 @@ class Distiller(keras.Model):
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self.compute_loss(x, y, y_pred, sample_weight, training=True)
-            self._loss_tracker.update_state(
+            kg.loss_tracker(self).update_state(
                 loss * self._replicas(),
                 sample_weight=tf.shape(keras.tree.flatten(x)[0])[0])
             scaled = self.optimizer.scale_loss(loss)
@@ -334,7 +334,7 @@ class Distiller(keras.Model):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         y_pred = self(x, training=False)
         loss = self.compute_loss(x, y, y_pred, sample_weight, training=False)
-        self._loss_tracker.update_state(
+        kg.loss_tracker(self).update_state(
             loss * self._replicas(),
             sample_weight=ops.shape(keras.tree.flatten(x)[0])[0])
         return self._logs(x, y, y_pred, sample_weight)
@@ -343,7 +343,7 @@ class Distiller(keras.Model):
         """Runs ``fit``/``evaluate`` with the overrides on and BN synchronised."""
         bns = []
         if self.batchnorm == "train" and self._replicas() > 1:
-            bns = [layer for layer in self.student._flatten_layers(include_self=False)
+            bns = [layer for layer in kg.nested_layers(self.student)
                    if isinstance(layer, keras.layers.BatchNormalization)
                    and not layer.synchronized]
         for bn in bns:

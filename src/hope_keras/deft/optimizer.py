@@ -8,6 +8,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from hope_keras import _keras_graph as kg
+
 __all__ = ["ElasticOptimizer"]
 
 
@@ -154,7 +156,7 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        return self._variables + self.inner_optimizer.variables
+        return kg.optimizer_variables(self) + self.inner_optimizer.variables
 
     def apply(self, grads, trainable_variables=None):
         if not self.built:
@@ -162,13 +164,13 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
                 self.build(trainable_variables)
             self.built = True
         tvs = trainable_variables if trainable_variables is not None else \
-            self._trainable_variables
+            kg.optimizer_trainable_variables(self)
         scaled = self.scale_gradients(list(grads), list(tvs))
         return self.inner_optimizer.apply(scaled, trainable_variables=trainable_variables)
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-        scaled = self.scale_gradients(list(grads), self._trainable_variables)
-        n_own = len(self._variables)
+        scaled = self.scale_gradients(list(grads), kg.optimizer_trainable_variables(self))
+        n_own = len(kg.optimizer_variables(self))
         own = list(optimizer_variables[:n_own])
         new_vars, new_inner = self.inner_optimizer.stateless_apply(
             optimizer_variables[n_own:], scaled, trainable_variables)

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Runs the Keras-facing tests (the adapter hope_keras._keras_graph, the layer
+# registry, walker, slim, engine, and the training wrappers) on the oldest and the newest Keras release that
+# pyproject.toml allows, each installed with --no-deps into its own folder under
+# .cache/keras-range/ and put in front of the virtual environment's own Keras (so the
+# environment's TensorFlow and the other Keras dependencies are shared).
+#
+# Usage: scripts/test_keras_range.sh   (or `make test-keras-range`)
+# Environment: PY (default .venv/bin/python), KERAS_RANGE_CACHE (default
+# .cache/keras-range), KERAS_VERSIONS (default: "<oldest> <newest>", resolved from
+# pyproject.toml and the package index). Needs the package index once per version.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+CACHE=${KERAS_RANGE_CACHE:-.cache/keras-range}
+TESTS=(
+    tests/test_keras_graph.py tests/test_graph.py tests/test_layer_patterns.py
+    tests/test_slim_trajectory.py tests/test_engine.py tests/test_data.py
+    tests/test_profile.py::test_flops_equal_a_brute_force_count_of_multiply_accumulates
+    tests/test_profile.py::test_nested_sequential_and_shared_layers
+    src/hope_keras/_keras_graph.py src/hope_keras/layers.py
+    # What sets the floor (docs/architecture.md): training wrappers on Keras internals.
+    tests/test_recover.py::test_labels_and_teacherless_training
+    tests/test_deft_training.py::test_optimizer_config_roundtrip_and_model_save
+    src/hope_keras/deft/optimizer.py
+)
+
+# The requirement as pyproject.toml states it, e.g. keras>=3.6.0,<4.
+spec=$(sed -n 's/^ *"\(keras[<>=!~][^"]*\)",\{0,1\} *$/\1/p' pyproject.toml)
+oldest=$(sed -n 's/.*>=\([0-9][0-9.]*\).*/\1/p' <<<"$spec")
+if [[ -z "$spec" || -z "$oldest" ]]; then
+    echo "test-keras-range: no 'keras>=X.Y.Z,...' requirement found in pyproject.toml" >&2
+    exit 2
+fi
+
+mkdir -p "$CACHE/wheels"
+fetch() {  # fetch REQUIREMENT: downloads the matching wheel, prints its version
+    local out
+    out=$("$PY" -m pip download --no-deps --only-binary=:all: --progress-bar off \
+          --dest "$CACHE/wheels" "$1" 2>&1) || { echo "$out" >&2; return 1; }
+    grep -o 'keras-[0-9][0-9a-z.]*-py3-none-any\.whl' <<<"$out" | tail -n 1 |
+        sed 's/^keras-\(.*\)-py3-none-any\.whl$/\1/'
+}
+
+if [[ -n "${KERAS_VERSIONS:-}" ]]; then
+    read -r -a versions <<<"$KERAS_VERSIONS"
+else
+    newest=$(fetch "$spec")
+    versions=("$oldest" "$newest")
+    [[ "$newest" == "$oldest" ]] && versions=("$oldest")
+fi
+
+status=0
+for v in "${versions[@]}"; do
+    dir="$CACHE/keras-$v"
+    if [[ ! -f "$dir/.installed" ]]; then
+        whl="$CACHE/wheels/keras-$v-py3-none-any.whl"
+        [[ -f "$whl" ]] || [[ "$(fetch "keras==$v")" == "$v" ]]
+        rm -rf "$dir"
+        "$PY" -m pip install --quiet --no-deps --target "$dir" "$whl"
+        touch "$dir/.installed"
+    fi
+    echo "=== Keras $v ($dir)"
+    start=$SECONDS
+    # The folder must shadow the environment's Keras: check before testing.
+    got=$(PYTHONPATH="$dir:src" "$PY" -c "import keras; print(keras.__version__)") ||
+        { echo "=== Keras $v does not import next to this environment (see above)" >&2
+          status=1; continue; }
+    if [[ "$got" != "$v" ]]; then
+        echo "=== Keras $got was imported instead of $v from $dir" >&2
+        exit 2
+    fi
+    if PYTHONPATH="$dir:src" "$PY" -m pytest -q --tb=short -p no:cacheprovider "${TESTS[@]}"; then
+        echo "=== Keras $v: passed in $((SECONDS - start)) s"
+    else
+        echo "=== Keras $v: FAILED (after $((SECONDS - start)) s)"
+        status=1
+    fi
+done
+exit $status
