@@ -54,17 +54,22 @@ FILES = {"x_train": "train-images-idx3-ubyte.gz", "y_train": "train-labels-idx1-
          "x_test": "t10k-images-idx3-ubyte.gz", "y_test": "t10k-labels-idx1-ubyte.gz"}
 
 # The paper's grids (appendix G.5), trimmed to fit two shared CPU cores. DEFT also
-# searches the two thresholds (a global percentile, eq. 26, or one per layer).
+# searches the encoder cost and the two thresholds (a global percentile, eq. 26, or
+# one per layer). "deft" runs with the shock reduction (compensate="mean_var"),
+# "deft_none" without it (the paper's bare mask); both search the same grid.
+_DEFT_GRID = [{"cost": c, "threshold": t, "percentile": p, "lr": lr}
+              for c in ("paper", "hope") for t in ("layer", "global") for p in (10, 5)
+              for lr in (0.02, 0.005)]
 GRIDS = {
-    "deft": [{"percentile": p, "threshold": t, "lr": lr}
-             for t in ("layer", "global") for p in (40, 20, 10) for lr in (0.02, 0.005)],
+    "deft": [{**hp, "compensate": "mean_var"} for hp in _DEFT_GRID],
+    "deft_none": [{**hp, "compensate": "none"} for hp in _DEFT_GRID],
     "full": [{"lr": lr} for lr in (0.01, 0.001)],
     "head": [{"lr": lr} for lr in (0.04, 0.005)],
     "peft": [{"lr": lr} for lr in (0.01, 0.001)],
     "ewc": [{"lam": lam, "lr": lr} for lam in (1.0, 50.0) for lr in (0.005, 0.001)],
 }
-NAMES = {"deft": "DEFT", "head": "Head-only", "full": "Full FT", "ewc": "EWC",
-         "peft": "PEFT"}
+NAMES = {"deft": "DEFT (shock reduction)", "deft_none": "DEFT (bare mask)",
+         "head": "Head-only", "full": "Full FT", "ewc": "EWC", "peft": "PEFT"}
 DEFT_DEFAULTS = {"cost": "paper", "threshold": "global", "compensate": "mean"}
 
 
@@ -280,14 +285,15 @@ def run_one(method, hp, source, plans, fisher, src, tgt, args, seed):
     keras.utils.set_random_seed(seed)
     model = copy_of(source)
     plan, compensate, start = None, None, None
-    if method == "deft":
+    if method.startswith("deft"):
         plan, compensate = plans.get(hp)
         plan.apply(model, seed=seed, compensate=compensate)
     retention = deft.SourceRetention(model, plan=plan, compensate=compensate)
     if plan is not None:  # the source accuracy right after plan.apply
         start = {p: retention.evaluate(model, *src[p]) for p in ("val", "test")}
     target = deft.replace_head(model, target_classes(args.task), seed=seed)
-    emap = deft.method_elasticity(method, target, plan=plan)
+    emap = deft.method_elasticity("deft" if plan is not None else method, target,
+                                  plan=plan)
     opt = deft.ElasticOptimizer(keras.optimizers.SGD(hp["lr"], momentum=0.9),
                                 elasticity=emap)
     penalties = [deft.L2Penalty(5e-4)]
@@ -417,7 +423,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fisher-examples", type=int, default=4000)
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--methods", nargs="+", default=["deft", "head", "full", "peft", "ewc"])
+    ap.add_argument("--methods", nargs="+", choices=list(GRIDS),
+                    default=["deft", "deft_none", "head", "full", "ewc"])
     ap.add_argument("--deft", nargs="*", default=[], metavar="KEY=VALUE",
                     help="fix DEFT settings in its grid, e.g. compensate=none "
                          "threshold=global cost=hope")
@@ -451,9 +458,10 @@ def main(argv=None) -> int:
     for item in args.deft:
         k, _, v = item.partition("=")
         fixed_deft[k] = float(v) if k in ("percentile", "lr") else v
-    GRIDS["deft"] = [{**hp, **fixed_deft} for hp in GRIDS["deft"]]
-    GRIDS["deft"] = [dict(t) for t in dict.fromkeys(tuple(sorted(hp.items()))
-                                                    for hp in GRIDS["deft"])]
+    for key in ("deft", "deft_none"):
+        grid = [{**hp, **fixed_deft} for hp in GRIDS[key]]
+        GRIDS[key] = [dict(t) for t in dict.fromkeys(tuple(sorted(hp.items()))
+                                                     for hp in grid)]
 
     import keras  # noqa: F401
 
@@ -554,7 +562,7 @@ def main(argv=None) -> int:
     best_m = max(summary, key=lambda m: np.mean(summary[m]["h"]))
     lines += ["", f"Best mean H-score: {NAMES[best_m]}. Plan time "
               f"{plans.seconds:.0f} s; total {time.time() - t_start:.0f} s."]
-    grid = [r for r in records if r["method"] == "deft" and r["phase"] == "grid"]
+    grid = [r for r in records if r["method"].startswith("deft") and r["phase"] == "grid"]
     if grid:
         lines += ["", "DEFT grid (seed 0; source accuracy right after `plan.apply`, then "
                   "validation after fine-tuning):", "",

@@ -252,3 +252,91 @@ def test_per_layer_threshold_and_summary(tmp_path):
         deft.plan(model, threshold="per-layer")
     with pytest.raises(ValueError, match="compensate='median'"):
         deft.plan(model, compensate="median")
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_mean_compensation_keeps_the_core_mean_against_monte_carlo(use_bias):
+    # Inputs N(0, I) and fc0_bn's moving statistics set to fc0's exact output moments
+    # make the BN surrogate exact for fc0's group: its ReLU outputs have exactly the
+    # surrogate's E[x]. The masked fc1 (slack fc0 neurons → core fc1 neurons cut) must
+    # then keep the data mean of every fc1_bn output with compensate="mean", and lose
+    # it with "none" (Monte Carlo over 200k inputs).
+    model = _bias_choice_mlp(use_bias, seed=4)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.epsilon = 1e-7
+    fc0, bn0 = model.get_layer("fc0"), model.get_layer("fc0_bn")
+    w0 = fc0.kernel.numpy().astype(np.float64)
+    bn0.moving_mean.assign(fc0.bias.numpy() if use_bias else np.zeros(w0.shape[1]))
+    bn0.moving_variance.assign((w0 ** 2).sum(0))
+    p = deft.plan(model, percentile=40)
+    mask = p.mask("fc1", model.get_layer("fc1").kernel.shape)
+    assert mask is not None and (mask == 0).any()
+    x = np.random.default_rng(7).normal(size=(200_000, 6)).astype("float32")
+
+    def fc1_bn_mean(m):
+        probe = keras.Model(m.inputs, m.get_layer("fc1_bn").output)
+        return np.asarray(probe.predict(x, batch_size=20_000, verbose=0),
+                          dtype=np.float64).mean(0)
+
+    want = fc1_bn_mean(model)
+    err = {}
+    for comp in ("none", "mean"):
+        m = copy_model(model)
+        deft.apply_plan(m, p, merges=False, check=False, compensate=comp)
+        err[comp] = np.abs(fc1_bn_mean(m) - want)
+    cut_cols = (mask == 0).any(0)
+    assert err["none"][cut_cols].max() > 0.1, err
+    assert err["mean"].max() < 5e-3, err
+
+
+def test_mean_var_compensation_keeps_the_core_variance_against_monte_carlo():
+    # fc0 diagonal on N(0, I) inputs: fc0's ReLU outputs are independent with exactly
+    # the surrogate's moments, so the variance a cut removes from an fc1 neuron is
+    # exactly Σ_cut W² Var[x]. fc1_bn's moving statistics are set to fc1's data
+    # moments; "mean_var" must then keep every fc1_bn output's data mean and standard
+    # deviation, "mean" the mean only.
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((12,))
+    x = keras.layers.Dense(12, name="fc0")(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization(epsilon=1e-7,
+                                                            name="fc0_bn")(x))
+    x = keras.layers.Dense(10, name="fc1")(x)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization(epsilon=1e-7,
+                                                            name="fc1_bn")(x))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+    rng = np.random.default_rng(2)
+    fc0 = model.get_layer("fc0")
+    d = rng.uniform(0.5, 2.0, 12)
+    fc0.kernel.assign(np.diag(d))
+    bn0 = model.get_layer("fc0_bn")
+    bn0.gamma.assign(rng.uniform(0.5, 1.5, 12))
+    bn0.beta.assign(rng.normal(0.0, 0.5, 12))
+    bn0.moving_mean.assign(fc0.bias.numpy())
+    bn0.moving_variance.assign(d ** 2)
+    data = rng.normal(size=(200_000, 12)).astype("float32")
+
+    def probe(m, name):
+        out = keras.Model(m.inputs, m.get_layer(name).output).predict(
+            data, batch_size=20_000, verbose=0)
+        return np.asarray(out, dtype=np.float64)
+
+    z = probe(model, "fc1")
+    bn1 = model.get_layer("fc1_bn")
+    bn1.moving_mean.assign(z.mean(0))
+    bn1.moving_variance.assign(z.var(0))
+    p = deft.plan(model, percentile=40)
+    mask = p.mask("fc1", model.get_layer("fc1").kernel.shape)
+    assert mask is not None and (mask == 0).any()
+    cut_cols = (mask == 0).any(0)
+    want = probe(model, "fc1_bn")
+    stats = {}
+    for comp in ("mean", "mean_var"):
+        m = copy_model(model)
+        deft.apply_plan(m, p, merges=False, check=False, compensate=comp)
+        got = probe(m, "fc1_bn")
+        stats[comp] = (np.abs(got.mean(0) - want.mean(0)).max(),
+                       np.abs(got.std(0) / want.std(0) - 1.0))
+    assert stats["mean"][0] < 5e-3 and stats["mean_var"][0] < 5e-3, stats
+    assert stats["mean"][1][cut_cols].max() > 0.05, stats
+    assert stats["mean_var"][1].max() < 1e-2, stats  # "mean" alone: 0.06 to 0.26
