@@ -70,7 +70,7 @@ GRIDS = {
 }
 NAMES = {"deft": "DEFT (shock reduction)", "deft_none": "DEFT (bare mask)",
          "head": "Head-only", "full": "Full FT", "ewc": "EWC", "peft": "PEFT"}
-DEFT_DEFAULTS = {"cost": "paper", "threshold": "global", "compensate": "mean"}
+DEFT_DEFAULTS = {"cost": "paper", "threshold": "layer", "compensate": "mean_var"}
 
 
 # ------------------------------------------------------------------------- data

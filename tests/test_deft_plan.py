@@ -50,7 +50,7 @@ def test_lock_threshold_rejects_bad_arguments():
 # ------------------------------------------------------------------- the plan
 def _elastic_by_rule(p):
     for g, e in p.elasticity.items():
-        rule = (p.j_prune[g] < p.tau_lock).astype(np.float32)
+        rule = (p.j_prune[g] < p.tau_groups[g]).astype(np.float32)
         rule[p.vessels[g]] = 1.0
         np.testing.assert_array_equal(e, rule)
 
@@ -171,7 +171,8 @@ def test_mean_compensation_is_exact_when_the_cut_signal_is_constant(use_bias):
     # there is no bias) must leave every output unchanged, the grafted head included.
     model = _bias_choice_mlp(use_bias)
     p = deft.plan(model, percentile=40)
-    assert p.options["compensate"] == "mean"  # the default
+    assert p.options["compensate"] == "mean_var"  # the default
+    assert p.options["threshold"] == "layer"
     for g in p.groups:
         bn = model.get_layer(p.options["bn_of"][g])
         gamma = bn.gamma.numpy()

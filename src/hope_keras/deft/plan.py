@@ -405,10 +405,11 @@ def _as_vector(e, n: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------- the planner
-def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
+def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
          actions=("prune", "merge"), merge_scale: str = "sum", eps: float = 1e-6,
          pinned_elasticity: float = 0.0, verbose: bool = False,
-         cost="paper", threshold: str = "global", compensate: str = "mean") -> DeftPlan:
+         cost="paper", threshold: str = "layer", compensate: str = "mean_var"
+         ) -> DeftPlan:
     """Plans DEFT fine-tuning of a BN network (spec section 6).
 
     Runs the HOPE encoder on a copy of `model` until no action is admissible, reads
@@ -420,7 +421,9 @@ def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
         model: A built Functional/Sequential model with Conv/Dense → BN → ReLU
             neurons and a Dense classification head.
         percentile: ``p`` of eq. 26, in [0, 100]; neurons with ``J_prune < τ_p``
-            become elastic (roughly ``p`` % of the pruned neurons).
+            become elastic (roughly ``p`` % of the pruned neurons). Default 10 (the
+            paper's grid is 20–60; on sources that were not trained to empty their
+            slack, docs/deft.md measured 5–10 best).
         head: The classification head; found automatically for one-output models.
         actions: Encoder actions; ``("prune", "merge")`` by default (eviction gives
             no per-neuron ``J_prune``, so it is left out).
@@ -433,15 +436,17 @@ def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
         cost: The encoder's cost (`hope_keras.costs.get`): ``"paper"`` (default:
             the spec's ``J_prune`` over the paper's neuron layers; residual streams
             stay core) or ``"hope"`` (every group, width-free costs).
-        threshold: ``"global"`` (eq. 26: one ``τ_lock`` over every group's costs) or
-            ``"layer"`` (eq. 26 within each group: about ``percentile`` % of every
-            group becomes slack).
+        threshold: ``"layer"`` (default: eq. 26 within each group, so about
+            ``percentile`` % of every group becomes slack) or ``"global"`` (the
+            paper's eq. 26: one ``τ_lock`` over every group's costs; slack then
+            gathers in the group with the lowest costs, often the Dense bottleneck
+            that feeds the head).
         compensate: What `DeftPlan.apply` does about the signal the mask cuts from
             each core neuron (and `SourceRetention` about the grafted head's zeroed
             slack inputs): ``"mean"`` moves its data-free mean (weights × the
             surrogate's ``E[x]``) into the core neuron's bias or BN moving mean;
-            ``"mean_var"`` also shrinks the BN moving variance by the share of the
-            variance that was cut; ``"none"`` cuts only (the paper).
+            ``"mean_var"`` (default) also shrinks the BN moving variance by the
+            share of the variance that was cut; ``"none"`` cuts only (the paper).
 
     Returns:
         A `DeftPlan`.
