@@ -237,8 +237,8 @@ def test_per_layer_threshold_and_summary(tmp_path):
     model = small_resnet(seed=2)
     p = deft.plan(model, percentile=40, threshold="layer", compensate="none")
     for g in p.groups:
-        tau = deft.lock_threshold(p.j_prune[g], p.c_rem[g], 40)[0]
-        assert p.tau_groups[g] == tau
+        tau = deft.lock_threshold(p.j_prune[g], p.c_rem[g], 40)[1]
+        assert p.tau_groups[g] == (tau if tau >= 1e-6 else 1e-6)
         rule = (p.j_prune[g] < tau).astype(np.float32)
         rule[p.vessels[g]] = 1.0
         np.testing.assert_array_equal(p.elasticity[g], rule)
@@ -341,3 +341,16 @@ def test_mean_var_compensation_keeps_the_core_variance_against_monte_carlo():
     assert stats["mean"][0] < 5e-3 and stats["mean_var"][0] < 5e-3, stats
     assert stats["mean"][1][cut_cols].max() > 0.05, stats
     assert stats["mean_var"][1].max() < 1e-2, stats  # "mean" alone: 0.06 to 0.26
+
+
+def test_layer_threshold_makes_only_dead_neurons_slack_when_most_are_dead():
+    # Eq. 26 per group would fall back to τ_sup (all but the costliest slack); the
+    # per-layer rule keeps ε, so exactly the zero-cost neurons become slack.
+    from hope_keras.deft.plan import layer_threshold
+
+    j = np.array([0.0, 0.0, 0.0, 0.3, 0.5, 0.9])
+    assert deft.lock_threshold(j, np.ones(6), 40)[0] == 0.9
+    tau = layer_threshold(j, np.ones(6), 40)
+    assert tau == 1e-6 and int(np.count_nonzero(j < tau)) == 3
+    assert layer_threshold(j, np.ones(6), 80) == pytest.approx(0.5)
+    assert layer_threshold([1.0], [0.0], 50) == 1e-6  # no measurable cost

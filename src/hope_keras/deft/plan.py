@@ -436,8 +436,9 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
         cost: The encoder's cost (`hope_keras.costs.get`): ``"paper"`` (default:
             the spec's ``J_prune`` over the paper's neuron layers; residual streams
             stay core) or ``"hope"`` (every group, width-free costs).
-        threshold: ``"layer"`` (default: eq. 26 within each group, so about
-            ``percentile`` % of every group becomes slack) or ``"global"`` (the
+        threshold: ``"layer"`` (default: eq. 26's ``τ_p`` within each group, so
+            about ``percentile`` % of every group becomes slack; `layer_threshold`)
+            or ``"global"`` (the
             paper's eq. 26: one ``τ_lock`` over every group's costs; slack then
             gathers in the group with the lowest costs, often the Dense bottleneck
             that feeds the head).
@@ -498,7 +499,7 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     all_c = np.concatenate([c_rem[g] for g in sizes]) if sizes else np.zeros(0)
     tau, tau_p, tau_sup, size = lock_threshold(all_j, all_c, percentile, eps)
     if threshold == "layer":
-        tau_groups = {g: lock_threshold(j_prune[g], c_rem[g], percentile, eps)[0]
+        tau_groups = {g: layer_threshold(j_prune[g], c_rem[g], percentile, eps)
                       for g in sizes}
     else:
         tau_groups = {g: tau for g in sizes}
@@ -525,6 +526,24 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
                  "encoder_steps": len(traj)},
         trajectory=traj, tau_groups=tau_groups,
     )
+
+
+def layer_threshold(j_prune, c_rem, percentile: float, eps: float = 1e-6) -> float:
+    """One group's threshold for ``threshold="layer"``: eq. 26's ``τ_p`` over the
+    group's costs, but ``ε`` where ``τ_p < ε`` or the group has no cost (eq. 26 falls
+    back to ``τ_sup`` there, which would make every pruned neuron of the group slack;
+    per group, that happens whenever more than ``percentile`` % of it is dead).
+
+    Example:
+
+    >>> from hope_keras.deft.plan import layer_threshold
+    >>> layer_threshold([0.5, 1.0, 2.0, 4.0], [1.0] * 4, 50)
+    1.5
+    >>> layer_threshold([0.0, 0.0, 0.0, 4.0], [1.0] * 4, 50)  # dead neurons only
+    1e-06
+    """
+    tau_p = lock_threshold(j_prune, c_rem, percentile, eps)[1]
+    return float(tau_p) if np.isfinite(tau_p) and tau_p >= eps else float(eps)
 
 
 def _check_compensate(compensate):
