@@ -354,3 +354,15 @@ def test_layer_threshold_makes_only_dead_neurons_slack_when_most_are_dead():
     assert tau == 1e-6 and int(np.count_nonzero(j < tau)) == 3
     assert layer_threshold(j, np.ones(6), 80) == pytest.approx(0.5)
     assert layer_threshold([1.0], [0.0], 50) == 1e-6  # no measurable cost
+
+
+@pytest.mark.parametrize("cost", ["paper", "hope"])
+def test_plan_covers_exactly_the_groups_its_cost_prices(cost):
+    from hope_keras import costs
+    from hope_keras.graph import walk
+
+    model = small_resnet(seed=1)
+    p = deft.plan(model, percentile=20, cost=cost)
+    scope = costs.get(cost).groups
+    want = {k for k, g in walk(model).groups.items() if costs.in_scope(scope, g)}
+    assert set(p.groups) == want and want

@@ -487,9 +487,9 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     traj = result.trajectory
     graph = result.analysis.graph
     scope = getattr(costs.get(cost), "groups", "all")
-    if scope != "all":  # the groups the cost priced (the paper's: neuron layers)
-        graph = graph.with_groups({k: v for k, v in graph.groups.items() if v.kind == scope},
-                                  blocks=())
+    if scope != "all":  # the groups the cost priced (paper: neuron layers; hope: no streams)
+        graph = graph.with_groups({k: v for k, v in graph.groups.items()
+                                   if costs.in_scope(scope, v)}, blocks=())
     sizes = {g: grp.size for g, grp in graph.groups.items()}
     j_prune = {g: np.full(n, np.inf) for g, n in sizes.items()}
     c_rem = {g: np.full(n, np.nan) for g, n in sizes.items()}
