@@ -24,11 +24,16 @@ training set (the same preprocessing as the model's test input).
 Usage (repository root)::
 
     nice -n 10 .venv/bin/python benchmarks/pipeline.py --model demo
+    .venv/bin/python benchmarks/pipeline.py --model demo --budget flops --densities 0.8 0.6 0.5
     .venv/bin/python benchmarks/pipeline.py --model vgg8 --densities 0.9 0.7 0.5
     .venv/bin/python benchmarks/pipeline.py --report
 
-Results: ``benchmarks/results/pipeline_<model>.json``; plots
-``docs/img/pipeline_<model>.png``.
+With ``--budget flops`` the points are FLOPs ratios instead (equal budgets in what a
+deployment pays): HOPE runs ``compress(flops=r)``, each baseline's per-layer density
+is bisected to the largest whose slimmed model is at or below ``r``.
+
+Results: ``benchmarks/results/pipeline_<model>[_flops].json``; plots
+``docs/img/pipeline_<model>[_flops].png``.
 """
 
 from __future__ import annotations
@@ -68,17 +73,49 @@ def training_images(model_name: str, n: int, seed: int = 0) -> np.ndarray:
     return _rgb(x) if model_name == "resnet50" else x
 
 
-def compress(method: str, model, density: float, hope_kw: dict):
+BASELINE = {"bn_scale": "bn_scale", "l1": "l1_input"}
+
+
+def _baseline_flops(model, method: str, density: float) -> float:
     import hope_keras
 
-    if method == "hope":
-        hope_keras.compress(model, density=density, verbose=False, **hope_kw)
-    elif method == "bn_scale":
-        hope_keras.baselines.prune(model, density, method="bn_scale", scope="layer")
-    elif method == "l1":
-        hope_keras.baselines.prune(model, density, method="l1_input", scope="layer")
-    else:
+    m = _copy(model)
+    hope_keras.baselines.prune(m, density, method=BASELINE[method], scope="layer")
+    return hope_keras.profile(hope_keras.slim(m), reference=model,
+                              latency=False).ratio("flops")
+
+
+def _copy(model):
+    import keras
+
+    m = keras.models.clone_model(model)
+    m.set_weights(model.get_weights())
+    return m
+
+
+def compress(method: str, model, budget: float, hope_kw: dict, axis: str = "density"):
+    """Compresses in place to ``budget`` on ``axis``: a neuron density, or a FLOPs
+    ratio (the baselines' per-layer density is bisected to the largest one whose
+    slimmed FLOPs ratio is at or below the budget). Returns the density used."""
+    import hope_keras
+
+    if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}. Received: {method!r}")
+    if method == "hope":
+        hope_keras.compress(model, verbose=False, **{axis: budget}, **hope_kw)
+        return None
+    density = budget
+    if axis == "flops":
+        lo, hi = 0.0, 1.0  # flops(lo) <= budget < flops(hi)
+        for _ in range(10):
+            mid = 0.5 * (lo + hi)
+            if _baseline_flops(model, method, mid) <= budget:
+                lo = mid
+            else:
+                hi = mid
+        density = max(lo, 1e-3)
+    hope_keras.baselines.prune(model, density, method=BASELINE[method], scope="layer")
+    return density
 
 
 def point(model_name, method, density, x_train, x_test, y_test, args, hope_kw,
@@ -93,8 +130,10 @@ def point(model_name, method, density, x_train, x_test, y_test, args, hope_kw,
     model = load(model_name, "heldout")[0]
     keras.utils.set_random_seed(args.seed)
     t0 = time.perf_counter()
-    compress(method, model, density, hope_kw)
-    rec = {"method": method, "density": density, "compress_s": time.perf_counter() - t0}
+    used = compress(method, model, density, hope_kw, args.budget)
+    rec = {"method": method, args.budget: density, "compress_s": time.perf_counter() - t0}
+    if used is not None:
+        rec["baseline_density"] = used
     small = hope_keras.slim(model)
     rec["acc_compressed"] = accuracy(small, x_test, y_test)
     p = hope_keras.profile(small, reference=teacher, latency=False)
@@ -116,12 +155,13 @@ def run(args):
     _, x_test, y_test, _ = load(args.model, "heldout")
     x_train = training_images(args.model, args.images)
     teacher = load(args.model, "heldout")[0]
-    out = {"model": args.model, "images": args.images, "epochs": args.epochs,
+    out = {"model": args.model, "budget": args.budget, "images": args.images,
+           "epochs": args.epochs,
            "seed": args.seed, "hope": hope_kw, "recover": recover_kw,
            "heldout": len(y_test), "acc_original": accuracy(teacher, x_test, y_test),
            "hope_keras": hope_keras.__version__, "points": []}
     print(f"{args.model}: {out['acc_original']:.4f} on {len(y_test)} held-out images")
-    print(f"{'method':>9} {'density':>7} {'FLOPs':>6} {'params':>6} {'compressed':>10} "
+    print(f"{'method':>9} {args.budget:>7} {'FLOPs':>6} {'params':>6} {'compressed':>10} "
           f"{'recovered':>9} {'recover s':>9}")
     for density in args.densities:
         for method in args.methods:
@@ -131,7 +171,8 @@ def run(args):
             print(f"{method:>9} {density:>7.2f} {r['flops_ratio']:>6.3f} "
                   f"{r['params_ratio']:>6.3f} {r['acc_compressed']:>10.4f} "
                   f"{r['acc_recovered']:>9.4f} {r['recover_s']:>9.1f}", flush=True)
-    path = Path(args.out or RESULTS / f"pipeline_{args.model}.json")
+    suffix = "" if args.budget == "density" else "_flops"
+    path = Path(args.out or RESULTS / f"pipeline_{args.model}{suffix}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1))
     print(f"Wrote {path}")
@@ -163,16 +204,36 @@ def report():
                      f"({data['images']} unlabeled images, {data['epochs']} epoch)")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        out = IMG / f"pipeline_{data['model']}.png"
+        out = IMG / f"{path.stem}.png"
         fig.savefig(out, dpi=120)
         plt.close(fig)
         print(f"Wrote {out}")
 
 
+def table():
+    """Markdown tables of every pipeline_*.json (for docs/benchmarks.md)."""
+    for path in sorted(RESULTS.glob("pipeline_*.json")):
+        data = json.loads(path.read_text())
+        axis = data.get("budget", "density")
+        print(f"\n{path.name}: {data['model']}, original {100 * data['acc_original']:.2f}% "
+              f"on {data['heldout']} held-out images, seed {data['seed']}\n")
+        print(f"| method | {axis} | FLOPs | params | data-free | after recover |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for p in data["points"]:
+            budget = p.get(axis, p.get("density"))
+            print(f"| {p['method']} | {budget:.2f} | {p['flops_ratio']:.3f} "
+                  f"| {p['params_ratio']:.3f} | {100 * p['acc_compressed']:.2f}% "
+                  f"| {100 * p['acc_recovered']:.2f}% |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="demo", choices=("demo", "vgg8", "resnet50"))
-    ap.add_argument("--densities", type=float, nargs="*", default=list(DENSITIES))
+    ap.add_argument("--densities", type=float, nargs="*", default=list(DENSITIES),
+                    help="budgets: neuron densities, or FLOPs ratios with --budget flops")
+    ap.add_argument("--budget", choices=("density", "flops"), default="density",
+                    help="equal neuron densities, or equal FLOPs ratios (HOPE: "
+                         "compress(flops=r); baselines: per-layer density bisected)")
     ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
     ap.add_argument("--images", type=int, default=2048)
     ap.add_argument("--epochs", type=int, default=1)
@@ -181,9 +242,13 @@ def main(argv=None):
     ap.add_argument("--recover", nargs="*", default=[], help="key=value for recover")
     ap.add_argument("--out", help="JSON path (default benchmarks/results/pipeline_<model>.json)")
     ap.add_argument("--report", action="store_true", help="plot every pipeline_*.json")
+    ap.add_argument("--table", action="store_true",
+                    help="print every pipeline_*.json as a markdown table")
     args = ap.parse_args(argv)
     if args.report:
         report()
+    elif args.table:
+        table()
     else:
         run(args)
 

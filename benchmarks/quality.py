@@ -1,39 +1,80 @@
 #!/usr/bin/env python
-"""Compression quality: HOPE against magnitude baselines and Neuron Merging.
+"""Compression quality: HOPE's default cost against its variants and the baselines.
 
-For one trained model, no fine-tuning, data-free (except `calibrate` for BN-free
-LeNet, which reads the 512 unlabeled calibration images), it measures the test
-accuracy and the top-1 agreement with the uncompressed model at neuron densities
-1.0, 0.9, …, 0.3 (LeNet also 0.2, the Neuron Merging paper's setting) for
+For one trained Fashion-MNIST model, data-free (except `calibrate` for the BN-free
+LeNet, which reads the 512 unlabeled calibration images), no fine-tuning, it measures
+test accuracy and top-1 agreement with the uncompressed model along three axes:
 
-* ``hope`` — all actions (prune, merge, evict), merge_scale="sum", refresh="local",
-  rate="auto" (per neuron under a density budget): the engine defaults;
-  ``hope_prune`` (prune only), ``hope_prune_merge``, ``hope_paper_scale``
-  (merge_scale="paper"), ``hope_neighbors`` (refresh="neighbors"),
-  ``hope_spec_rate`` (rate="params", the spec's J / P_init);
-* ``l1_input``, ``l1_joint``, ``bn_scale`` (`hope_keras.baselines.prune`, global);
-* ``neuron_merging`` (`hope_keras.baselines.neuron_merging`, global, t = 0).
+* neuron density (active / initial compressible neurons, every group `analyze` finds,
+  residual-stream groups included): 0.9 … 0.3 (LeNet … 0.2);
+* live parameter ratio and FLOPs ratio of the slimmed model: 0.9 … 0.3 (points a
+  method cannot reach are left out). FLOPs are 2 × multiply-adds of the layers with a
+  kernel, for one example (`hope_keras.engine._SizeCounter`, the count HOPE's
+  trajectories record as ``flops_after`` and `hope_keras.profile` gives; checked
+  against ``profile`` of a slimmed model per run); the baselines are counted alike.
 
-HOPE runs once per variant down to the lowest density on the model; every density
-is then a replay of that trajectory (`Trajectory.replay`) on the original weights.
-The wall time reported per method is one call at the lowest density, analysis
-included, on the 2 shared CPU cores of the development machine.
+on two disjoint splits of the Fashion-MNIST test set (the models were trained on the
+60 000 training images):
 
-Usage (repository root)::
+* ``sel`` — the selection split: the 2000 test images bundled with the package
+  (`hope_keras.data.load_demo_data`). Every default and variant is chosen on it.
+* ``heldout`` — 3000 other test images (``/usr/share/datasets/fashion-mnist``), which
+  chose nothing. The targets of issue 15 are checked on it.
 
-    nice -n 10 .venv/bin/python benchmarks/quality.py --model lenet300
-    .venv/bin/python benchmarks/quality.py --report     # tables + PNGs from the JSONs
+Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS``):
 
-Models: ``demo`` (bundled fmnist_cnn), ``lenet300`` and ``vgg8``
-(``benchmarks/fixtures``), ``resnet50`` (``.cache/resnet50_fmnist.keras``); all made
-by ``scripts/make_benchmark_fixtures.py`` / ``scripts/make_fixtures.py``. Results:
-``benchmarks/results/quality_<model>.json``; plots ``docs/img/quality_<model>.png``.
+* HOPE on the density axis: ``hope`` (the default, ``cost="hope"``),
+  ``hope_alpha_merge`` (merges priced with the paper's α*-scaled parent, ``J_merge``
+  without ``n``: the default before commit 2d3a04b), ``hope_prev`` (the same on every
+  axis, ranked per neuron under every budget), ``hope_paper`` (``cost="paper"``; it
+  prices only the paper's neuron layers, so its own density counts fewer neurons:
+  the benchmark converts, see `Bench.run_hope`), ``hope_neurons`` (the default cost
+  on the paper's neuron layers only, as ``cost="paper"``: residual streams and other
+  coupled groups stay whole),
+  ``hope_neighbors`` (``refresh="neighbors"``), ``hope_prune``
+  (prune only), ``hope_mc``, ``hope_prune_mc`` (``mean_compensation=True``),
+  ``hope_merge_paper`` (``merge_scale="paper"`` with the α* merge cost that prices
+  it), ``hope_width_b50`` (each layer's costs weighted by ``sqrt(n0 / mean n0)``),
+  and the within-layer ranking experiments ``rank_k`` / ``rank_gamma`` / ``rank_u``
+  (and ``*_prune``, prune only): width-free prune cost ``J = s_i / (Σ s − s_i)`` with
+  ``s = sqrt(K(i,i))``, ``|γ_i|`` or ``‖u_i‖`` instead of the capacity
+  ``‖u_i‖·sqrt(K(i,i))``.
+* HOPE under ``params=`` / ``flops=`` budgets: ``hope``, ``hope_prev``, ``hope_mc``,
+  ``hope_paper`` and the orderings ``order_a0`` … ``order_param``: rank an action by
+  ``J / (k · (S / (k·m))^α)`` for an action removing ``k`` neurons and saving ``S``
+  parameters (FLOPs), ``m`` the mean saving per neuron of the uncompressed model
+  (a constant: it scales every key alike). α = 0 is ``J`` per neuron (the default
+  under ``params=``), α = 0.5 the default under ``flops=`` (``J / sqrt(k·S)``),
+  α = 1 ``J`` per parameter (FLOP) saved.
+* Baselines (`hope_keras.baselines`): ``{l1_input,l1_joint,bn_scale}_{global,layer}``
+  and the same with ``_mc`` (``mean_compensation=True``); ``nm_global`` /
+  ``nm_layer`` (Neuron Merging, t = 0). On the params / FLOPs axes a baseline's
+  neuron count is searched (bisection) for the first point at or below the ratio.
+
+HOPE densities are replays of one run to the lowest density, except on models with
+an evictable residual block (demo CNN, ResNet-50): an eviction removes many neurons at
+once, so every density there is its own `compress(density=d)` run (the engine skips
+an eviction that would overshoot a density budget, as a user's call does). Params /
+FLOPs points are replays of one run with the lowest ratio as budget
+(`Trajectory.replay(params=|flops=)`).
+
+Usage (repository root; one model at a time: 5–20 min each on 2 shared cores)::
+
+    nice -n 10 .venv/bin/python benchmarks/quality.py --model demo --fresh
+    nice -n 10 .venv/bin/python benchmarks/quality.py --model resnet50 --fresh
+    .venv/bin/python benchmarks/quality.py --report   # tables + docs/img/quality_*.png
+
+Models: ``demo`` (bundled), ``lenet300`` and ``vgg8`` (``benchmarks/fixtures``),
+``resnet50`` (``.cache/resnet50_fmnist.keras``, ``scripts/make_benchmark_fixtures.py``).
+Results: ``benchmarks/results/quality_<model>.json`` (a partial run with ``--methods``
+updates only those methods).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -47,38 +88,145 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 IMG = REPO / "docs" / "img"
-DENSITIES = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
-
-HOPE_VARIANTS = {
-    # compress(rate="auto"): under a density budget the rate is J per neuron removed.
-    "hope": dict(actions=("prune", "merge", "evict"), merge_scale="sum", refresh="local"),
-    "hope_prune": dict(actions=("prune",), merge_scale="sum", refresh="local"),
-    "hope_prune_merge": dict(actions=("prune", "merge"), merge_scale="sum",
-                             refresh="local"),
-    "hope_paper_scale": dict(actions=("prune", "merge", "evict"), merge_scale="paper",
-                             refresh="local"),
-    "hope_neighbors": dict(actions=("prune", "merge", "evict"), merge_scale="sum",
-                           refresh="neighbors"),
-    # The spec's rate DR = J / P_init (the engine default before rate="auto").
-    "hope_spec_rate": dict(actions=("prune", "merge", "evict"), merge_scale="sum",
-                           refresh="local", rate="params"),
-}
-BASELINES = ("l1_input", "l1_joint", "bn_scale", "neuron_merging")
-# Proposed further changes (NOT the library's behaviour; see docs/quality.md), on top
-# of the per-neuron rate: exp_n0 normalises J with the layer's *initial* width n0
-# instead of its live width n; exp_residual uses the sum-consistent merge cost of
-# spec section 5.
-EXPERIMENTS = {
-    "exp_n0": dict(width="initial", merge_cost="paper", rate="neurons"),
-    "exp_residual": dict(width="live", merge_cost="residual", rate="neurons"),
-}
+MODELS = ("demo", "lenet300", "vgg8", "resnet50")
+DENSITIES = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
+RATIOS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
+AXES = ("density", "params", "flops")
+SPLITS = ("sel", "heldout")
+SPLIT_NAMES = {"sel": "selection split (2000 bundled test images)",
+               "heldout": "held-out split (3000 other test images)"}
 # Neuron Merging paper (Kim et al. 2020), LeNet-300-100 on Fashion-MNIST,
-# 80 % of the hidden neurons removed, no fine-tuning.
+# 80 % of the hidden neurons removed per layer, no fine-tuning.
 NM_PAPER_LENET = {"baseline": 89.80, "prune": 66.76, "neuron_merging": 80.02}
 
 
+# -------------------------------------------------------------- experimental costs
+def _costs():
+    from hope_keras import costs
+
+    class ScoreRankCost(costs.HopeCost):
+        """The default cost with another per-neuron score in the prune cost:
+        ``J = s_i / (Σ_live s − s_i)`` (the width-free form with ``s`` in place of
+        the capacity). Merges, evictions and the ranking are the default's."""
+
+        def __init__(self, score):
+            self.score = score
+            self.name = f"hope_rank_{score}"
+
+        def prune(self, c):
+            s = {"k": np.sqrt(np.maximum(c.k_self, 0.0)), "gamma": np.abs(c.gamma),
+                 "u": c.u_norm}[self.score]
+            return s / np.maximum(np.sum(s) - s, costs.FLOOR)
+
+    class OrderCost(costs.HopeCost):
+        """The default cost, ranked under a params / FLOPs budget by
+        ``J / (k · (S / (k·m))^α)`` (k neurons removed, S parameters or FLOPs saved,
+        m the mean saving per neuron of the uncompressed model); ``J / k`` under a
+        density budget. ``alpha_merge``: price merges with the paper's α*-scaled
+        parent (``J_merge`` without ``n``), as the default did before this benchmark."""
+
+        def __init__(self, alpha, mean_params, mean_flops, alpha_merge=False):
+            self.alpha, self.m = alpha, {"params": mean_params, "flops": mean_flops}
+            self.alpha_merge = alpha_merge
+            self.name = f"hope_order_a{alpha:g}" + ("_alpha_merge" if alpha_merge else "")
+
+        def merge(self, c):
+            if self.alpha_merge:
+                return costs.j_merge(c.A, c.B, c.c_rem, 1.0)
+            return super().merge(c)
+
+        def rank(self, J, info):
+            k = np.maximum(info.neurons, 1.0)
+            if info.budget not in ("params", "flops") or self.alpha == 0:
+                return J / k
+            saved = np.maximum(info.params if info.budget == "params" else info.flops, 1.0)
+            return J / (k * (saved / (k * self.m[info.budget])) ** self.alpha)
+
+    class WidthWeightedCost(costs.HopeCost):
+        """The default cost with each layer's prunes and merges weighted by
+        ``(n0 / mean n0)^β`` (n0: the layer's initial width, a constant, so a layer
+        still gets dearer as it empties): β = 0 is the default (equal widths in the
+        log-capacity model), β = 1 keeps equal fractions per layer."""
+
+        def __init__(self, beta, mean_n0):
+            self.beta, self.mean_n0 = beta, mean_n0
+            self.name = f"hope_width_b{beta:g}"
+
+        def prune(self, c):
+            return super().prune(c) * (c.n0 / self.mean_n0) ** self.beta
+
+        def merge(self, c):
+            return super().merge(c) * (c.n0 / self.mean_n0) ** self.beta
+
+    class NeuronsOnlyCost(costs.HopeCost):
+        """The default cost on the paper's neuron layers only (``groups="neurons"``,
+        as `cost="paper"`): residual streams and other coupled groups stay whole."""
+
+        name = "hope_neurons_only"
+        groups = "neurons"
+
+    return ScoreRankCost, OrderCost, WidthWeightedCost, NeuronsOnlyCost
+
+
+def hope_methods(ctx):
+    """{name: (compress options, axes)}; `ctx` holds the model's mean savings."""
+    ScoreRankCost, OrderCost, WidthWeightedCost, NeuronsOnlyCost = _costs()
+
+    def order(alpha, alpha_merge=False):
+        return OrderCost(alpha, ctx["mean_params"], ctx["mean_flops"], alpha_merge)
+
+    return {
+        "hope": (dict(), AXES),
+        "hope_alpha_merge": (dict(cost=order(0.0, alpha_merge=True)), ("density",)),
+        "hope_prev": (dict(cost=order(0.0, alpha_merge=True)), AXES),
+        "hope_paper": (dict(cost="paper"), AXES),
+        "hope_neurons": (dict(cost=NeuronsOnlyCost()), AXES),
+        "hope_mc": (dict(mean_compensation=True), AXES),
+        "hope_neighbors": (dict(refresh="neighbors"), ("density",)),
+        "hope_prune": (dict(actions=("prune",)), ("density",)),
+        "hope_prune_mc": (dict(actions=("prune",), mean_compensation=True), ("density",)),
+        "hope_merge_paper": (dict(merge_scale="paper", cost=order(0.0, alpha_merge=True)),
+                             ("density",)),
+        "rank_k": (dict(cost=ScoreRankCost("k")), ("density",)),
+        "rank_gamma": (dict(cost=ScoreRankCost("gamma")), ("density",)),
+        "rank_u": (dict(cost=ScoreRankCost("u")), ("density",)),
+        "rank_k_prune": (dict(cost=ScoreRankCost("k"), actions=("prune",)), ("density",)),
+        "rank_gamma_prune": (dict(cost=ScoreRankCost("gamma"), actions=("prune",)),
+                             ("density",)),
+        "rank_u_prune": (dict(cost=ScoreRankCost("u"), actions=("prune",)), ("density",)),
+        "hope_width_b50": (dict(cost=WidthWeightedCost(0.5, ctx["mean_n0"])), ("density",)),
+        "order_a0": (dict(cost=order(0.0)), ("params", "flops")),
+        "order_a25": (dict(cost=order(0.25)), ("params", "flops")),
+        "order_a50": (dict(cost=order(0.5)), ("params", "flops")),
+        "order_a75": (dict(cost=order(0.75)), ("params", "flops")),
+        "order_param": (dict(cost=order(1.0)), ("params", "flops")),
+    }
+
+
+HOPE_NAMES = ("hope", "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc",
+              "hope_neighbors", "hope_prune",
+              "hope_prune_mc", "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
+              "rank_gamma_prune", "rank_u_prune", "hope_width_b50", "order_a0", "order_a25",
+              "order_a50", "order_a75", "order_param")
+BASELINES = tuple(f"{m}_{s}{mc}" for m in ("l1_input", "l1_joint", "bn_scale")
+                  for s in ("global", "layer") for mc in ("", "_mc")) + ("nm_global",
+                                                                          "nm_layer")
+ALL_METHODS = HOPE_NAMES + BASELINES
+# The issue's "best baseline": the magnitude baselines global and per layer, and
+# Neuron Merging, all without mean compensation (an option added with this issue).
+PLAIN_BASELINES = tuple(b for b in BASELINES if not b.endswith("_mc"))
+# Run without --methods: the default, the paper's cost, prune-only, the α* merge cost
+# (decision 1) and the plain baselines (2 shared cores; the other variants on request).
+DEFAULT_METHODS = ("hope", "hope_paper", "hope_prune", "hope_alpha_merge") + PLAIN_BASELINES
+# ResNet-50 (≈ 6 s per evaluation of 2000 images on 2 shared cores): the default, the
+# paper's cost and the baselines that were best there before.
+RESNET_METHODS = ("hope", "hope_paper", "bn_scale_global", "bn_scale_layer",
+                  "l1_joint_layer", "nm_layer")
+
+
+# --------------------------------------------------------------------------- data
 def heldout_test(n: int):
-    """`n` Fashion-MNIST test images NOT in the demo subset (float32, labels)."""
+    """The first `n` Fashion-MNIST test images NOT in the bundled 2000 (float32, labels)."""
     sys.path.insert(0, str(REPO / "scripts"))
     from make_fixtures import load_fashion_mnist
 
@@ -91,88 +239,53 @@ def heldout_test(n: int):
 
 
 def load(model_name: str, split: str = "subset"):
-    """(model, x_test, y_test, x_calib) for a benchmark model."""
+    """(model, x_test, y_test, x_calib) for one split: ``"subset"`` (the bundled 2000
+    images) or ``"heldout"`` (2000 others). Used by benchmarks/pipeline.py."""
+    model, splits, xc = load_splits(model_name, 2000, 2000)
+    x, y = splits["heldout" if split == "heldout" else "sel"]
+    return model, x, y, xc
+
+
+def load_splits(model_name: str, n_sel: int, n_heldout: int):
+    """(model, {split: (x, y)}, x_calib) for a benchmark model."""
     import keras
 
     from hope_keras.data import load_demo_data, load_demo_model
 
-    data = load_demo_data()  # 2000 fixed test images (rng 0), 512 training images
-    x, y, xc = data.x_test, data.y_test, data.x_calib
-    if split == "heldout":
-        x, y = heldout_test(2000)
+    data = load_demo_data()
+    splits = {"sel": (data.x_test[:n_sel], data.y_test[:n_sel]),
+              "heldout": heldout_test(n_heldout)}
+    xc = data.x_calib
     if model_name == "demo":
-        return load_demo_model(), x, y, xc
+        return load_demo_model(), splits, xc
     if model_name == "resnet50":
         path = REPO / ".cache" / "resnet50_fmnist.keras"
 
-        def rgb(a):
+        def rgb(a):  # the fixture's input: 32×32×3, grey repeated
             a = np.pad(a[..., 0], ((0, 0), (2, 2), (2, 2)))
             return np.repeat(a[..., None], 3, axis=-1)
 
-        x, xc = rgb(x), rgb(xc)
+        splits = {k: (rgb(x), y) for k, (x, y) in splits.items()}
+        xc = rgb(xc)
     else:
         path = REPO / "benchmarks" / "fixtures" / f"{model_name}.keras"
-    model = keras.models.load_model(path, compile=False)
-    return model, x, y, xc
-
-
-def experimental_encoder(width="live", merge_cost="paper", rate="params"):
-    """An `Encoder` with the proposed cost changes (see EXPERIMENTS): all of them are
-    engine options now."""
-    import functools
-
-    from hope_keras.engine import Encoder
-
-    return functools.partial(Encoder, width=width, merge_cost=merge_cost, rate=rate)
-
-
-def live_params(model, graph) -> int:
-    """Parameters `hope_keras.slim` would keep (computed without rebuilding)."""
-    import keras
-
-    from hope_keras.slim import evicted_blocks, live_channels
-
-    removed = set()
-    for b in graph.blocks:
-        if b.name in evicted_blocks(model, graph):
-            removed |= set(b.branch_layers)
-    out_n, in_frac = {}, {}
-    for name, grp in graph.groups.items():
-        if grp.producer in removed:
-            continue
-        k = int(live_channels(model, grp).sum())
-        out_n[grp.producer] = out_n[grp.bn] = k
-        for c in grp.consumers:
-            in_frac[c.layer] = (k, grp.size)
-    total = 0
-    for layer in model.layers:
-        if layer.name in removed:
-            continue
-        if hasattr(layer, "kernel") and layer.kernel is not None:
-            shape = tuple(layer.kernel.shape)
-            out = out_n.get(layer.name, shape[-1])
-            rows = int(np.prod(shape[:-1]))
-            if layer.name in in_frac:
-                k, n = in_frac[layer.name]
-                rows = rows // n * k
-            bias = 1 if getattr(layer, "use_bias", False) else 0
-            total += rows * out + bias * out
-        elif isinstance(layer, keras.layers.BatchNormalization):
-            n = out_n.get(layer.name, int(layer.moving_mean.shape[0]))
-            total += len(layer.weights) * n
-        else:
-            total += int(layer.count_params())
-    return total
+    return keras.models.load_model(path, compile=False), splits, xc
 
 
 class Evaluator:
-    def __init__(self, model, x, y, graph, batch_size=500):
+    """Accuracy and top-1 agreement with the uncompressed model on every split."""
+
+    def __init__(self, model, splits, batch_size=500):
         import tensorflow as tf
 
-        self.model, self.x, self.y, self.bs, self.graph = model, x, y, batch_size, graph
+        self.names = list(splits)
+        self.x = np.concatenate([splits[k][0] for k in self.names])
+        self.y = {k: splits[k][1] for k in self.names}
+        ends = np.cumsum([len(splits[k][0]) for k in self.names])
+        self.slices = {k: slice(e - len(splits[k][0]), e) for k, e in zip(self.names, ends)}
+        self.bs = batch_size
         self.fn = tf.function(lambda t: model(t, training=False), reduce_retracing=True)
         self.reference = self.predict()
-        self.params0 = model.count_params()
 
     def predict(self):
         out = [np.asarray(self.fn(self.x[k:k + self.bs]))
@@ -181,393 +294,691 @@ class Evaluator:
 
     def __call__(self):
         p = self.predict()
-        return (float(np.mean(p == self.y)), float(np.mean(p == self.reference)),
-                live_params(self.model, self.graph) / self.params0)
+        acc = {k: float(np.mean(p[s] == self.y[k])) for k, s in self.slices.items()}
+        agree = {k: float(np.mean(p[s] == self.reference[s])) for k, s in self.slices.items()}
+        return acc, agree
 
 
-def alive_per_group(traj, analysis, densities):
-    """{density: {group: live neurons}} along a trajectory (evicted groups: 0)."""
-    sizes = {g.name: g.size for g in analysis.groups}
-    block_groups = {b.name: b.groups for b in analysis.blocks}
-    out = {}
-    for d in densities:
-        if d >= 1.0:
-            continue
-        alive = dict(sizes)
-        active = sum(sizes.values())
-        for s in traj.steps[: traj.step_for_density(d)]:
-            if s.kind == "evict":
-                for g in block_groups[s.unit]:
-                    alive[g] = 0
-            else:  # a merge removes one neuron (two if the parent is dead)
-                alive[s.unit] -= active - s.active_after
-            active = s.active_after
-        out[str(d)] = alive
-    return out
+class Sizes:
+    """Live parameter and FLOPs ratios of the slimmed model for given live widths
+    (the engine's own counter, so HOPE and the baselines are counted alike)."""
+
+    def __init__(self, model, analysis):
+        from hope_keras.engine import _SizeCounter
+
+        self.counter = _SizeCounter(model, analysis)  # pristine; copied per count
+        self.sizes = {g.name: g.size for g in analysis.groups}
+        self.branch = {b.name: set(b.branch_layers) for b in analysis.graph.blocks}
+        full = dict(self.sizes)
+        n = sum(full.values())
+        marg = {g: self.counter.marginal(g, 1) for g in full}
+        self.mean_params = sum(full[g] * marg[g][0] for g in full) / n
+        self.mean_flops = sum(full[g] * marg[g][1] for g in full) / n
+
+    def __call__(self, alive, evicted=()):
+        c = self.counter.copy()
+        for g, n in alive.items():
+            if n != c.live[g]:
+                c.remove(g, c.live[g] - n)
+        for b in evicted:
+            c.evicted |= self.branch[b]
+        c.update(list(c.params_now))
+        return c.params_ratio, c.flops_ratio
 
 
-def run(model_name: str, n_test: int, methods=None, densities=DENSITIES,
-        extra_densities=(), probe_steps=0, split="subset"):
+def alive_after(traj, n_steps, sizes, block_groups):
+    """({group: live neurons}, evicted blocks) after the first `n_steps` steps."""
+    alive, evicted = dict(sizes), []
+    active = int(traj.meta["num_neurons"])  # the neurons the run's cost prices
+    for s in traj.steps[:n_steps]:
+        if s.kind == "evict":
+            evicted.append(s.unit)
+            for g in block_groups[s.unit]:
+                alive[g] = 0
+        else:  # a merge removes one neuron (two if the parent is dead)
+            alive[s.unit] -= active - s.active_after
+        active = s.active_after
+    return alive, evicted
 
-    import hope_keras
-    from hope_keras import baselines
-    from hope_keras.calibration import calibrate
 
-    model, x, y, xc = load(model_name, split)
-    x, y = x[:n_test], y[:n_test]
-    info = {"model": model_name, "n_test": int(len(x)), "params": int(model.count_params()),
-            "split": split}
-    if model_name == "lenet300":
+# ---------------------------------------------------------------------- the runs
+class Bench:
+    def __init__(self, model_name, n_sel, n_heldout, densities):
+        import hope_keras
+        from hope_keras.calibration import calibrate
+
+        model, splits, xc = load_splits(model_name, n_sel, n_heldout)
+        info = {"model": model_name, "params": int(model.count_params()),
+                "n": {k: int(len(v[0])) for k, v in splits.items()}}
+        if model_name == "lenet300":
+            t0 = time.perf_counter()
+            model = calibrate(model, xc)
+            info["calibrate_s"] = round(time.perf_counter() - t0, 2)
         t0 = time.perf_counter()
-        model = calibrate(model, xc)
-        info["calibrate_s"] = time.perf_counter() - t0
-    analysis = hope_keras.analyze(model)
-    info["neurons"] = analysis.num_neurons
-    info["groups"] = len(analysis.groups)
-    info["blocks"] = sum(b.evictable for b in analysis.blocks)
-    original = [w.numpy().copy() for w in model.weights]
+        self.analysis = hope_keras.analyze(model)
+        info["analyze_s"] = round(time.perf_counter() - t0, 2)
+        a = self.analysis
+        info.update(neurons=a.num_neurons, groups={g.name: g.size for g in a.groups},
+                    blocks=sum(b.evictable for b in a.blocks))
+        self.model, self.info, self.densities = model, info, tuple(densities)
+        self.original = [w.numpy().copy() for w in model.weights]
+        self.ev = Evaluator(model, splits)
+        self.sizes = Sizes(model, a)
+        self.block_groups = {b.name: list(b.groups) for b in a.graph.blocks}
+        acc, _ = self.ev()
+        info["accuracy"] = acc
+        info["flops"] = int(self.sizes.counter.flops0)
+        info["mean_params_per_neuron"] = self.sizes.mean_params
+        info["mean_flops_per_neuron"] = self.sizes.mean_flops
+        # Models with an evictable block: one compress() per density (see module
+        # docstring); otherwise replays of one run.
+        self.direct = info["blocks"] > 0
+        info["hope_densities"] = "direct runs" if self.direct else "replays of one run"
+        self.hope = hope_methods({"mean_params": self.sizes.mean_params,
+                                  "mean_flops": self.sizes.mean_flops,
+                                  "mean_n0": float(np.mean(list(self.sizes.sizes.values())))})
 
-    def reset():
-        for w, v in zip(model.weights, original):
+    def reset(self):
+        for w, v in zip(self.model.weights, self.original):
             w.assign(v)
 
-    # An eviction removes a whole block at once, so replaying a run to 0.3 can
-    # overshoot a density; a run with that density as its budget skips such
-    # evictions. On small models with blocks, run each density directly.
-    direct = info["blocks"] > 0 and info["neurons"] < 2000
-    info["hope_densities"] = "direct runs" if direct else "replays of one run"
-    ev = Evaluator(model, x, y, analysis.graph)
-    acc0 = ev()[0]
-    info["accuracy"] = acc0
-    all_d = sorted(set(densities) | set(extra_densities), reverse=True)
-    d_min = min(all_d)
-    results, times, notes = {}, {}, {}
-    methods = methods or list(HOPE_VARIANTS) + list(BASELINES) + list(EXPERIMENTS)
-    print(f"{model_name}: {info}", flush=True)
-    for method in methods:
-        results[method] = {}
-        if method in EXPERIMENTS:
-            reset()
-            t0 = time.perf_counter()
-            enc = experimental_encoder(**EXPERIMENTS[method])(
-                model, actions=("prune", "merge", "evict"), verbose=False)
-            enc.run(density=d_min, verbose=False)
-            times[method] = time.perf_counter() - t0
-            traj = enc.trajectory
-            notes[method] = {k: int(np.sum(traj.field("kind") == k))
-                             for k in ("prune", "merge", "evict")}
-            notes[method]["alive"] = alive_per_group(traj, analysis, all_d)
-            for d in all_d:
-                reset()
-                reached = 1.0
-                if d < 1.0 and direct:
-                    e = experimental_encoder(**EXPERIMENTS[method])(
-                        model, actions=("prune", "merge", "evict"), verbose=False)
-                    e.run(density=d, verbose=False)
-                    e.editor.commit()
-                    reached = e.active / e.num_neurons
-                elif d < 1.0:
-                    traj.replay(model, density=d, check=False)
-                    reached = float(traj.densities()[traj.step_for_density(d) - 1])
-                results[method][str(d)] = ev() + (reached,)
-        elif method == "hope_neighbors" and probe_steps:
-            # Too slow to run to the end on this model: time the first steps only.
-            reset()
-            t0 = time.perf_counter()
-            res = hope_keras.compress(model, steps=probe_steps, verbose=False,
-                                      **HOPE_VARIANTS[method])
-            dt = time.perf_counter() - t0
-            t_local = times.get("hope")
-            total = analysis.num_neurons - np.floor(d_min * analysis.num_neurons)
-            notes[method] = {"probe_steps": probe_steps, "probe_s": dt,
-                             "projected_s": dt / probe_steps * total}
-            del results[method]
-            save(model_name, split, info, all_d, {}, {}, {method: notes[method]}, {})
-            print(f"  {method:18s} {probe_steps} steps in {dt:.1f}s; projected "
-                  f"{dt / probe_steps * total:.0f}s for the full run "
-                  f"(hope local: {t_local})", flush=True)
-            continue
-        elif method in HOPE_VARIANTS:
-            opts = HOPE_VARIANTS[method]
-            if method == "hope_prune_merge" and info["blocks"] == 0 and "hope" in results:
-                results[method] = dict(results["hope"])
-                times[method] = times["hope"]
-                notes[method] = "no evictable block: identical to hope"
-                continue
-            reset()
-            t0 = time.perf_counter()
-            res = hope_keras.compress(model, density=d_min, verbose=False, **opts)
-            times[method] = time.perf_counter() - t0
-            traj = res.trajectory
-            kinds = {k: int(np.sum(traj.field("kind") == k))
-                     for k in ("prune", "merge", "evict")}
-            notes[method] = kinds
-            notes[method]["alive"] = alive_per_group(traj, analysis, all_d)
-            for d in all_d:
-                reset()
-                reached = 1.0
-                if d < 1.0 and direct:
-                    reached = hope_keras.compress(model, density=d, verbose=False,
-                                                  **opts).density
-                elif d < 1.0:
-                    traj.replay(model, density=d, check=False)
-                    reached = float(traj.densities()[traj.step_for_density(d) - 1])
-                results[method][str(d)] = ev() + (reached,)
+    def targets(self, axis):
+        return self.densities if axis == "density" else RATIOS
+
+    def point(self, target, density, alive, evicted, extra=None):
+        params, flops = self.sizes(alive, evicted)
+        acc, agree = self.ev()
+        p = {"target": target, "density": density, "params": params, "flops": flops,
+             "acc": acc, "agree": agree, "alive": alive, "evicted": list(evicted)}
+        if extra:
+            p.update(extra)
+        return p
+
+    # ------------------------------------------------------------------- HOPE
+    def run_hope(self, name, axis):
+        """HOPE points of method `name` on `axis`.
+
+        Densities are fractions of every compressible neuron of the model (N). A
+        cost that prices only some groups (``cost="paper"``: the paper's neuron
+        layers) counts its own density over its N_c neurons; the other N − N_c stay,
+        so the benchmark's density d is its density ``(floor(d·N) − (N − N_c)) / N_c``.
+        """
+        import hope_keras
+        from hope_keras.engine import Encoder
+
+        opts, _ = self.hope[name]
+        N = self.analysis.num_neurons
+        targets = self.targets(axis)
+        points, note = [], {}
+        self.reset()
+        t0 = time.perf_counter()
+        enc = Encoder(self.model, analysis=self.analysis, **opts)
+        Nc = enc.num_neurons
+        note["neurons_priced"] = int(Nc)
+
+        def own_density(d):  # the cost's own density for benchmark density d (or None)
+            keep = math.floor(d * N + 1e-9) - (N - Nc)
+            if Nc == N:
+                return d
+            return keep / Nc if keep > 0 else None
+
+        if axis == "density":
+            low = [own_density(t) for t in targets if own_density(t) is not None]
+            reason = enc.run(density=min(low), verbose=False) if low else "unreachable"
         else:
-            alive = {}
-            for d in all_d:
-                reset()
-                if d < 1.0:
-                    if method == "neuron_merging":
-                        r = baselines.neuron_merging(model, d, analysis=analysis)
-                    else:
-                        r = baselines.prune(model, d, method=method, analysis=analysis)
-                    alive[str(d)] = {g.name: g.size for g in analysis.groups}
-                    for g, _ in r.removed:
-                        alive[str(d)][g] -= 1
-                results[method][str(d)] = ev() + (r.density if d < 1.0 else 1.0,)
-            reset()
-            t0 = time.perf_counter()
-            if method == "neuron_merging":
-                r = baselines.neuron_merging(model, d_min)
-                notes[method] = {"merged": len(r.merges), "removed": len(r.removed)}
+            reason = enc.run(**{axis: min(targets)}, verbose=False)
+        note["seconds"] = round(time.perf_counter() - t0, 2)
+        traj = enc.trajectory
+        note["stopped"] = reason
+        note["steps"] = {k: int(np.sum(traj.field("kind") == k))
+                         for k in ("prune", "merge", "evict")} if len(traj) else {}
+        for t in targets:
+            self.reset()
+            if axis == "density":
+                d = own_density(t)
+                if d is None:
+                    continue
+                if self.direct:
+                    res = hope_keras.compress(self.model, density=d, analysis=self.analysis,
+                                              verbose=False, **opts)
+                    tr, n = res.trajectory, len(res.trajectory)
+                else:
+                    tr = traj
+                    try:
+                        n = tr.step_for(density=d)
+                    except ValueError:  # never reached (no admissible action left)
+                        continue
+                    tr.replay(self.model, step=n, check=False)
             else:
-                baselines.prune(model, d_min, method=method)
-            times[method] = time.perf_counter() - t0
-            notes.setdefault(method, {})["alive"] = alive
-        row = " ".join(f"{d}:{results[method][str(d)][0]:.3f}" for d in all_d)
-        brief = {k: v for k, v in notes.get(method, {}).items() if k != "alive"}
-        print(f"  {method:18s} {times[method]:7.1f}s  {row}  {brief}", flush=True)
-        save(model_name, split, info, all_d, {method: results[method]},
-             {method: times[method]}, {method: notes.get(method, {})}, {})
-    extra = {}
-    if model_name == "lenet300" and split == "subset":
-        extra = lenet_paper_setting(model, reset, ev, analysis)
-    reset()
-    return save(model_name, split, info, all_d, results, times, notes, extra)
+                tr = traj
+                try:
+                    n = tr.step_for(**{axis: t})
+                except ValueError:
+                    continue
+                tr.replay(self.model, step=n, check=False)
+            alive, evicted = alive_after(tr, n, self.sizes.sizes, self.block_groups)
+            density = sum(alive.values()) / N
+            p = self.point(t, density, alive, evicted)
+            if n:  # the engine's own count, which `point` recomputed independently
+                s = tr.steps[n - 1]
+                assert abs(p["params"] - s.params_after) < 1e-9, (p["params"], s)
+                assert abs(p["flops"] - s.flops_after) < 1e-9, (p["flops"], s)
+            points.append(p)
+        return points, note
+
+    # -------------------------------------------------------------- baselines
+    def _baseline_parts(self, name):
+        parts = name.split("_")
+        mc = parts[-1] == "mc"
+        if mc:
+            parts = parts[:-1]
+        return "_".join(parts[:-1]), parts[-1], mc
+
+    def _scores(self, method):
+        import keras
+
+        from hope_keras import baselines
+
+        if method != "nm":
+            return baselines.scores(self.analysis, method)
+        out = {}  # Neuron Merging's criterion="auto": l1 for conv producers, l2 for Dense
+        for name, st in self.analysis.states.items():
+            dense = isinstance(self.analysis.graph.layer(st.group.producer),
+                               keras.layers.Dense)
+            out[name] = baselines.scores(self.analysis, "l2" if dense else "l1")[name]
+        return out
+
+    def _apply_baseline(self, method, scope, mc, density):
+        from hope_keras import baselines
+
+        if method == "nm":
+            return baselines.neuron_merging(self.model, density, scope=scope,
+                                            analysis=self.analysis)
+        return baselines.prune(self.model, density, method=method, scope=scope,
+                               analysis=self.analysis, mean_compensation=mc)
+
+    def _alive(self, removed):
+        alive = dict(self.sizes.sizes)
+        for g, _ in removed:
+            alive[g] -= 1
+        return alive
+
+    def _density_for_ratio(self, scores, scope, axis, ratio):
+        """The highest density whose removal set reaches ≤ `ratio`, or None."""
+        from hope_keras import baselines
+
+        N = self.analysis.num_neurons
+        col = 0 if axis == "params" else 1
+        if scope == "global":
+            order = baselines.removal_order(scores)
+
+            def size(k):
+                return self.sizes(self._alive(order[:k]))[col]
+
+            if size(len(order)) > ratio + 1e-12:
+                return None
+            lo, hi = 0, len(order)  # size(hi) <= ratio
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if size(mid) <= ratio + 1e-12:
+                    hi = mid
+                else:
+                    lo = mid
+            return (N - hi) / N
+
+        def size_d(i):
+            return self.sizes(self._alive(baselines.layer_removals(scores, i / 1000)))[col]
+
+        if size_d(1) > ratio + 1e-12:
+            return None
+        lo, hi = 1, 1000  # size_d(lo) <= ratio
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if size_d(mid) <= ratio + 1e-12:
+                lo = mid
+            else:
+                hi = mid
+        return lo / 1000
+
+    def run_baseline(self, name, axis):
+        method, scope, mc = self._baseline_parts(name)
+        scores = self._scores(method)
+        points, note = [], {}
+        for t in self.targets(axis):
+            d = t if axis == "density" else self._density_for_ratio(scores, scope, axis, t)
+            if d is None:
+                continue
+            self.reset()
+            t0 = time.perf_counter()
+            r = self._apply_baseline(method, scope, mc, d)
+            note.setdefault("seconds", round(time.perf_counter() - t0, 2))
+            extra = {"merged": len(r.merges)} if method == "nm" else None
+            points.append(self.point(t, r.density, self._alive(r.removed), (), extra))
+        return points, note
+
+    def check_slim_flops(self):
+        """The counter against `hope_keras.profile` of the slimmed model."""
+        import hope_keras
+
+        self.reset()
+        res = hope_keras.compress(self.model, density=0.6, analysis=self.analysis,
+                                  verbose=False)
+        slim = hope_keras.slim(self.model)
+        self.reset()
+        base = hope_keras.profile(self.model, latency=False).flops
+        ratio = hope_keras.profile(slim, latency=False).flops / base
+        out = {"counter_flops0": self.sizes.counter.flops0, "profile_flops0": base,
+               "counter_ratio": res.flops_ratio, "slim_ratio": ratio,
+               "counter_params_ratio": res.params_ratio,
+               "slim_params_ratio": slim.count_params() / self.model.count_params()}
+        print(f"  slim check: {out}", flush=True)
+        return out
 
 
-def save(model_name, split, info, all_d, results, times, notes, extra):
-    """Writes (merges into) benchmarks/results/quality_<model>[_<split>].json."""
+def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
+        axes=AXES):
+    bench = Bench(model_name, n_sel, n_heldout, densities)
+    print(f"{model_name}: {json.dumps({k: v for k, v in bench.info.items() if k != 'groups'})}",
+          flush=True)
+    extra = {"slim_check": bench.check_slim_flops()}
+    for name in methods or ALL_METHODS:
+        if name in bench.hope:
+            method_axes = [a for a in bench.hope[name][1] if a in axes]
+        elif name in BASELINES:
+            method_axes = list(axes)
+        else:
+            raise SystemExit(f"unknown method {name!r}; known: {ALL_METHODS}")
+        for axis in method_axes:
+            fn = bench.run_hope if name in bench.hope else bench.run_baseline
+            points, note = fn(name, axis)
+            row = " ".join(f"{p['target']:g}:{100 * p['acc']['sel']:.1f}/"
+                           f"{100 * p['acc']['heldout']:.1f}" for p in points)
+            print(f"  {name:18s} {axis:7s} {row}  {note}", flush=True)
+            save(model_name, bench.info, {name: {axis: points}}, {name: {axis: note}},
+                 extra)
+    bench.reset()
+
+
+def save(model_name, info, results, notes, extra):
+    """Merges into benchmarks/results/quality_<model>.json."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    suffix = "" if split == "subset" else f"_{split}"
-    path = RESULTS / f"quality_{model_name}{suffix}.json"
-    out = {"info": info, "densities": all_d, "results": {}, "seconds": {}, "notes": {},
-           "paper_setting": extra}
-    if path.exists():  # a partial run (--methods) updates the stored methods only
+    path = RESULTS / f"quality_{model_name}.json"
+    out = {"info": info, "results": {}, "notes": {}, "extra": {}}
+    if path.exists():
         old = json.loads(path.read_text())
-        if old["info"].get("n_test") == info["n_test"] and old["densities"] == all_d:
-            for key in ("results", "seconds", "notes"):
-                out[key] = old[key]
-            out["paper_setting"] = extra or old.get("paper_setting", {})
-    for key, new in (("results", results), ("seconds", times), ("notes", notes)):
-        out[key].update(new)
-    order = list(HOPE_VARIANTS) + list(BASELINES) + list(EXPERIMENTS)
-    for key in ("results", "seconds", "notes"):
-        out[key] = {m: out[key][m] for m in order if m in out[key]}
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {path}")
-    return out
-
-
-def lenet_paper_setting(model, reset, ev, analysis):
-    """80 % of the hidden neurons removed, per layer (the NM paper's protocol)."""
-    from hope_keras import baselines
-
-    out = {}
-    runs = {
-        "l2_prune_per_layer": lambda: baselines.neuron_merging(
-            model, 0.2, criterion="l2", threshold=2.0, scope="layer", analysis=analysis),
-        "neuron_merging_per_layer": lambda: baselines.neuron_merging(
-            model, 0.2, criterion="l2", scope="layer", analysis=analysis),
-        "l2_prune_global": lambda: baselines.neuron_merging(
-            model, 0.2, criterion="l2", threshold=2.0, analysis=analysis),
-        "neuron_merging_global": lambda: baselines.neuron_merging(
-            model, 0.2, criterion="l2", analysis=analysis),
-        # Sensitivity to the paper's similarity threshold t (not used elsewhere).
-        "neuron_merging_per_layer_t0.3": lambda: baselines.neuron_merging(
-            model, 0.2, criterion="l2", threshold=0.3, scope="layer", analysis=analysis),
-        "neuron_merging_per_layer_t0.5": lambda: baselines.neuron_merging(
-            model, 0.2, criterion="l2", threshold=0.5, scope="layer", analysis=analysis),
-    }
-    for name, fn in runs.items():
-        reset()
-        r = fn()
-        per_layer = {}
-        for g, _ in r.removed:
-            per_layer[g] = per_layer.get(g, 0) + 1
-        out[name] = {"acc_agree": ev(), "removed_per_layer": per_layer,
-                     "merged": len(r.merges)}
-        print(f"  paper setting {name}: {out[name]}", flush=True)
-    return out
-
-
-def per_layer(model_name: str, n_test: int, densities=DENSITIES):
-    """Diagnostic: the same fraction removed from every layer, ranked by HOPE's
-    capacity ‖f_i‖ or by a baseline score. Separates the within-layer ranking from
-    the allocation across layers."""
-    import hope_keras
-    from hope_keras import baselines
-    from hope_keras.calibration import calibrate
-    from hope_keras.edit import ModelEditor
-
-    model, x, y, xc = load(model_name)
-    x, y = x[:n_test], y[:n_test]
-    if model_name == "lenet300":
-        model = calibrate(model, xc)
-    analysis = hope_keras.analyze(model)
-    original = [w.numpy().copy() for w in model.weights]
-    ev = Evaluator(model, x, y, analysis.graph)
-    scorers = {"capacity": {g: analysis.caches[g].capacity for g in analysis.caches}}
-    for m in baselines.METHODS:
-        scorers[m] = baselines.scores(analysis, m)
-    out = {}
-    for name, sc in scorers.items():
-        out[name] = {}
-        for d in densities:
-            for w, v in zip(model.weights, original):
-                w.assign(v)
-            editor = ModelEditor(model, analysis.graph)
-            for g, i in baselines.layer_removals(sc, d):
-                editor.prune(g, i)
-            editor.commit()
-            out[name][str(d)] = ev()
-        print(f"  per-layer {name:10s} " + " ".join(
-            f"{d}:{out[name][str(d)][0]:.3f}" for d in densities), flush=True)
-    for w, v in zip(model.weights, original):
-        w.assign(v)
-    path = RESULTS / f"quality_{model_name}_perlayer.json"
-    path.write_text(json.dumps({"densities": list(densities), "results": out}, indent=1))
-    return out
+        if old.get("info", {}).get("n") == info["n"] and "extra" in old:
+            out.update(results=old["results"], notes=old["notes"], extra=old["extra"])
+    for key, new in (("results", results), ("notes", notes)):
+        for m, per_axis in new.items():
+            out[key].setdefault(m, {}).update(per_axis)
+    out["extra"].update(extra)
+    order = [m for m in ALL_METHODS if m in out["results"]]
+    out["results"] = {m: out["results"][m] for m in order}
+    out["notes"] = {m: out["notes"].get(m, {}) for m in order}
+    path.write_text(json.dumps(out, indent=0) + "\n")
 
 
 # ------------------------------------------------------------------------ report
 LABELS = {
-    "hope": "HOPE (defaults: all actions, rate per neuron)",
+    "hope": "**HOPE default** (`cost=\"hope\"`)",
+    "hope_alpha_merge": "HOPE, merges priced by α* (default before 2d3a04b)",
+    "hope_prev": "HOPE cost of 864cb63 (α* merge cost, J per neuron)",
+    "hope_paper": "HOPE `cost=\"paper\"`",
+    "hope_neurons": "exp: default cost on the paper's neuron layers only (streams whole)",
+    "hope_mc": "HOPE + mean compensation",
+    "hope_neighbors": "HOPE `refresh=\"neighbors\"`",
     "hope_prune": "HOPE prune-only",
-    "hope_prune_merge": "HOPE prune+merge",
-    "hope_paper_scale": "HOPE merge_scale=paper",
-    "hope_neighbors": "HOPE refresh=neighbors",
-    "hope_spec_rate": "HOPE spec rate J/P_init",
-    "l1_input": "L1 input",
-    "l1_joint": "L1 joint",
-    "bn_scale": "BN scale",
-    "neuron_merging": "Neuron Merging",
-    "exp_n0": "proposal: + initial width n0",
-    "exp_residual": "proposal: + residual merge cost",
+    "hope_prune_mc": "HOPE prune-only + mean comp.",
+    "hope_merge_paper": "HOPE `merge_scale=\"paper\"` (α* merge cost)",
+    "rank_k": "exp: rank by sqrt(K_ii)",
+    "rank_gamma": "exp: rank by abs(γ)",
+    "rank_u": "exp: rank by ‖u_i‖",
+    "rank_k_prune": "exp: rank by sqrt(K_ii), prune-only",
+    "rank_gamma_prune": "exp: rank by abs(γ), prune-only",
+    "rank_u_prune": "exp: rank by ‖u_i‖, prune-only",
+    "hope_width_b50": "exp: layer weight (n0/mean n0)^0.5",
+    "order_a0": "exp: order per neuron (α = 0)",
+    "order_a25": "exp: order α = 0.25",
+    "order_a50": "exp: order α = 0.5",
+    "order_a75": "exp: order α = 0.75",
+    "order_param": "exp: order per parameter / FLOP (α = 1)",
+    "nm_global": "Neuron Merging global",
+    "nm_layer": "Neuron Merging per layer",
 }
+for _b in BASELINES:
+    if _b not in LABELS:
+        _m, _s, _mc = _b.replace("_mc", "").rsplit("_", 1)[0], _b.replace("_mc", "").rsplit(
+            "_", 1)[1], _b.endswith("_mc")
+        LABELS[_b] = ({"l1_input": "L1 input", "l1_joint": "L1 joint",
+                       "bn_scale": "BN scale"}[_m] + (" global" if _s == "global"
+                                                      else " per layer")
+                      + (" + mean comp." if _mc else ""))
+SHORT = {"l1_input": "L1in", "l1_joint": "L1j", "bn_scale": "BN", "nm": "NM"}
 
 
-def report(models):
+def short(name):
+    m, s = name.replace("_mc", "").rsplit("_", 1)
+    return f"{SHORT[m]}/{'g' if s == 'global' else 'l'}" + ("+mc" if name.endswith("_mc")
+                                                            else "")
+
+
+def load_results(model):
+    path = RESULTS / f"quality_{model}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def acc_at(r, method, axis, target, split="heldout"):
+    for p in r["results"].get(method, {}).get(axis, []):
+        if abs(p["target"] - target) < 1e-9:
+            return 100 * p["acc"][split]
+    return None
+
+
+def best_baseline(r, axis, target, split="heldout", pool=PLAIN_BASELINES):
+    best = (None, None)
+    for b in pool:
+        a = acc_at(r, b, axis, target, split)
+        if a is not None and (best[0] is None or a > best[0]):
+            best = (a, b)
+    return best
+
+
+def fmt(a):
+    return "—" if a is None else f"{a:.1f}"
+
+
+def table(r, methods, axis, split, mark_reached=False):
+    targets = sorted({p["target"] for m in methods
+                      for p in r["results"].get(m, {}).get(axis, [])}, reverse=True)
+    lines = ["| method | " + " | ".join(f"{t:g}" for t in targets) + " |",
+             "|---" * (len(targets) + 1) + "|"]
+    for m in methods:
+        pts = {p["target"]: p for p in r["results"].get(m, {}).get(axis, [])}
+        if not pts:
+            continue
+        cells = []
+        for t in targets:
+            p = pts.get(t)
+            if p is None:
+                cells.append("—")
+                continue
+            c = f"{100 * p['acc'][split]:.1f}"
+            if mark_reached and p[axis] < t - 0.01:
+                c += f" @{p[axis]:.2f}"
+            cells.append(c)
+        lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def targets_check(r, model):
+    """Issue 15's targets on the held-out split, against the plain and the
+    mean-compensated best baseline."""
+    lines = []
+    ds = [0.9, 0.8, 0.7, 0.6, 0.5] if model != "lenet300" else [0.8, 0.7, 0.6, 0.5,
+                                                                0.4, 0.3, 0.2]
+    rows = [("density", d) for d in ds] + [("flops", f) for f in (0.8, 0.6, 0.5)]
+    lines.append("| point | default | best baseline | margin | best incl. mean comp. | margin |")
+    lines.append("|---|---|---|---|---|---|")
+    misses = []
+    for axis, t in rows:
+        a = acc_at(r, "hope", axis, t)
+        b, bn = best_baseline(r, axis, t)
+        c, cn = best_baseline(r, axis, t, pool=BASELINES)
+        m1 = None if a is None or b is None else a - b
+        m2 = None if a is None or c is None else a - c
+        if m1 is not None and m1 < -1:
+            misses.append(f"{axis} {t:g}: {m1:+.1f}")
+        lines.append(f"| {axis} {t:g} | {fmt(a)} | {fmt(b)} {short(bn) if bn else ''} | "
+                     f"{'—' if m1 is None else f'{m1:+.1f}'} | {fmt(c)} "
+                     f"{short(cn) if cn else ''} | {'—' if m2 is None else f'{m2:+.1f}'} |")
+    return lines, misses
+
+
+def cliffs(r, axis="density", method="hope"):
+    """Neighbouring points where `method` drops > 20 points while the best plain
+    baseline drops < 5 (held-out)."""
+    pts = sorted(r["results"].get(method, {}).get(axis, []), key=lambda p: -p["target"])
+    out = []
+    prev_t, prev_a = 1.0, 100 * r["info"]["accuracy"]["heldout"]
+    prev_b = prev_a
+    for p in pts:
+        t, a = p["target"], 100 * p["acc"]["heldout"]
+        b, _ = best_baseline(r, axis, t)
+        if b is not None and prev_a - a > 20 and prev_b - b < 5:
+            out.append(f"{axis} {prev_t:g}→{t:g}: {prev_a:.1f}→{a:.1f} "
+                       f"(best baseline {prev_b:.1f}→{b:.1f})")
+        prev_t, prev_a, prev_b = t, a, (b if b is not None else prev_b)
+    return out
+
+
+def mean_over(r, method, axis, split, targets):
+    vals = [acc_at(r, method, axis, t, split) for t in targets]
+    return None if any(v is None for v in vals) else float(np.mean(vals))
+
+
+def decisions(results):
+    """Summary tables for the decisions: mean accuracy over the grid per split."""
+    lines = []
+
+    def grid(model, axis):
+        if axis == "density":
+            return [0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2] if model == "lenet300" else \
+                [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+        return list(RATIOS)
+
+    def ran(meth, axis):
+        return any(r and r["results"].get(meth, {}).get(axis) for r in results.values())
+
+    def block(title, methods, axis, note="", needs=()):
+        if needs and not any(ran(x, axis) for x in needs):
+            return  # none of the variants this block compares was run
+        methods = [x for x in methods if ran(x, axis)]
+        lines.append(f"\n#### {title}\n")
+        if note:
+            lines.append(note + "\n")
+        models = [m for m in MODELS if results.get(m)]
+        lines.append("| method | " + " | ".join(f"{m} sel | {m} held-out" for m in models)
+                     + " |")
+        lines.append("|---" * (2 * len(models) + 1) + "|")
+        for meth in methods:
+            if not any(results[m]["results"].get(meth, {}).get(axis) for m in models):
+                continue  # not run on any model
+            cells = []
+            for m in models:
+                for s in SPLITS:
+                    # Only the targets every compared method reached on this model.
+                    ts = [t for t in grid(m, axis)
+                          if all(acc_at(results[m], x, axis, t, s) is not None
+                                 for x in methods if results[m]["results"].get(x))]
+                    v = mean_over(results[m], meth, axis, s, ts) if ts else None
+                    cells.append(fmt(v))
+            lines.append(f"| {LABELS.get(meth, meth)} | " + " | ".join(cells) + " |")
+
+    dens = ("Mean accuracy % over the densities 0.9…0.3 (LeNet 0.8…0.2) that every "
+            "listed method reached on that model.")
+    block("Merge cost, merges, allocation (density axis)",
+          ["hope", "hope_alpha_merge", "hope_prev", "hope_merge_paper", "hope_prune",
+           "hope_width_b50",
+           "hope_neighbors", "hope_paper"], "density", dens)
+    for axis in ("density", "flops"):
+        block(f"Residual streams priced or whole ({axis} axis)",
+              ["hope", "hope_neurons", "hope_paper"], axis,
+              dens if axis == "density" else "Mean accuracy % over the FLOPs ratios "
+              "0.9…0.3 every listed method reached on that model.",
+              needs=["hope_neurons"])
+    ranks = ["rank_k", "rank_gamma", "rank_u", "rank_k_prune", "rank_gamma_prune",
+             "rank_u_prune"]
+    block("Within-layer ranking (density axis)",
+          ["hope", "rank_k", "rank_gamma", "rank_u", "hope_prune", "rank_k_prune",
+           "rank_gamma_prune", "rank_u_prune"], "density", dens, needs=ranks)
+    for axis in ("density", "flops"):
+        # Only the baselines run both ways (`name` and `name_mc`).
+        mc_pairs = [x for b in BASELINES if b.endswith("_mc") and ran(b, axis)
+                    for x in (b[:-3], b)]
+        block(f"Mean compensation ({axis} axis)",
+              ["hope", "hope_mc", "hope_prune", "hope_prune_mc"] + mc_pairs, axis,
+              dens if axis == "density" else "Mean accuracy % over the FLOPs ratios "
+              "0.9…0.3 every listed method reached.", needs=["hope_mc", "hope_prune_mc"])
+    for axis in ("params", "flops"):
+        block(f"Ordering under a {axis}= budget",
+              ["hope", "order_a0", "order_a25", "order_a50", "order_a75", "order_param",
+               "hope_prev", "hope_paper"] + list(PLAIN_BASELINES), axis,
+              f"Mean accuracy % over the {axis} ratios 0.9…0.3 every listed method "
+              "reached on that model.")
+    return lines
+
+
+def summary(results):
+    """The default against the best plain baseline, held-out split, at the points of
+    issue 15's targets: one table for the CNNs, one for LeNet."""
+    lines = []
+    cnn = [m for m in ("demo", "vgg8", "resnet50") if results.get(m)]
+    head = [("density", d) for d in (0.9, 0.8, 0.7, 0.6, 0.5)]
+    flops = [("flops", f) for f in (0.8, 0.6, 0.5)]
+
+    def rows(model, points):
+        r = results[model]
+        a = [acc_at(r, "hope", ax, t) for ax, t in points]
+        b = [best_baseline(r, ax, t) for ax, t in points]
+        bold = [x is not None and y[0] is not None and x >= y[0] for x, y in zip(a, b)]
+        da = " | ".join(f"**{fmt(x)}**" if k else fmt(x) for x, k in zip(a, bold))
+        db = " | ".join(f"{fmt(v)} {short(n) if n else ''}".strip() for v, n in b)
+        return [f"| {model}, default | {da} |", f"| {model}, best baseline | {db} |"]
+
+    if cnn:
+        lines.append("| model | " + " | ".join(f"{t:g}" for _, t in head)
+                     + " | " + " | ".join(f"FLOPs {t:g}" for _, t in flops) + " |")
+        lines.append("|---" * (len(head) + len(flops) + 1) + "|")
+        for m in cnn:
+            lines += rows(m, head + flops)
+    if results.get("lenet300"):
+        pts = [("density", d) for d in (0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)] + flops
+        lines.append("\n| LeNet-300-100 | " + " | ".join(
+            f"{t:g}" if ax == "density" else f"FLOPs {t:g}" for ax, t in pts) + " |")
+        lines.append("|---" * (len(pts) + 1) + "|")
+        lines += [x.replace("lenet300, ", "") for x in rows("lenet300", pts)]
+    return lines
+
+
+def report(models=MODELS, plots=True):
+    results = {m: load_results(m) for m in models}
+    lines = ["\n### Summary: default against the best baseline (held-out split)\n"]
+    lines += summary(results)
+    for model in models:
+        r = results.get(model)
+        if r is None:
+            continue
+        info = r["info"]
+        lines.append(f"\n### Quality: {model}\n")
+        lines.append(
+            f"{info['neurons']} compressible neurons in {len(info['groups'])} groups, "
+            f"{info['blocks']} evictable blocks, {info['params']} parameters, "
+            f"{info['flops'] / 1e6:.2f} MFLOPs per example. Uncompressed accuracy: "
+            f"{100 * info['accuracy']['sel']:.2f} % on the selection split "
+            f"({info['n']['sel']} images), {100 * info['accuracy']['heldout']:.2f} % on "
+            f"the held-out split ({info['n']['heldout']} images). HOPE densities: "
+            f"{info['hope_densities']}.\n")
+        present = [m for m in ALL_METHODS if m in r["results"]]
+        for axis in AXES:
+            ms = [m for m in present if axis in r["results"][m]]
+            if not ms:
+                continue
+            lines.append(f"\nAccuracy % against the {axis} "
+                         f"{'' if axis == 'density' else 'ratio '}target, "
+                         f"held-out split (`@x`: the {axis} actually reached when a step "
+                         f"overshot):\n")
+            lines += table(r, ms, axis, "heldout", mark_reached=True)
+        lines.append("\nIssue 15 targets (held-out split):\n")
+        tl, misses = targets_check(r, model)
+        lines += tl
+        cl = cliffs(r) + cliffs(r, "flops")
+        lines.append(f"\nMisses (> 1 point below the plain best baseline): "
+                     f"{', '.join(misses) or 'none'}. Cliffs: {', '.join(cl) or 'none'}.")
+        if plots:
+            plot(model, r)
+            lines.append(f"\n![{model}](img/quality_{model}.png)\n")
+    lines.append("\n### Decisions: selection split against held-out split\n")
+    lines += decisions(results)
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def plot(model, r):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     IMG.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for name in list(models) + [f"{m}_heldout" for m in models]:
-        path = RESULTS / f"quality_{name}.json"
-        if not path.exists():
-            continue
-        r = json.loads(path.read_text())
-        info, ds = r["info"], r["densities"]
-        lines.append(f"\n### Quality: {name}\n")
-        where = ("2000 held-out test images (outside the demo subset)"
-                 if name.endswith("_heldout") else f"{info['n_test']} test images")
-        lines.append(f"{info['neurons']} compressible neurons in {info['groups']} groups, "
-                     f"{info['blocks']} evictable blocks; uncompressed test accuracy "
-                     f"{100 * info['accuracy']:.2f} % on {where}.\n")
-        head = "| method | " + " | ".join(f"{d:g}" for d in ds) + " | time (s) |"
-        lines += [head, "|---" * (len(ds) + 2) + "|"]
-        for m, per in r["results"].items():
-            cells = []
-            for d in ds:
-                acc, agr = per[str(d)][:2]
-                mark = ""
-                if len(per[str(d)]) > 3 and per[str(d)][3] < d - 0.01:
-                    mark = f" @{per[str(d)][3]:.2f}"
-                cells.append(f"{100 * acc:.1f} ({100 * agr:.0f}){mark}")
-            lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(cells)
-                         + f" | {r['seconds'][m]:.1f} |")
-        lines.append("\nCells: test accuracy % (top-1 agreement with the uncompressed "
-                     "model %); `@d`: the density actually reached when an eviction "
-                     "overshot the nominal one. Time: one call to the lowest density, "
-                     "analysis included.")
-        if r.get("paper_setting"):
-            lines.append("\nNeuron Merging paper's setting (80 % of hidden neurons removed):\n")
-            lines.append("| method | accuracy % | agreement % | removed per layer |")
-            lines.append("|---|---|---|---|")
-            for k, v in r["paper_setting"].items():
-                acc, agr = v["acc_agree"][:2]
-                lines.append(f"| {k} | {100 * acc:.2f} | {100 * agr:.1f} | "
-                             f"{v['removed_per_layer']} |")
-            for m in ("hope", "hope_spec_rate", "bn_scale", "exp_n0", "exp_residual"):
-                v = r["results"].get(m, {}).get("0.2")
-                if v:
-                    lines.append(f"| {LABELS[m]} (global, density 0.2) | "
-                                 f"{100 * v[0]:.2f} | {100 * v[1]:.1f} | |")
-            lines.append(f"| NM paper: baseline / prune / merge | "
-                         f"{NM_PAPER_LENET['baseline']} / {NM_PAPER_LENET['prune']} / "
-                         f"{NM_PAPER_LENET['neuron_merging']} | | |")
-        if name.endswith("_heldout"):
-            lines.append("\n(held-out test images: no plot)\n")
-            continue
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-        colors = plt.get_cmap("tab20").colors
-        for k, (m, per) in enumerate(r["results"].items()):
-            acc = [100 * per[str(d)][0] for d in ds]
-            style = "-" if m.startswith("hope") else (":" if m.startswith("exp") else "--")
-            lw = 2.5 if m == "hope" else 1.3
-            color = "black" if m == "hope" else colors[(2 * k) % 20 + (k >= 10)]
-            line, = ax.plot(ds, acc, style, marker="o", ms=3, lw=lw, color=color,
-                            label=LABELS.get(m, m))
-            if len(per[str(ds[0])]) > 2:
-                pr = [per[str(d)][2] for d in ds]
-                ax2.plot(pr, acc, style, marker="o", ms=3, lw=lw, color=line.get_color())
-        for a_ in (ax, ax2):
-            a_.axhline(100 * info["accuracy"], color="gray", lw=0.8, ls=":")
-            a_.invert_xaxis()
-            a_.grid(alpha=0.3)
-            a_.set_ylabel("test accuracy (%)")
-        ax.set_xlabel("neuron density (active / initial compressible neurons)")
-        ax2.set_xlabel("live parameters / original parameters")
-        ax.set_title(f"{name}: accuracy vs neuron density (no fine-tuning)", fontsize=10)
-        ax2.set_title("same points vs parameter ratio", fontsize=10)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(IMG / f"quality_{name}.png", dpi=110)
-        plt.close(fig)
-        lines.append(f"\n![{name}](img/quality_{name}.png)\n")
-    text = "\n".join(lines)
-    print(text)
-    return text
+    fig, axs = plt.subplots(1, 3, figsize=(16, 4.8), sharey=True)
+    show = ["hope", "hope_alpha_merge", "hope_paper", "hope_neurons", "hope_prune", "order_a0",
+            "order_param"] + \
+        list(PLAIN_BASELINES) + ["bn_scale_layer_mc", "bn_scale_global_mc"]
+    colors = plt.get_cmap("tab20").colors
+    for k, m in enumerate(show):
+        for ax, axis in zip(axs, AXES):
+            pts = sorted(r["results"].get(m, {}).get(axis, []), key=lambda p: -p["target"])
+            if not pts:
+                continue
+            x = [1.0] + [p[axis] for p in pts]
+            y = [100 * r["info"]["accuracy"]["heldout"]] + [100 * p["acc"]["heldout"]
+                                                           for p in pts]
+            hope = m.startswith(("hope", "order"))
+            ax.plot(x, y, "-" if hope else "--", marker="o", ms=3,
+                    lw=2.8 if m == "hope" else 1.2,
+                    color="black" if m == "hope" else colors[k % 20],
+                    label=LABELS.get(m, m).replace("**", "").replace("`", ""))
+    for ax, axis in zip(axs, AXES):
+        ax.invert_xaxis()
+        ax.grid(alpha=0.3)
+        ax.set_xlabel({"density": "neuron density", "params": "live parameter ratio",
+                       "flops": "FLOPs ratio"}[axis])
+    axs[0].set_ylabel("held-out accuracy (%)")
+    axs[0].set_title(f"{model}: accuracy vs neuron density (no fine-tuning)", fontsize=10)
+    axs[1].set_title("vs parameter ratio (budget params=)", fontsize=10)
+    axs[2].set_title("vs FLOPs ratio (budget flops=)", fontsize=10)
+    handles, labels = axs[0].get_legend_handles_labels()
+    h2, l2 = axs[2].get_legend_handles_labels()
+    for h, lab in zip(h2, l2):
+        if lab not in labels:
+            handles.append(h)
+            labels.append(lab)
+    fig.legend(handles, labels, fontsize=7, loc="center right")
+    fig.tight_layout(rect=(0, 0, 0.83, 1))
+    fig.savefig(IMG / f"quality_{model}.png", dpi=100)
+    plt.close(fig)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", choices=("demo", "lenet300", "vgg8", "resnet50"))
-    p.add_argument("--n-test", type=int, default=2000)
-    p.add_argument("--methods", nargs="*")
-    p.add_argument("--densities", type=float, nargs="*", default=list(DENSITIES))
-    p.add_argument("--report", action="store_true")
-    p.add_argument("--per-layer", action="store_true",
-                   help="diagnostic: uniform per-layer pruning by capacity / baseline score")
-    p.add_argument("--split", choices=("subset", "heldout"), default="subset",
-                   help="heldout: 2000 test images outside the demo subset "
-                        "(to check the proposals on data they were not chosen on)")
-    p.add_argument("--neighbors-probe-steps", type=int, default=0,
-                   help="time only this many refresh='neighbors' steps (ResNet-50)")
+    p.add_argument("--model", choices=MODELS)
+    p.add_argument("--n-sel", type=int,
+                   help="selection-split images (default: the bundled 2000; ResNet-50: "
+                        "the first 1000 of them)")
+    p.add_argument("--n-heldout", type=int,
+                   help="held-out images (default 3000; ResNet-50: 1000)")
+    p.add_argument("--methods", nargs="*",
+                   help=f"subset of {ALL_METHODS} (default: {DEFAULT_METHODS}; "
+                        f"ResNet-50: {RESNET_METHODS})")
+    p.add_argument("--fresh", action="store_true",
+                   help="discard the model's stored results first (e.g. after an engine "
+                        "change), instead of updating the methods run")
+    p.add_argument("--axes", nargs="*", default=list(AXES), choices=AXES)
+    p.add_argument("--report", action="store_true", help="print tables, write the PNGs")
     args = p.parse_args(argv)
-    if args.model and args.per_layer:
-        per_layer(args.model, args.n_test)
-    elif args.model:
-        extra = (0.2,) if args.model == "lenet300" else ()
-        run(args.model, args.n_test, methods=args.methods, extra_densities=extra,
-            densities=tuple(args.densities),
-            probe_steps=args.neighbors_probe_steps, split=args.split)
+    if args.model:
+        resnet = args.model == "resnet50"
+        densities = DENSITIES + ((0.2,) if args.model == "lenet300" else ())
+        path = RESULTS / f"quality_{args.model}.json"
+        if args.fresh and path.exists():
+            path.unlink()
+        run(args.model, args.n_sel or (1000 if resnet else 2000),
+            args.n_heldout or (1000 if resnet else 3000),
+            methods=args.methods or (RESNET_METHODS if resnet else DEFAULT_METHODS),
+            densities=densities, axes=tuple(args.axes))
     if args.report:
-        report(["demo", "lenet300", "vgg8", "resnet50"])
+        report()
     return 0
 
 

@@ -120,6 +120,10 @@ def main(argv=None):
     ap.add_argument("--density", type=float, default=0.5)
     ap.add_argument("--images", type=int, default=2048, help="unlabeled training images")
     ap.add_argument("--heldout", type=int, default=8000, help="held-out test images")
+    ap.add_argument("--split", choices=("heldout", "selection"), default="heldout",
+                    help="score on the held-out test images (default) or on the 2000 "
+                         "bundled test images, the selection split that recover's "
+                         "options are chosen on")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--paths", default="inplace,slim")
@@ -135,10 +139,14 @@ def main(argv=None):
     from quality import heldout_test
 
     compress_kw, recover_kw = parse_options(args.compress), parse_options(args.recover)
-    x_test, y_test = heldout_test(args.heldout)
+    if args.split == "selection":
+        from hope_keras.data import load_demo_data
+        x_test, y_test = load_demo_data()[:2]
+    else:
+        x_test, y_test = heldout_test(args.heldout)
     x_train = training_images(args.images)
     teacher_acc = accuracy(load_demo_model(), x_test, y_test)
-    print(f"demo CNN: {teacher_acc:.4f} on {len(y_test)} held-out test images; "
+    print(f"demo CNN: {teacher_acc:.4f} on {len(y_test)} {args.split} test images; "
           f"density {args.density}, compress {compress_kw or 'defaults'}, recover "
           f"{recover_kw or 'defaults'}, {args.images} unlabeled training images, "
           f"{args.epochs} epoch(s); keras {keras.__version__}")
@@ -159,7 +167,8 @@ def main(argv=None):
         print(f"{path:>8} mean {np.mean([r['acc_compressed'] for r in sel]):>10.4f} "
               f"{np.mean(accs):>9.4f} (min {min(accs):.4f}, max {max(accs):.4f}); "
               f"total {np.mean([r['total_s'] for r in sel]):.1f} s on average")
-    out = {"density": args.density, "images": args.images, "heldout": len(y_test),
+    out = {"density": args.density, "images": args.images, "split": args.split,
+           "test_images": len(y_test),
            "epochs": args.epochs, "compress": compress_kw, "recover": recover_kw,
            "teacher_acc": teacher_acc, "keras": keras.__version__,
            "hope_keras": hope_keras.__version__, "runs": records}

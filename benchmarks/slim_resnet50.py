@@ -7,6 +7,7 @@ One greedy run to the lowest budget, replayed to each point. Counts and timings 
 latency: median of interleaved runs of the original and the slimmed model, compiled
 direct call, and with ``--tflite`` also the TFLite interpreter).
 Run: .venv/bin/python benchmarks/slim_resnet50.py [--flops] [--tflite] [--repeats 5]
+     [--groups all] [--points 0.5]
 """
 
 import argparse
@@ -24,6 +25,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--flops", action="store_true",
                     help="budget in FLOPs ratios (compress(flops=...)) instead of density")
+    ap.add_argument("--groups", default="no_streams", choices=("no_streams", "all"),
+                    help="the default cost's scope: 'all' prunes residual-stream "
+                         "channels too (HopeCost(groups='all'))")
+    ap.add_argument("--points", type=float, nargs="*",
+                    help="budgets to profile (default: 0.9 … 0.4 or 0.3)")
     args = ap.parse_args()
     methods = ("call", "tflite") if args.tflite else ("call",)
     model = calibrated_resnet50()
@@ -32,7 +38,10 @@ def main():
     work.set_weights(weights)
     what, points = (("flops", (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)) if args.flops
                      else ("density", (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)))
-    result = hope_keras.compress(work, verbose=False, **{what: min(points)})
+    if args.points:
+        points = tuple(args.points)
+    cost = hope_keras.costs.HopeCost(groups=args.groups)
+    result = hope_keras.compress(work, verbose=False, cost=cost, **{what: min(points)})
     x = np.random.default_rng(0).uniform(0, 255, (8, 224, 224, 3)).astype("float32")
     print(f"{what:>8} {'params':>8} {'FLOPs':>8} " +
           " ".join(f"{'latency ' + m:>14}" for m in methods))

@@ -3,7 +3,7 @@
 
 Run from the repository root (CPU; ``nice`` it on a shared machine)::
 
-    nice -n 10 .venv/bin/python scripts/make_benchmark_fixtures.py [--only lenet vgg resnet50]
+    nice -n 10 .venv/bin/python scripts/make_benchmark_fixtures.py [--only lenet vgg swish resnet50]
 
 Data: Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (read with
 ``scripts/make_fixtures.py``'s IDX reader; installed by apt-get if missing).
@@ -23,6 +23,12 @@ set is written beside each model in ``<name>.json``.
     Dense 128 + BN + ReLU, Dense 10 softmax. Every conv is Conv(3×3, same, no bias)
     → BN → ReLU (the paper disables the biases before BN). Adam 2e-3 cosine,
     ``--vgg-epochs`` (default 3) epochs, batch 128 (the paper: SGD, batch 16).
+``swish``     (``benchmarks/fixtures/swish_cnn.keras``, ~0.7 MB, committed)
+    The non-ReLU network of issue 13: ``vgg8``'s layout at half the widths
+    (conv 16 / pool / 32 / pool / 64-64 / pool / 64-64 / pool, GAP, Dense 64 + BN)
+    with swish (SiLU) in place of every ReLU, as separate ``Activation("swish")``
+    layers after each BN. Adam 2e-3 cosine, ``--swish-epochs`` (default 4) epochs,
+    batch 128; BN statistics re-estimated as above.
 ``resnet50``  (``.cache/resnet50_fmnist.keras``, ~95 MB, git-ignored, NOT committed)
     ``keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)``
     on Fashion-MNIST zero-padded to 32×32 and repeated on 3 channels.
@@ -94,6 +100,27 @@ def build_vgg8(widths=(32, 64, 128, 128, 128, 128), dense=128):
     return keras.Model(inputs, outputs, name="vgg8")
 
 
+def build_swish_cnn(widths=(16, 32, 64, 64, 64, 64), dense=64):
+    """vgg8's layout, half the widths, swish (SiLU) activations (issue 13)."""
+    import keras
+    from keras import layers
+
+    inputs = keras.Input((28, 28, 1), name="image")
+    x = inputs
+    for k, f in enumerate(widths, start=1):
+        x = layers.Conv2D(f, 3, padding="same", use_bias=False, name=f"conv{k}")(x)
+        x = layers.BatchNormalization(name=f"bn{k}")(x)
+        x = layers.Activation("swish", name=f"swish{k}")(x)
+        if k in (1, 2, 4, 6):
+            x = layers.MaxPooling2D(2, name=f"pool{k}")(x)
+    x = layers.GlobalAveragePooling2D(name="gap")(x)
+    x = layers.Dense(dense, use_bias=False, name="fc")(x)
+    x = layers.BatchNormalization(name="bn_fc")(x)
+    x = layers.Activation("swish", name="swish_fc")(x)
+    outputs = layers.Dense(10, activation="softmax", name="predictions")(x)
+    return keras.Model(inputs, outputs, name="swish_cnn")
+
+
 def build_resnet50():
     import keras
 
@@ -129,11 +156,11 @@ def train_lenet(data, seed):
     return model, info
 
 
-def train_vgg(data, seed, epochs=2):
+def train_vgg(data, seed, epochs=2, build=None):
     import keras
 
     keras.utils.set_random_seed(seed)
-    model = build_vgg8()
+    model = (build or build_vgg8)()
     x = gray(data["x_train"])
     steps = epochs * int(np.ceil(len(x) / 128))
     sched = keras.optimizers.schedules.CosineDecay(2e-3, decay_steps=steps, alpha=0.02)
@@ -179,9 +206,10 @@ def train_resnet(data, seed, steps=400, batch=64):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", nargs="*", default=["lenet", "vgg", "resnet50"])
+    parser.add_argument("--only", nargs="*", default=["lenet", "vgg", "swish", "resnet50"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vgg-epochs", type=int, default=3)
+    parser.add_argument("--swish-epochs", type=int, default=4)
     parser.add_argument("--resnet-steps", type=int, default=400)
     args = parser.parse_args(argv)
     import keras
@@ -192,6 +220,9 @@ def main(argv=None) -> int:
     jobs = {
         "lenet": ("lenet300", FIXTURES, lambda: train_lenet(data, args.seed), gray),
         "vgg": ("vgg8", FIXTURES, lambda: train_vgg(data, args.seed, args.vgg_epochs), gray),
+        "swish": ("swish_cnn", FIXTURES,
+                  lambda: train_vgg(data, args.seed, args.swish_epochs, build_swish_cnn),
+                  gray),
         "resnet50": ("resnet50_fmnist", CACHE,
                      lambda: train_resnet(data, args.seed, args.resnet_steps), rgb32),
     }

@@ -279,15 +279,21 @@ def check(seed):
     original = model.get_weights()  # (a clone costs as much as the whole check)
     count0 = model.count_params()
     options = {"merge_scale": str(rng.choice(["sum", "paper"])),
-               "cost": str(rng.choice(["hope", "paper"])),
+               "cost": str(rng.choice(["hope", "hope_all", "paper"])),
                "mean_compensation": bool(rng.random() < 0.3)}
-    # The paper's cost prices only the paper's neuron layers (producer → BN → ReLU).
-    sizes = [grp.size for grp in hope_keras.walk(model).groups.values()
-             if options["cost"] == "hope" or grp.kind == "neurons"]
+    info["options"] = dict(options)
+    # Each cost prices its own groups: the paper's only its neuron layers (producer →
+    # BN → ReLU), the default all but the residual streams, "hope_all" every group.
+    costs = hope_keras.costs
+    cost = (costs.HopeCost(groups="all") if options["cost"] == "hope_all"
+            else costs.get(options["cost"]))
+    groups = hope_keras.walk(model).groups.values()
+    sizes = [grp.size for grp in groups if costs.in_scope(cost.groups, grp)]
     if not sizes:
-        options["cost"] = "hope"
-        sizes = [grp.size for grp in hope_keras.walk(model).groups.values()]
-    info["options"] = options
+        cost = costs.HopeCost(groups="all")
+        info["options"]["cost"] = "hope_all"
+        sizes = [grp.size for grp in groups]
+    options["cost"] = cost
     n, g = sum(sizes), len(sizes)
     # A target between one neuron per group and all but one: never met, never out of reach.
     if n <= g:

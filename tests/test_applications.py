@@ -28,7 +28,10 @@ def _nested_resnet50():
 
 def _app(name, size=32, **kw):
     def build():
-        return getattr(A, name)(weights=None, input_shape=(size, size, 3), classes=10, **kw)
+        # Logits: a random deep network's softmax saturates to exact 0/1, which
+        # would hide a slim-vs-in-place difference.
+        return getattr(A, name)(weights=None, input_shape=(size, size, 3), classes=10,
+                                classifier_activation=None, **kw)
     build.__name__ = name
     return build
 

@@ -50,7 +50,7 @@ def test_lock_threshold_rejects_bad_arguments():
 # ------------------------------------------------------------------- the plan
 def _elastic_by_rule(p):
     for g, e in p.elasticity.items():
-        rule = (p.j_prune[g] < p.tau_lock).astype(np.float32)
+        rule = (p.j_prune[g] < p.tau_groups[g]).astype(np.float32)
         rule[p.vessels[g]] = 1.0
         np.testing.assert_array_equal(e, rule)
 
@@ -142,3 +142,227 @@ def test_plan_rejects_a_non_dense_head():
         deft.plan(model, head="nope")
     with pytest.raises(ValueError, match="pinned_elasticity"):
         deft.plan(model, pinned_elasticity=0.5)
+
+
+# ------------------------------------------------------ shock reduction (compensate)
+def _bias_choice_mlp(use_bias, seed=0):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,))
+    x = inputs
+    for k, w in enumerate((12, 10)):
+        x = keras.layers.Dense(w, use_bias=use_bias, name=f"fc{k}")(x)
+        x = keras.layers.ReLU()(keras.layers.BatchNormalization(name=f"fc{k}_bn")(x))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            n = layer.gamma.shape[0]
+            layer.gamma.assign(rng.uniform(0.5, 1.5, n))
+            layer.beta.assign(rng.normal(0.0, 0.5, n))
+            layer.moving_mean.assign(rng.normal(0.0, 0.3, n))
+            layer.moving_variance.assign(rng.uniform(0.5, 2.0, n))
+    return model
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_mean_compensation_is_exact_when_the_cut_signal_is_constant(use_bias):
+    # Slack neurons with γ = 0 output the constant ReLU(β): replacing their cut
+    # weights by weight × mean (into the core bias, or the core BN's moving mean when
+    # there is no bias) must leave every output unchanged, the grafted head included.
+    model = _bias_choice_mlp(use_bias)
+    p = deft.plan(model, percentile=40)
+    assert p.options["compensate"] == "mean_var"  # the default
+    assert p.options["threshold"] == "layer"
+    for g in p.groups:
+        bn = model.get_layer(p.options["bn_of"][g])
+        gamma = bn.gamma.numpy()
+        gamma[p.elasticity[g] > 0] = 0.0
+        bn.gamma.assign(gamma)
+    assert p.mask("fc1", model.get_layer("fc1").kernel.shape) is not None
+    x = np.random.default_rng(1).normal(size=(64, 6)).astype("float32")
+    want = np.asarray(model(x))
+    errors = {}
+    for comp in ("none", "mean"):
+        m = copy_model(model)
+        deft.apply_plan(m, p, merges=False, check=False, compensate=comp)
+        graft = deft.SourceRetention(m, plan=p, compensate=comp).logits(m, x)
+        errors[comp] = (np.abs(np.asarray(m(x)) - want).max(), np.abs(graft - want).max())
+    assert min(errors["none"]) > 1e-2, errors
+    assert max(errors["mean"]) < 1e-5, errors
+
+
+def test_mean_var_compensation_against_an_explicit_loop():
+    model = small_resnet(seed=3)
+    p = deft.plan(model, percentile=50, compensate="mean_var")
+    m = copy_model(model)
+    p.apply(m)
+    from hope_keras import moments
+    from hope_keras.graph import walk
+
+    # Reference: the merged (unmasked) model's surrogate moments, explicit loops.
+    ref = copy_model(model)
+    p.apply(ref, mask=False)
+    fg = walk(ref).flat
+    table = moments.propagate(fg)
+    checked = 0
+    for name in p.input_drift:
+        layer = ref.get_layer(name)
+        mask = p.mask(name, layer.kernel.shape)
+        if mask is None or name == p.head:
+            continue
+        k = layer.kernel.numpy().astype(np.float64)
+        k = k.reshape(-1, k.shape[-2], k.shape[-1])
+        mean, var = table[fg.node_of(name).inputs[0]]
+        cut = mask.reshape(k.shape[1:]) == 0
+        bn = [c for c in fg.children(fg.node_of(name))][0].op
+        for b in range(k.shape[2]):
+            shift = lost = total = 0.0
+            for a in range(k.shape[1]):
+                for s in range(k.shape[0]):
+                    total += k[s, a, b] ** 2 * var[a]
+                    if cut[a, b]:
+                        shift += k[s, a, b] * mean[a]
+                        lost += k[s, a, b] ** 2 * var[a]
+            new_bias = m.get_layer(name).bias.numpy()[b]
+            np.testing.assert_allclose(new_bias, layer.bias.numpy()[b] + shift,
+                                       rtol=1e-5, atol=1e-6)
+            kept = max(1.0 - lost / total, 1e-2) if total > 0 else 1.0
+            np.testing.assert_allclose(m.get_layer(bn.name).moving_variance.numpy()[b],
+                                       bn.moving_variance.numpy()[b] * kept, rtol=1e-5)
+            checked += int(cut[:, b].any())
+    assert checked > 0
+
+
+def test_per_layer_threshold_and_summary(tmp_path):
+    model = small_resnet(seed=2)
+    p = deft.plan(model, percentile=40, threshold="layer", compensate="none")
+    for g in p.groups:
+        tau = deft.lock_threshold(p.j_prune[g], p.c_rem[g], 40)[1]
+        assert p.tau_groups[g] == (tau if tau >= 1e-6 else 1e-6)
+        rule = (p.j_prune[g] < tau).astype(np.float32)
+        rule[p.vessels[g]] = 1.0
+        np.testing.assert_array_equal(p.elasticity[g], rule)
+        assert p.counts()[g][0] >= 1
+    lines = []
+    p.summary(print_fn=lines.append)
+    assert "threshold layer" in lines[0] and "inputs from slack" in lines[0]
+    p.save(tmp_path / "p.npz")
+    q = DeftPlan.load(tmp_path / "p.npz")
+    assert q.tau_groups == p.tau_groups and q.options["compensate"] == "none"
+    with pytest.raises(ValueError, match="threshold='per-layer'"):
+        deft.plan(model, threshold="per-layer")
+    with pytest.raises(ValueError, match="compensate='median'"):
+        deft.plan(model, compensate="median")
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_mean_compensation_keeps_the_core_mean_against_monte_carlo(use_bias):
+    # Inputs N(0, I) and fc0_bn's moving statistics set to fc0's exact output moments
+    # make the BN surrogate exact for fc0's group: its ReLU outputs have exactly the
+    # surrogate's E[x]. The masked fc1 (slack fc0 neurons → core fc1 neurons cut) must
+    # then keep the data mean of every fc1_bn output with compensate="mean", and lose
+    # it with "none" (Monte Carlo over 200k inputs).
+    model = _bias_choice_mlp(use_bias, seed=4)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.epsilon = 1e-7
+    fc0, bn0 = model.get_layer("fc0"), model.get_layer("fc0_bn")
+    w0 = fc0.kernel.numpy().astype(np.float64)
+    bn0.moving_mean.assign(fc0.bias.numpy() if use_bias else np.zeros(w0.shape[1]))
+    bn0.moving_variance.assign((w0 ** 2).sum(0))
+    p = deft.plan(model, percentile=40)
+    mask = p.mask("fc1", model.get_layer("fc1").kernel.shape)
+    assert mask is not None and (mask == 0).any()
+    x = np.random.default_rng(7).normal(size=(200_000, 6)).astype("float32")
+
+    def fc1_bn_mean(m):
+        probe = keras.Model(m.inputs, m.get_layer("fc1_bn").output)
+        return np.asarray(probe.predict(x, batch_size=20_000, verbose=0),
+                          dtype=np.float64).mean(0)
+
+    want = fc1_bn_mean(model)
+    err = {}
+    for comp in ("none", "mean"):
+        m = copy_model(model)
+        deft.apply_plan(m, p, merges=False, check=False, compensate=comp)
+        err[comp] = np.abs(fc1_bn_mean(m) - want)
+    cut_cols = (mask == 0).any(0)
+    assert err["none"][cut_cols].max() > 0.1, err
+    assert err["mean"].max() < 5e-3, err
+
+
+def test_mean_var_compensation_keeps_the_core_variance_against_monte_carlo():
+    # fc0 diagonal on N(0, I) inputs: fc0's ReLU outputs are independent with exactly
+    # the surrogate's moments, so the variance a cut removes from an fc1 neuron is
+    # exactly Σ_cut W² Var[x]. fc1_bn's moving statistics are set to fc1's data
+    # moments; "mean_var" must then keep every fc1_bn output's data mean and standard
+    # deviation, "mean" the mean only.
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((12,))
+    x = keras.layers.Dense(12, name="fc0")(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization(epsilon=1e-7,
+                                                            name="fc0_bn")(x))
+    x = keras.layers.Dense(10, name="fc1")(x)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization(epsilon=1e-7,
+                                                            name="fc1_bn")(x))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+    rng = np.random.default_rng(2)
+    fc0 = model.get_layer("fc0")
+    d = rng.uniform(0.5, 2.0, 12)
+    fc0.kernel.assign(np.diag(d))
+    bn0 = model.get_layer("fc0_bn")
+    bn0.gamma.assign(rng.uniform(0.5, 1.5, 12))
+    bn0.beta.assign(rng.normal(0.0, 0.5, 12))
+    bn0.moving_mean.assign(fc0.bias.numpy())
+    bn0.moving_variance.assign(d ** 2)
+    data = rng.normal(size=(200_000, 12)).astype("float32")
+
+    def probe(m, name):
+        out = keras.Model(m.inputs, m.get_layer(name).output).predict(
+            data, batch_size=20_000, verbose=0)
+        return np.asarray(out, dtype=np.float64)
+
+    z = probe(model, "fc1")
+    bn1 = model.get_layer("fc1_bn")
+    bn1.moving_mean.assign(z.mean(0))
+    bn1.moving_variance.assign(z.var(0))
+    p = deft.plan(model, percentile=40)
+    mask = p.mask("fc1", model.get_layer("fc1").kernel.shape)
+    assert mask is not None and (mask == 0).any()
+    cut_cols = (mask == 0).any(0)
+    want = probe(model, "fc1_bn")
+    stats = {}
+    for comp in ("mean", "mean_var"):
+        m = copy_model(model)
+        deft.apply_plan(m, p, merges=False, check=False, compensate=comp)
+        got = probe(m, "fc1_bn")
+        stats[comp] = (np.abs(got.mean(0) - want.mean(0)).max(),
+                       np.abs(got.std(0) / want.std(0) - 1.0))
+    assert stats["mean"][0] < 5e-3 and stats["mean_var"][0] < 5e-3, stats
+    assert stats["mean"][1][cut_cols].max() > 0.05, stats
+    assert stats["mean_var"][1].max() < 1e-2, stats  # "mean" alone: 0.06 to 0.26
+
+
+def test_layer_threshold_makes_only_dead_neurons_slack_when_most_are_dead():
+    # Eq. 26 per group would fall back to τ_sup (all but the costliest slack); the
+    # per-layer rule keeps ε, so exactly the zero-cost neurons become slack.
+    from hope_keras.deft.plan import layer_threshold
+
+    j = np.array([0.0, 0.0, 0.0, 0.3, 0.5, 0.9])
+    assert deft.lock_threshold(j, np.ones(6), 40)[0] == 0.9
+    tau = layer_threshold(j, np.ones(6), 40)
+    assert tau == 1e-6 and int(np.count_nonzero(j < tau)) == 3
+    assert layer_threshold(j, np.ones(6), 80) == pytest.approx(0.5)
+    assert layer_threshold([1.0], [0.0], 50) == 1e-6  # no measurable cost
+
+
+@pytest.mark.parametrize("cost", ["paper", "hope"])
+def test_plan_covers_exactly_the_groups_its_cost_prices(cost):
+    from hope_keras import costs
+    from hope_keras.graph import walk
+
+    model = small_resnet(seed=1)
+    p = deft.plan(model, percentile=20, cost=cost)
+    scope = costs.get(cost).groups
+    want = {k for k, g in walk(model).groups.items() if costs.in_scope(scope, g)}
+    assert set(p.groups) == want and want

@@ -183,3 +183,38 @@ def test_trainer_under_mirrored_strategy_on_two_logical_cpus():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "MIRRORED_OK" in proc.stdout, (
         proc.stdout[-3000:] + proc.stderr[-3000:])
+
+
+def test_core_is_bit_identical_after_fine_tuning_with_shock_reduction():
+    model = small_resnet(seed=5)
+    before = {w.path: w.numpy().copy() for w in model.weights}
+    p = deft.plan(model, percentile=60, compensate="mean_var")
+    p.apply(model)
+    applied = {w.path: w.numpy().copy() for w in model.weights}
+    # The compensation changed core biases and BN statistics (not a no-op).
+    moved = [k for k in applied if not np.array_equal(applied[k], before[k])
+             and ("bias" in k or "moving" in k)]
+    assert any("moving_variance" in k for k in moved) and any("bias" in k for k in moved)
+    retention = deft.SourceRetention(model, plan=p)
+    target = deft.replace_head(model, 5, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(48, 10, 10, 3)).astype("float32")
+    y = (np.arange(48) % 5).astype("int64")
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), p)
+    deft.Trainer(target, opt, retention=retention).fit((x, y), epochs=2, batch_size=16,
+                                                       restore_best=False)
+    frozen = 0
+    for v in target.trainable_variables:
+        if v.path not in applied:  # the new head
+            continue
+        s = _scale(opt, v)
+        np.testing.assert_array_equal(v.numpy()[s == 0], applied[v.path][s == 0],
+                                      err_msg=v.path)
+        frozen += int(np.count_nonzero(s == 0))
+    assert frozen > 100
+    # Retention evaluates with the compensated source statistics.
+    with retention.source_statistics(target):
+        for layer in target.layers:
+            if isinstance(layer, keras.layers.BatchNormalization):
+                np.testing.assert_array_equal(layer.moving_variance.numpy(),
+                                              applied[layer.moving_variance.path])

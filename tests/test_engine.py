@@ -488,3 +488,24 @@ def test_hope_cost_prices_the_sum_scale_parent_it_builds():
     enc.execute(a)
     enc.editor.commit()
     assert outputs_equal(model, before, x, rtol=1e-5, atol=1e-5)
+
+
+def test_default_cost_leaves_residual_streams_whole_and_all_opts_in():
+    """The default prices every group but the residual streams (measured in
+    docs/quality.md: pruning stream channels collapses residual networks);
+    ``HopeCost(groups="all")`` prices them too, and both runs slim exactly."""
+    model = small_resnet(seed=3)
+    analysis = hope_keras.analyze(model)
+    streams = [n for n, g in analysis.graph.groups.items() if g.stream]
+    assert streams == ["stem"]  # stem, b1b and b1_add share the stream's channels
+    assert not any(g.stream for n, g in analysis.graph.groups.items() if n != "stem")
+    x = _x(model)
+    for cost, stream_kept in ((None, True), (hope_keras.costs.HopeCost(groups="all"), False)):
+        m = copy_model(model)
+        kw = {} if cost is None else {"cost": cost}
+        result = hope_keras.compress(m, density=0.3, verbose=False, **kw)
+        touched = {s.unit for s in result.trajectory.steps if s.kind != "evict"}
+        assert ("stem" not in touched) == stream_kept, touched
+        assert outputs_equal(hope_keras.slim(m), m, x, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="groups must be one of"):
+        hope_keras.costs.HopeCost(groups="streams")

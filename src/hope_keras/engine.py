@@ -404,7 +404,7 @@ class Encoder:
         scope = getattr(self.cost, "groups", "all")
         self.groups = {name: _GroupState(name, a.caches[name], a.states[name].p_init)
                        for name in a.caches
-                       if scope == "all" or self.graph.groups[name].kind == scope}
+                       if costs.in_scope(scope, self.graph.groups[name])}
         self.blocks = {b.name: b for b in self.graph.blocks
                        if all(g in self.groups for g in b.groups)}
         self.block_reports = {b.name: b for b in a.blocks if b.name in self.blocks}

@@ -97,6 +97,8 @@ class NeuronGroup:
             consumers.
         tensors: ``{tensor key: (n, k) positions}`` wherever the channels flow.
         note: For a ``"coupled"`` group, why it is pruned only.
+        stream: The channels flow through an ``Add``: a residual stream (every
+            block's output and shortcut share these channels).
     """
 
     name: str
@@ -110,6 +112,7 @@ class NeuronGroup:
     passthrough: Tuple[str, ...] = ()
     tensors: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     note: str = ""
+    stream: bool = False
 
     @property
     def mergeable(self) -> bool:
@@ -287,6 +290,7 @@ class _Walker:
         self.readers: List[Tuple[int, str]] = []  # (source node index, tensor read)
         self.chanwise: List[Tuple[int, str]] = []  # (node index, tensor read)
         self.unsupported: List[Pinned] = []
+        self.sums: set = set()  # outputs of Add layers: tensors of residual streams
 
     # -- spaces of tensors
     def _fresh(self, tensor: str, pin: Optional[str], writer: Optional[int] = None):
@@ -379,6 +383,8 @@ class _Walker:
         self._unsupported(node, f"{type(op).__name__}, which hope_keras cannot see through")
 
     def _merge(self, node, n_out: int) -> None:
+        if isinstance(node.op, keras.layers.Add):
+            self.sums.add(node.outputs[0])
         full = [t for t in node.inputs if len(self.pos[t][0]) == n_out]
         for t in node.inputs:
             if len(self.pos[t][0]) != n_out:  # broadcast over channels
@@ -463,7 +469,8 @@ class _Walker:
                     couplings.append(Coupling(fg.nodes[idx].key, "in", positions, t))
             name = fg.nodes[min(writers[r])].key
             group = NeuronGroup(name=name, size=n, kind="coupled", couplings=tuple(couplings),
-                                producer=name, tensors=table)
+                                producer=name, tensors=table,
+                                stream=any(t in self.sums for t in table))
             groups[name] = _as_neurons(fg, group)
             group_of_root[r] = name
         pinned = self._pinned(root_map, groups_pos)

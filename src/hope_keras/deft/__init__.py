@@ -28,6 +28,7 @@ from hope_keras.deft.plan import (
     DeftPlan,
     apply_plan,
     find_head,
+    layer_threshold,
     lock_threshold,
     plan,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "diagonal_fisher",
     "find_head",
     "h_score",
+    "layer_threshold",
     "lock_threshold",
     "method_elasticity",
     "plan",

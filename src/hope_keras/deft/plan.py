@@ -44,6 +44,8 @@ from hope_keras.trajectory import Step, apply_step, fingerprint
 
 FORMAT = "hope_keras.deft_plan"
 VERSION = 1
+THRESHOLDS = ("global", "layer")
+COMPENSATIONS = ("none", "mean", "mean_var")
 
 
 # ----------------------------------------------------------------------------- τ_lock
@@ -169,8 +171,10 @@ class DeftPlan:
         input_drift: Per kernel layer, whether each input channel (Dense: each kernel
             row) can drift; the mask of eq. 28 zeroes ``drift_in > 0`` × ``e_out = 0``.
         fingerprint: Fingerprint of the source weights the plan was made from.
-        options: Encoder options and plan settings.
+        options: Encoder options and plan settings (``threshold``, ``compensate``).
         trajectory: The full encoder `Trajectory` (in memory only; not saved).
+        tau_groups: Per group, the threshold its neurons were compared with
+            (``tau_lock`` everywhere for ``threshold="global"``).
     """
 
     percentile: float
@@ -192,6 +196,11 @@ class DeftPlan:
     fingerprint: str
     options: dict
     trajectory: object = None
+    tau_groups: Optional[Dict[str, float]] = None
+
+    def __post_init__(self):
+        if self.tau_groups is None:
+            self.tau_groups = {g: float(self.tau_lock) for g in self.groups}
 
     # --------------------------------------------------------------- inspection
     def counts(self) -> Dict[str, Tuple[int, int, int]]:
@@ -239,23 +248,28 @@ class DeftPlan:
         return out
 
     def summary(self, print_fn=print) -> None:
-        """Prints the per-group core/slack/vessel counts and the thresholds."""
+        """Prints the per-group core/slack/vessel counts, each group's threshold and
+        median ``J_prune``, the global thresholds and the source head's cut inputs."""
         out = io.StringIO()
         w = 28
-        line = "─" * (w + 58)
-        out.write(f"DEFT plan (percentile {self.percentile:g}, ε {self.eps:g})\n{line}\n")
+        line = "─" * (w + 70)
+        mode = self.options.get("threshold", "global")
+        comp = self.options.get("compensate", "none")
+        out.write(f"DEFT plan (percentile {self.percentile:g}, threshold {mode}, "
+                  f"compensate {comp}, ε {self.eps:g})\n{line}\n")
         out.write(f"{'Group':<{w}}{'neurons':>9}{'core':>8}{'slack':>8}{'vessels':>9}"
-                  f"{'merges':>8}{'median J':>12}\n{line}\n")
+                  f"{'merges':>8}{'τ':>12}{'median J':>12}\n{line}\n")
         merges_per = {}
         for s in self.merges:
             merges_per[s.unit] = merges_per.get(s.unit, 0) + 1
         tot = np.zeros(4, dtype=int)
+        counts = self.counts()
         for g, size in self.groups.items():
-            core, slack, ves = self.counts()[g]
+            core, slack, ves = counts[g]
             j = self.j_prune[g][np.isfinite(self.j_prune[g])]
             med = f"{np.median(j):.4g}" if j.size else "-"
             out.write(f"{g:<{w}}{size:>9}{core:>8}{slack:>8}{ves:>9}"
-                      f"{merges_per.get(g, 0):>8}{med:>12}\n")
+                      f"{merges_per.get(g, 0):>8}{self.tau_groups[g]:>12.4g}{med:>12}\n")
             tot += (size, core, slack, ves)
         out.write(f"{line}\n{'Total':<{w}}{tot[0]:>9}{tot[1]:>8}{tot[2]:>8}{tot[3]:>9}"
                   f"{len(self.merges):>8}\n{line}\n")
@@ -264,8 +278,10 @@ class DeftPlan:
         frozen = [n for n, e in self.layer_elasticity.items()
                   if n not in self.groups and n not in {self._bn_of(g) for g in self.groups}
                   and np.all(np.asarray(e) == 0)]
-        out.write(f"Head (elastic): {self.head}; other frozen layers with weights: "
-                  f"{len(frozen)}\n{line}")
+        cut = int(np.count_nonzero(np.asarray(self.head_input_drift) > 0))
+        out.write(f"Head (elastic): {self.head}, {cut} of {len(self.head_input_drift)} "
+                  f"inputs from slack (zeroed in the source graft); other frozen layers "
+                  f"with weights: {len(frozen)}\n{line}")
         print_fn(out.getvalue())
 
     def _bn_of(self, group):
@@ -273,7 +289,8 @@ class DeftPlan:
 
     # --------------------------------------------------------------------- apply
     def apply(self, model, merges: bool = True, mask: bool = True,
-              reinit_vessels: bool = True, seed: int = 0, check: bool = True):
+              reinit_vessels: bool = True, seed: int = 0, check: bool = True,
+              compensate: Optional[str] = None):
         """Replays the chosen merges and applies the structural masks, in place.
 
         Args:
@@ -284,12 +301,16 @@ class DeftPlan:
             seed: Seed of the vessel initialisation.
             check: Refuse a model whose weights differ from the planned ones (for
                 example a model the plan was already applied to).
+            compensate: Shock reduction of the mask (``"none"``, ``"mean"``,
+                ``"mean_var"``); default: the plan's (``plan(compensate=...)``). Pass
+                the same value to `SourceRetention` when you override it here.
 
         Returns:
             The same model.
         """
         return apply_plan(model, self, merges=merges, mask=mask,
-                          reinit_vessels=reinit_vessels, seed=seed, check=check)
+                          reinit_vessels=reinit_vessels, seed=seed, check=check,
+                          compensate=compensate)
 
     # --------------------------------------------------------------------- files
     def save(self, path: str) -> None:
@@ -305,6 +326,7 @@ class DeftPlan:
             "merges": [_step_to_json(s) for s in self.merges],
             "layer_elasticity_names": list(self.layer_elasticity),
             "input_drift_names": list(self.input_drift),
+            "tau_groups": {g: float(t) for g, t in self.tau_groups.items()},
         }
         arrays = {"meta": np.array(json.dumps(meta))}
         for k, g in enumerate(self.groups):
@@ -353,6 +375,7 @@ class DeftPlan:
             input_drift={n: arrays[f"d_{k}"]
                          for k, n in enumerate(meta["input_drift_names"])},
             fingerprint=meta["fingerprint"], options=meta["options"],
+            tau_groups=meta.get("tau_groups"),
         )
 
 
@@ -382,10 +405,11 @@ def _as_vector(e, n: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------- the planner
-def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
+def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
          actions=("prune", "merge"), merge_scale: str = "sum", eps: float = 1e-6,
          pinned_elasticity: float = 0.0, verbose: bool = False,
-         cost="paper") -> DeftPlan:
+         cost="paper", threshold: str = "layer", compensate: str = "mean_var"
+         ) -> DeftPlan:
     """Plans DEFT fine-tuning of a BN network (spec section 6).
 
     Runs the HOPE encoder on a copy of `model` until no action is admissible, reads
@@ -397,7 +421,9 @@ def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
         model: A built Functional/Sequential model with Conv/Dense → BN → ReLU
             neurons and a Dense classification head.
         percentile: ``p`` of eq. 26, in [0, 100]; neurons with ``J_prune < τ_p``
-            become elastic (roughly ``p`` % of the pruned neurons).
+            become elastic (roughly ``p`` % of the pruned neurons). Default 10 (the
+            paper's grid is 20–60; on sources that were not trained to empty their
+            slack, docs/deft.md measured 5–10 best).
         head: The classification head; found automatically for one-output models.
         actions: Encoder actions; ``("prune", "merge")`` by default (eviction gives
             no per-neuron ``J_prune``, so it is left out).
@@ -410,6 +436,18 @@ def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
         cost: The encoder's cost (`hope_keras.costs.get`): ``"paper"`` (default:
             the spec's ``J_prune`` over the paper's neuron layers; residual streams
             stay core) or ``"hope"`` (every group, width-free costs).
+        threshold: ``"layer"`` (default: eq. 26's ``τ_p`` within each group, so
+            about ``percentile`` % of every group becomes slack; `layer_threshold`)
+            or ``"global"`` (the
+            paper's eq. 26: one ``τ_lock`` over every group's costs; slack then
+            gathers in the group with the lowest costs, often the Dense bottleneck
+            that feeds the head).
+        compensate: What `DeftPlan.apply` does about the signal the mask cuts from
+            each core neuron (and `SourceRetention` about the grafted head's zeroed
+            slack inputs): ``"mean"`` moves its data-free mean (weights × the
+            surrogate's ``E[x]``) into the core neuron's bias or BN moving mean;
+            ``"mean_var"`` (default) also shrinks the BN moving variance by the
+            share of the variance that was cut; ``"none"`` cuts only (the paper).
 
     Returns:
         A `DeftPlan`.
@@ -431,6 +469,10 @@ def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
     if pinned_elasticity not in (0, 1, 0.0, 1.0):
         raise ValueError(
             f"pinned_elasticity must be 0 or 1. Received: {pinned_elasticity}")
+    if threshold not in THRESHOLDS:
+        raise ValueError(f"threshold must be one of {THRESHOLDS}. Received: "
+                         f"threshold={threshold!r}")
+    _check_compensate(compensate)
     head = head or find_head(model)
     head_layer = _get_layer(model, head)
     if not isinstance(head_layer, keras.layers.Dense):
@@ -445,9 +487,9 @@ def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
     traj = result.trajectory
     graph = result.analysis.graph
     scope = getattr(costs.get(cost), "groups", "all")
-    if scope != "all":  # the groups the cost priced (the paper's: neuron layers)
-        graph = graph.with_groups({k: v for k, v in graph.groups.items() if v.kind == scope},
-                                  blocks=())
+    if scope != "all":  # the groups the cost priced (paper: neuron layers; hope: no streams)
+        graph = graph.with_groups({k: v for k, v in graph.groups.items()
+                                   if costs.in_scope(scope, v)}, blocks=())
     sizes = {g: grp.size for g, grp in graph.groups.items()}
     j_prune = {g: np.full(n, np.inf) for g, n in sizes.items()}
     c_rem = {g: np.full(n, np.nan) for g, n in sizes.items()}
@@ -456,11 +498,16 @@ def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
     all_j = np.concatenate([j_prune[g] for g in sizes]) if sizes else np.zeros(0)
     all_c = np.concatenate([c_rem[g] for g in sizes]) if sizes else np.zeros(0)
     tau, tau_p, tau_sup, size = lock_threshold(all_j, all_c, percentile, eps)
+    if threshold == "layer":
+        tau_groups = {g: layer_threshold(j_prune[g], c_rem[g], percentile, eps)
+                      for g in sizes}
+    else:
+        tau_groups = {g: tau for g in sizes}
 
-    merges, vessels = _choose_merges(model, graph, traj.steps, tau)
+    merges, vessels = _choose_merges(model, graph, traj.steps, tau_groups)
     elasticity = {}
     for g, n in sizes.items():
-        e = (j_prune[g] < tau).astype(np.float32)
+        e = (j_prune[g] < tau_groups[g]).astype(np.float32)
         e[vessels[g]] = 1.0
         elasticity[g] = e
     layer_e, drift = _elasticities_and_drift(model, graph, elasticity, head,
@@ -474,10 +521,36 @@ def plan(model, percentile: float = 30.0, *, head: Optional[str] = None,
         options={"actions": list(actions), "merge_scale": merge_scale,
                  "cost": costs.get(cost).get_config(),
                  "pinned_elasticity": float(pinned_elasticity),
+                 "threshold": threshold, "compensate": compensate,
                  "bn_of": {g: grp.bn for g, grp in graph.groups.items()},
                  "encoder_steps": len(traj)},
-        trajectory=traj,
+        trajectory=traj, tau_groups=tau_groups,
     )
+
+
+def layer_threshold(j_prune, c_rem, percentile: float, eps: float = 1e-6) -> float:
+    """One group's threshold for ``threshold="layer"``: eq. 26's ``τ_p`` over the
+    group's costs, but ``ε`` where ``τ_p < ε`` or the group has no cost (eq. 26 falls
+    back to ``τ_sup`` there, which would make every pruned neuron of the group slack;
+    per group, that happens whenever more than ``percentile`` % of it is dead).
+
+    Example:
+
+    >>> from hope_keras.deft.plan import layer_threshold
+    >>> layer_threshold([0.5, 1.0, 2.0, 4.0], [1.0] * 4, 50)
+    1.5
+    >>> layer_threshold([0.0, 0.0, 0.0, 4.0], [1.0] * 4, 50)  # dead neurons only
+    1e-06
+    """
+    tau_p = lock_threshold(j_prune, c_rem, percentile, eps)[1]
+    return float(tau_p) if np.isfinite(tau_p) and tau_p >= eps else float(eps)
+
+
+def _check_compensate(compensate):
+    if compensate not in COMPENSATIONS:
+        raise ValueError(f"compensate must be one of {COMPENSATIONS}. Received: "
+                         f"compensate={compensate!r}")
+    return compensate
 
 
 def _source_graph(model, graph):
@@ -487,7 +560,8 @@ def _source_graph(model, graph):
 
 
 def _choose_merges(model, graph, steps, tau):
-    """The merges to replay (J < τ, clean slots) and the vessels they free."""
+    """The merges to replay (J < τ of their group, clean slots) and the vessels they
+    free."""
     vessels = {g: [] for g in graph.groups}
     dirty = {g: set() for g in graph.groups}
     chosen = []
@@ -495,7 +569,7 @@ def _choose_merges(model, graph, steps, tau):
         if s.kind != "merge":
             continue
         d = dirty[s.unit]
-        if s.J < tau and s.i not in d and s.j not in d:
+        if s.J < tau[s.unit] and s.i not in d and s.j not in d:
             chosen.append(s)
             vessels[s.unit].append(s.j)
             eps = float(graph.layer(graph.groups[s.unit].bn).epsilon)
@@ -618,8 +692,18 @@ def _width(fg, key) -> int:
 
 # ----------------------------------------------------------------------- applying
 def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
-               reinit_vessels: bool = True, seed: int = 0, check: bool = True):
+               reinit_vessels: bool = True, seed: int = 0, check: bool = True,
+               compensate: Optional[str] = None):
     """Applies a `DeftPlan` to `model` in place (see `DeftPlan.apply`).
+
+    With ``compensate="mean"`` every cut (drifting input ``a`` → core output ``b``)
+    is replaced by its data-free mean: ``Σ_a W[…, a, b] E[x_a]`` (``E[x]`` from
+    `hope_keras.moments.propagate` on the merged model, kernel positions summed) goes
+    into ``b``'s bias, or is subtracted from the moving mean of the BatchNormalization
+    that alone follows the layer. ``"mean_var"`` also multiplies that BN's moving
+    variance by the share of the surrogate variance ``Σ W² Var[x_a]`` that was kept,
+    so the core neuron's normalised output keeps unit variance on source data. Only
+    non-trainable statistics and the core's own bias change; the core stays frozen.
 
     Example:
 
@@ -660,15 +744,59 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
                 for j in slots:
                     _reinit_vessel(editor, g.groups[name], j, rng)
         editor.commit()
+    if compensate is None:
+        compensate = plan.options.get("compensate", "none")
+    _check_compensate(compensate)
     if mask:
+        cuts = {}
         for name in plan.input_drift:
             layer = g.layer(name)
             if getattr(layer, "kernel", None) is None:
                 continue  # separable convolutions: not masked (docs/deft.md)
             m = plan.mask(name, tuple(layer.kernel.shape))
             if m is not None:
-                layer.kernel.assign(layer.kernel.numpy() * m)
+                cuts[name] = m
+        if compensate != "none" and cuts:
+            _compensate_cuts(g.flat, cuts, compensate)
+        for name, m in cuts.items():
+            layer = g.layer(name)
+            layer.kernel.assign(layer.kernel.numpy() * m)
     return model
+
+
+def _compensate_cuts(fg, cuts, compensate):
+    """Moves the first (and second) moment of every cut signal into its core neuron
+    (see `apply_plan`); `cuts` maps a kernel layer to its eq.-28 mask."""
+    from hope_keras import moments as moments_lib
+
+    table = moments_lib.propagate(fg)
+    for name, m in cuts.items():
+        layer = fg.layers[name]
+        node = fg.node_of(name)
+        kernel = np.asarray(layer.kernel.numpy(), dtype=np.float64)
+        n_in, n_out = kernel.shape[-2], kernel.shape[-1]
+        k = kernel.reshape(-1, n_in, n_out)
+        cut = np.broadcast_to(np.asarray(m).reshape(-1, n_out) == 0, (n_in, n_out))
+        mean, var = table[node.inputs[0]]
+        if mean.shape != (n_in,):
+            continue  # positions we cannot map: leave uncompensated
+        shift = (np.where(cut, k.sum(0), 0.0) * mean[:, None]).sum(0)
+        kids = fg.children(node)
+        bn = (kids[0].op if len(kids) == 1 and fg.calls[kids[0].key] == 1
+              and isinstance(kids[0].op, keras.layers.BatchNormalization) else None)
+        if getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
+            b = layer.bias.numpy()
+            layer.bias.assign((b + shift).astype(b.dtype))
+        elif bn is not None:
+            mm = bn.moving_mean.numpy()
+            bn.moving_mean.assign((mm - shift).astype(mm.dtype))
+        if compensate == "mean_var" and bn is not None:
+            sq = (k ** 2).sum(0) * var[:, None]
+            total = sq.sum(0)
+            kept = np.where(total > 0, 1.0 - np.where(cut, sq, 0.0).sum(0) /
+                            np.where(total > 0, total, 1.0), 1.0)
+            mv = bn.moving_variance.numpy()
+            bn.moving_variance.assign((mv * np.clip(kept, 1e-2, 1.0)).astype(mv.dtype))
 
 
 def _reinit_vessel(editor, group, j, rng):

@@ -8,7 +8,8 @@ from typing import Optional
 import keras
 import numpy as np
 
-from hope_keras.deft.plan import feature_layer_of, find_head
+from hope_keras import _keras_graph as kg
+from hope_keras.deft.plan import COMPENSATIONS, feature_layer_of, find_head
 
 __all__ = ["SourceRetention", "h_score", "accuracy"]
 
@@ -35,6 +36,17 @@ def accuracy(model, x, y, batch_size: int = 512) -> float:
     return correct / max(len(x), 1)
 
 
+def _input_means(model, head, rows):
+    """Data-free means (BN surrogate) of the head's input features `rows`."""
+    from hope_keras import moments
+
+    fg = kg.flatten(model)
+    mean, _ = moments.propagate(fg)[fg.node_of(head).inputs[0]]
+    if mean.shape != rows.shape:
+        return np.zeros(int(rows.sum()))
+    return mean[rows]
+
+
 class SourceRetention:
     """Evaluates the source task on a fine-tuned backbone (appendix G.5).
 
@@ -49,6 +61,9 @@ class SourceRetention:
         source_model: The source model (its head and BN statistics are copied now).
         plan: The `DeftPlan`, for the slack mask of the grafted head (None: no mask,
             as for the baselines).
+        compensate: With ``"mean"`` or ``"mean_var"``, the head's bias gains the
+            data-free mean of its zeroed slack inputs (weights × the surrogate's
+            ``E[x]`` of the source model); default: the plan's ``compensate``.
         head: The source head's name (default: the plan's, or found automatically).
         x, y: Default source evaluation data.
 
@@ -67,7 +82,7 @@ class SourceRetention:
     """
 
     def __init__(self, source_model, plan=None, head: Optional[str] = None,
-                 x=None, y=None):
+                 x=None, y=None, compensate: Optional[str] = None):
         head = head or (plan.head if plan is not None else find_head(source_model))
         layer = source_model.get_layer(head)
         self.head = head
@@ -81,6 +96,15 @@ class SourceRetention:
                 raise ValueError(
                     f"The plan's head input ({drift.size} features) does not match head "
                     f"'{head}' ({self.kernel.shape[0]} inputs).")
+            if compensate is None:
+                compensate = plan.options.get("compensate", "none")
+            if compensate not in COMPENSATIONS:
+                raise ValueError(f"compensate must be one of {COMPENSATIONS}. "
+                                 f"Received: compensate={compensate!r}")
+            if compensate != "none" and drift.any():
+                self.bias = self.bias + _input_means(source_model, head, drift) @ \
+                    self.kernel[drift].astype(np.float64)
+                self.bias = self.bias.astype(self.kernel.dtype)
             self.kernel[drift, :] = 0.0
             self.num_masked = int(drift.sum())
         else:

@@ -1,0 +1,77 @@
+"""analyze + compress time against model size: ResNet50, ResNet101, ResNet152 at 224×224.
+
+Issue 16's target: the time grows about linearly in model size (ResNet152 ≤ 3.5 ×
+ResNet50). Each model is `weights=None` with non-trivial BN statistics (one
+calibration pass on random images, random γ/β, as `_common.calibrated_resnet50`), then
+timed: `analyze`, and `compress(density=0.5)` (which re-analyzes; its time includes
+that). Best of ``--repeats`` runs of each, since the machine may be shared; the load
+average is printed beside the times.
+
+Run: .venv/bin/python benchmarks/depth_scaling.py [--repeats 2] [--density 0.5]
+"""
+
+import argparse
+import os
+import time
+
+import keras
+import numpy as np
+from _common import peak_rss_gb
+
+import hope_keras
+
+
+def prepared(builder, seed=0, images=4):
+    model = builder(weights=None)
+    rng = np.random.default_rng(seed)
+    hope_keras.reestimate_batchnorm_statistics(
+        model, rng.uniform(0, 255, (images, 224, 224, 3)).astype("float32"),
+        batch_size=images)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            n = layer.gamma.shape[0]
+            layer.gamma.assign(rng.uniform(0.3, 1.5, n).astype("float32"))
+            layer.beta.assign(rng.normal(0, 0.5, n).astype("float32"))
+    return model
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--density", type=float, default=0.5)
+    args = ap.parse_args()
+    rows = []
+    for name in ("ResNet50", "ResNet101", "ResNet152"):
+        model = prepared(getattr(keras.applications, name))
+        weights = model.get_weights()
+        t_an, t_co = [], []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            analysis = hope_keras.analyze(model)
+            t_an.append(time.perf_counter() - t0)
+            model.set_weights(weights)
+            t0 = time.perf_counter()
+            result = hope_keras.compress(model, density=args.density, verbose=False)
+            t_co.append(time.perf_counter() - t0)
+            model.set_weights(weights)
+        neurons = sum(g.size for g in analysis.graph.groups.values())
+        rows.append((name, model.count_params(), neurons, len(result.trajectory),
+                     min(t_an), min(t_co)))
+        print(f"{name}: params {model.count_params()}, neurons {neurons}, "
+              f"steps {len(result.trajectory)}, analyze {min(t_an):.2f} s, "
+              f"compress {min(t_co):.2f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+        del model
+        keras.backend.clear_session()
+    base = rows[0]
+    print("\n| model | params | neurons | steps | analyze s | compress s "
+          "| analyze+compress / ResNet50 | params / ResNet50 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        total = (r[4] + r[5]) / (base[4] + base[5])
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:.2f} | {r[5]:.2f} "
+              f"| {total:.2f} | {r[1] / base[1]:.2f} |")
+    print(f"\npeak RSS {peak_rss_gb():.1f} GB; load average {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The quality benchmark's own bookkeeping (benchmarks/quality.py).
+
+Its parameter / FLOPs axes and the `cost="paper"` density conversion are computed
+by the benchmark, not read from the engine: checked here against the engine's
+trajectory and `hope_keras.profile` of the slimmed model.
+"""
+
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+
+import hope_keras
+from conftest import copy_model, small_resnet
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def quality():
+    spec = importlib.util.spec_from_file_location("quality_bench",
+                                                  ROOT / "benchmarks" / "quality.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("cost,density", [("hope", 0.5), ("paper", 0.6), ("hope", 0.1)])
+def test_sizes_and_alive_match_engine_and_slim_model(quality, cost, density):
+    model = small_resnet(seed=3)
+    original = copy_model(model)
+    analysis = hope_keras.analyze(model)
+    sizes = quality.Sizes(model, analysis)
+    block_groups = {b.name: list(b.groups) for b in analysis.graph.blocks}
+    res = hope_keras.compress(model, density=density, cost=cost, verbose=False,
+                              actions=("prune", "merge", "evict"))
+    traj = res.trajectory
+    assert len(traj) > 0
+    # Density 0.1 (the lowest reachable) forces the eviction of the one residual block.
+    if density == 0.1:
+        assert "evict" in set(traj.field("kind"))
+    alive, evicted = quality.alive_after(traj, len(traj), sizes.sizes, block_groups)
+    params, flops = sizes(alive, evicted)
+    last = traj.steps[-1]
+    assert params == pytest.approx(last.params_after, abs=1e-12)
+    assert flops == pytest.approx(last.flops_after, abs=1e-12)
+    # Independently: the slimmed model's own count, and its live widths.
+    slim = hope_keras.slim(model)
+    p_slim = hope_keras.profile(slim, reference=original, latency=False)
+    assert params == pytest.approx(p_slim.ratio("params"), abs=1e-12)
+    assert flops == pytest.approx(p_slim.ratio("flops"), abs=1e-12)
+    # A cost that prices fewer groups: the benchmark's density counts every neuron.
+    n_priced = traj.meta["num_neurons"]
+    assert sum(alive.values()) == analysis.num_neurons - (n_priced - last.active_after)
+    for g, n in alive.items():
+        assert 0 <= n <= sizes.sizes[g]
+
+
+def test_sizes_is_stateless(quality):
+    model = small_resnet(seed=4)
+    analysis = hope_keras.analyze(model)
+    sizes = quality.Sizes(model, analysis)
+    full = dict(sizes.sizes)
+    assert sizes(full) == (1.0, 1.0)
+    g = next(iter(full))
+    half = dict(full, **{g: full[g] // 2})
+    first = sizes(half)
+    assert first[0] < 1.0 and first[1] < 1.0
+    assert sizes(full) == (1.0, 1.0)  # the counter was copied, not consumed
+    assert sizes(half) == first
+    assert np.isfinite(sizes.mean_params) and sizes.mean_flops > 0
