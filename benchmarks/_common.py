@@ -14,12 +14,13 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
 
-def calibrated_resnet50(seed=0, images=4):
+def calibrated_resnet50(seed=0, images=4, builder=None):
     """ResNet50(weights=None) at 224×224 with non-trivial BN (calibration pass on random
-    images, random γ/β), the same preparation as the end-to-end test."""
+    images, random γ/β), the same preparation as the end-to-end test. ``builder``: another
+    `keras.applications` constructor (e.g. ResNet152) prepared the same way."""
     import hope_keras
 
-    model = keras.applications.ResNet50(weights=None)
+    model = (builder or keras.applications.ResNet50)(weights=None)
     rng = np.random.default_rng(seed)
     hope_keras.reestimate_batchnorm_statistics(
         model, rng.uniform(0, 255, (images, 224, 224, 3)).astype("float32"),

@@ -15,24 +15,9 @@ import os
 import time
 
 import keras
-import numpy as np
-from _common import peak_rss_gb
+from _common import calibrated_resnet50, peak_rss_gb
 
 import hope_keras
-
-
-def prepared(builder, seed=0, images=4):
-    model = builder(weights=None)
-    rng = np.random.default_rng(seed)
-    hope_keras.reestimate_batchnorm_statistics(
-        model, rng.uniform(0, 255, (images, 224, 224, 3)).astype("float32"),
-        batch_size=images)
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            n = layer.gamma.shape[0]
-            layer.gamma.assign(rng.uniform(0.3, 1.5, n).astype("float32"))
-            layer.beta.assign(rng.normal(0, 0.5, n).astype("float32"))
-    return model
 
 
 def main():
@@ -42,7 +27,7 @@ def main():
     args = ap.parse_args()
     rows = []
     for name in ("ResNet50", "ResNet101", "ResNet152"):
-        model = prepared(getattr(keras.applications, name))
+        model = calibrated_resnet50(builder=getattr(keras.applications, name))
         weights = model.get_weights()
         t_an, t_co = [], []
         for _ in range(args.repeats):
