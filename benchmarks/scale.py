@@ -68,6 +68,8 @@ def main():
     p.add_argument("--density", type=float, default=None)
     p.add_argument("--candidates", default="auto",
                    help="Encoder merge_candidates: an int, 'none' (exhaustive) or 'auto'")
+    p.add_argument("--search", default="certified", choices=("certified", "top_k"),
+                   help="Encoder merge_search")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--profile", action="store_true", help="cProfile analyze and compress")
     p.add_argument("--compare", action="store_true",
@@ -96,6 +98,7 @@ def main():
     print(f"analyze: {t_an:.2f} s wall, {c_an:.2f} s CPU; {len(analysis.groups)} groups, "
           f"{analysis.num_neurons} neurons; peak RSS {peak_rss_gb():.2f} GB")
     kwargs = {} if cand == "auto" else {"merge_candidates": cand}
+    kwargs["merge_search"] = args.search
     t, c = time.perf_counter(), time.process_time()
     try:
         enc = hope_keras.Encoder(model, analysis=analysis, **kwargs)

@@ -265,3 +265,57 @@ def test_select_with_a_rank_factor_matches_the_exhaustive_scan(cost):
                 table = MergeTable(cache, 1, cost, p_init, ok)
                 got = table.select(C, int(ok.sum()), ok, price, cutoff=cutoff, scale=scale)
                 assert got == want, (scale, C, cutoff)
+
+
+def _merge_J(gs, i, j, cost):
+    """The run's cost of merging (i, j) now, priced afresh from the cache."""
+    c, cap = gs.cache, gs.cache.capacity
+    pv = c.pair_values(np.array([i]), np.array([j]))
+    A = cap[i] ** 2 + cap[j] ** 2
+    J = cost.merge(costs.MergeCandidates(A, pv.B, gs.C - cap[i] - cap[j],
+                                         A + 2.0 * pv.k_cross * pv.gram_u, gs.n, gs.size0))
+    return float(np.ravel(J)[0])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_top_k_search_selects_the_cheapest_pair_it_holds(seed):
+    """merge_search="top_k" (no certificate): the merge a group offers is the cheapest
+    pair among the partners its table holds (each held pair priced afresh), never
+    cheaper than the exhaustive minimum over all live pairs, and every live row
+    keeps a partner while its group has two live neurons."""
+    # A random MLP: on clustered_mlp two partners per neuron always hold the best pair.
+    enc = Encoder(mlp((24, 20), d_in=7, seed=seed), actions=("merge",), merge_candidates=2,
+                  merge_search="top_k")
+    assert enc.trajectory.meta["options"]["merge_search"] == "top_k"
+    differs = 0
+    for _ in range(24):
+        for name, gs in enc.groups.items():
+            if gs.n < 3:
+                continue
+            action = enc.best_group_action(name)
+            ok = gs.pair_ok()
+            live = np.flatnonzero(ok)
+            cand = gs.table.cand
+            held = {(min(r, c), max(r, c)) for r in live for c in cand[r]
+                    if c >= 0 and ok[c] and c != r}
+            assert all(any(c >= 0 and ok[c] for c in cand[r]) for r in live)
+            J_held = min(_merge_J(gs, i, j, enc.cost) for i, j in held)
+            J_all = min(_merge_J(gs, i, j, enc.cost)
+                        for a, i in enumerate(live) for j in live[a + 1:])
+            assert action.J == pytest.approx(J_held, rel=1e-9, abs=1e-12)
+            assert action.J >= J_all * (1 - 1e-9)
+            differs += action.J > J_all * (1 + 1e-6)
+        enc.execute(enc.next_action())
+    assert differs > 0  # two partners per neuron: the search is not exhaustive here
+
+
+def test_top_k_search_runs_stay_exact_and_validate_the_option():
+    """A top-k run on a residual net edits the model as its trajectory says (slim
+    equals the model edited in place), and a bad merge_search is refused."""
+    model = small_resnet(seed=3)
+    result = hope_keras.compress(model, density=0.4, verbose=False, merge_search="top_k")
+    assert sum(s.kind == "merge" for s in result.trajectory.steps) >= 3
+    x = np.random.default_rng(0).normal(size=(4, 10, 10, 3)).astype("float32")
+    np.testing.assert_allclose(hope_keras.slim(model)(x), model(x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="merge_search.*Received"):
+        Encoder(small_resnet(seed=3), merge_search="fast")

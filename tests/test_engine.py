@@ -509,3 +509,28 @@ def test_default_cost_leaves_residual_streams_whole_and_all_opts_in():
         assert outputs_equal(hope_keras.slim(m), m, x, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="groups must be one of"):
         hope_keras.costs.HopeCost(groups="streams")
+
+
+
+def test_dead_neurons_are_pruned_not_merged_into_an_overflowing_parent():
+    """Neurons that never fire under the BN surrogate (beta/gamma from -15 to -35,
+    as an untrained VGG16's calibrated fc layers have) have self-kernels that
+    underflow; a merge of two of them can price at J = 0 (rounding makes B exceed
+    ||f_i + f_j||) and need a parent scale B / sqrt(K_vv) of 1e9 and more (on VGG16,
+    float32 overflow, then NaNs). Such neurons are pruned, never merged (this seed
+    merged two of them with a coefficient of 2.6e9 before the guard)."""
+    model = mlp((16,), d_in=32, seed=38)
+    rng = np.random.default_rng(38)
+    bn = model.get_layer("fc0_bn")
+    g, b = bn.gamma.numpy(), bn.beta.numpy()
+    dead = rng.choice(16, 6, replace=False)
+    g[dead] = rng.uniform(0.01, 0.03, 6)
+    b[dead] = -g[dead] * rng.uniform(15, 35, 6)
+    bn.gamma.assign(g)
+    bn.beta.assign(b)
+    result = hope_keras.compress(model, density=0.5, verbose=False)
+    steps = result.trajectory.steps
+    merges = [s for s in steps if s.kind == "merge"]
+    assert merges and all(np.all(np.abs(s.coef) < 1e3) for s in merges)
+    assert {s.i for s in steps[:6] if s.kind == "prune"} == set(dead.tolist())
+    assert all(np.all(np.isfinite(w)) for w in model.get_weights())

@@ -104,7 +104,7 @@ class MergeTable:
     """
 
     def __init__(self, cache, k: Optional[int], bound: Optional[str], p_init: np.ndarray,
-                 ok: np.ndarray, preselect: int = 32):
+                 ok: np.ndarray, preselect: int = 32, certify: bool = True):
         if bound not in (None, "paper", "hope"):
             raise ValueError(f"bound must be None, 'paper' or 'hope'. Received: bound={bound!r}")
         self.cache = cache
@@ -113,6 +113,10 @@ class MergeTable:
         self.exhaustive = k is None or k >= n - 1
         self.k = n if self.exhaustive else int(k)
         self.bound = None if self.exhaustive else bound
+        # Certified: the bounds make the selection the exhaustive scan's. Otherwise
+        # each row holds the k best partners found when it was (re)filled and is
+        # refilled once half of them are gone ("top_k"; costs without bounds too).
+        self.certify = bool(certify) and self.bound is not None
         # The C-free residual that orders a row: the paper's R = 2A − B², or for the
         # library's cost the sum-scale residual E = ‖f_i + f_j‖² − B².
         self.sum_residual = bound == "hope"
@@ -149,6 +153,9 @@ class MergeTable:
         self.row_n = np.ones(n)  # and this live count
         self.row_g = np.ones(n)  # and this rank factor (DR per J)
         self.dirty = np.ones(n, dtype=bool)  # pair values changed since
+        if not self.exhaustive and not self.certify:
+            self._fill_rows(np.flatnonzero(ok), ok)
+            return
         for start in range(0, n, CHUNK_ROWS):
             rows = np.arange(start, min(n, start + CHUNK_ROWS))
             if self.exhaustive:
@@ -342,6 +349,56 @@ class MergeTable:
             self._note_out(r[drop], l[drop], kc[drop], gu[drop])
         self.dirty[rows] = True
         return r, l, B, kc, gu, R
+
+    def _fill_rows(self, rows, ok) -> None:
+        """Uncertified fill: each row's ``preselect`` partners of smallest bound
+        (`_distance`, Gram entries only) are priced exactly and the ``k`` of smallest
+        residual kept; ``nc`` keeps a lower bound over the rest."""
+        n, k = self.n, self.k
+        cols = np.arange(n)
+        m = min(self.preselect, n)
+        step = max(1, (1 << 21) // max(n, 1))
+        for s0 in range(0, len(rows), step):
+            rr = np.asarray(rows[s0:s0 + step], dtype=np.intp)
+            valid = ok[None, :] & (cols[None, :] != rr[:, None])
+            D = self._distance(np.repeat(rr, n).reshape(rr.size, n),
+                               np.broadcast_to(cols, (rr.size, n)))[0]
+            D = np.where(valid, D, np.inf)
+            top = np.argpartition(D, m - 1, axis=1)[:, :m]
+            finite = np.isfinite(np.take_along_axis(D, top, axis=1))
+            pr, pc = np.nonzero(finite)
+            r, l = rr[pr], top[pr, pc]
+            B, kc, gu = self._values(r, l)
+            R = self._residual(r, l, B, kc * gu)
+            order = np.lexsort((l, R, pr))
+            counts = np.bincount(pr, minlength=rr.size)
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+            rank = np.empty(order.size, dtype=np.int64)
+            rank[order] = np.arange(order.size) - np.repeat(starts, counts)
+            keep = rank < k
+            self.cand[rr] = -1
+            self.R[rr] = np.inf
+            at = (r[keep], rank[keep])
+            self.cand[at] = l[keep]
+            self.B[at], self.kc[at], self.gu[at], self.R[at] = (B[keep], kc[keep], gu[keep],
+                                                                R[keep])
+            nxt = np.full(rr.size, np.inf)
+            np.minimum.at(nxt, pr[~keep], R[~keep])
+            np.put_along_axis(D, top, np.inf, axis=1)
+            self.nc[rr] = np.minimum(nxt, np.maximum(D.min(axis=1), 0.0))
+            self.dirty[rr] = True
+
+    def _refill_depleted(self, ok, rows=None, half: bool = True) -> None:
+        """Uncertified tables: refills `rows` (default: all) that lost half their
+        partners (``half``: three quarters) or all of them."""
+        rows = np.arange(self.n) if rows is None else rows
+        cand = self.cand[rows]
+        live = ((cand >= 0) & ok[np.maximum(cand, 0)]).sum(axis=1)
+        want = min(self.k, int(ok.sum()) - 1)
+        low = (4 * live < want) if half else (live == 0)
+        rows = rows[ok[rows] & low & (self.nc[rows] < np.inf)]
+        if rows.size:
+            self._fill_rows(rows, ok)
 
     def is_exact(self, i: int, j: int) -> bool:
         """Whether pair (i, j) was re-priced by `refine` since either neuron changed."""
@@ -604,11 +661,16 @@ class MergeTable:
         if not scale > 0:
             raise ValueError(f"scale must be positive. Received: scale={scale!r}")
         self.scale = float(scale)
+        uncertified = not self.exhaustive and not self.certify
+        if uncertified:  # rows without partners cannot be priced: refill them now
+            self._refill_depleted(ok, half=self.bound is None)
         if self.bound is None:  # exhaustive, or a cost without bounds
             dr, J, part = self._price_rows(rows_ok, C, n_live, ok, price)
-            return _pick(rows_ok, dr, J, part)
+            found = _pick(rows_ok, dr, J, part)
+            return found if found is not None and found[0] < cutoff else None
         lb = self._lazy_bounds(C, n_live, ok)
-        lbn = self._nc_bounds(C, n_live, ok)
+        # Uncertified: partners outside the rows are not looked for.
+        lbn = self._nc_bounds(C, n_live, ok) if self.certify else np.full(self.n, np.inf)
         n = self.n
         fresh = np.zeros(n, dtype=bool)
         val = np.full(n, np.inf)
@@ -622,6 +684,8 @@ class MergeTable:
         while True:
             rows = np.flatnonzero(todo)
             if rows.size:
+                if uncertified:  # the rows priced get their lost partners back
+                    self._refill_depleted(ok, rows)
                 val[rows], Jv[rows], part[rows] = self._price_rows(rows, C, n_live, ok, price)
                 fresh[rows] = True
                 best = min(best, float(val[rows].min()))

@@ -41,6 +41,10 @@ ACTIONS = ("prune", "merge", "evict")
 #: Merge candidates kept per neuron by default (`Encoder`'s ``merge_candidates``).
 DEFAULT_MERGE_CANDIDATES = 16
 
+#: Capacity, relative to the layer's initial capacity, below which a neuron only
+#: prunes (`_GroupState.pair_ok`).
+NEGLIGIBLE = 1e-9
+
 
 @dataclasses.dataclass
 class CompressionResult:
@@ -289,11 +293,19 @@ class _GroupState:
         self.frozen = False
         self.mergeable = bool(getattr(cache, "mergeable", False))
         self.table: Optional[MergeTable] = None  # set by the Encoder when merges run
+        self.free_prunes = True  # False when prunes are off: negligible neurons merge
         self.version = 0
 
     def pair_ok(self) -> np.ndarray:
-        """Which neurons can merge now (active, non-zero input vector)."""
-        return self.active & (self.cache.wnorm > 0)
+        """Which neurons can merge now: active, non-zero input vector, and capacity
+        above `NEGLIGIBLE` of the layer's. A neuron below that is pruned at a cost of
+        at most `NEGLIGIBLE`; merging it would only risk a parent whose self-kernel
+        underflows (a dead neuron's, exp(-(beta/gamma)^2 / 2)) and whose scale
+        `capacity / sqrt(K_vv)` overflows float32 (seen on calibrated VGG16)."""
+        ok = self.active & (self.cache.wnorm > 0)
+        if self.free_prunes:
+            ok &= self.cache.capacity > NEGLIGIBLE * self.C_init
+        return ok
 
     def remove(self, j: int) -> None:
         self.active[j] = False
@@ -326,6 +338,7 @@ class Action:
 
 
 BUDGETS = ("density", "params", "flops")
+MERGE_SEARCHES = ("certified", "top_k")
 
 
 class Encoder:
@@ -356,12 +369,18 @@ class Encoder:
             whose bounds make the bounded scan select exactly the exhaustive scan's
             pair (`hope_keras.candidates`); None for other costs (with an int they
             get the best pair among the candidates).
+        merge_search: ``"certified"`` (default): rows the bounds cannot rule out are
+            rescanned, so the merge selected is the exhaustive scan's. ``"top_k"``:
+            each neuron keeps the k partners of smallest merge residual found when
+            its row was filled (refilled once three quarters of them are gone), and
+            the cheapest of those is selected, with no search outside them.
     """
 
     def __init__(self, model, analysis: Optional[Analysis] = None, cost="hope",
                  actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
                  kernel: str = "approx", verbose: bool = False, budget: str = "density",
-                 mean_compensation: bool = False, merge_candidates="auto"):
+                 mean_compensation: bool = False, merge_candidates="auto",
+                 merge_search: str = "certified"):
         actions = tuple(actions) if not isinstance(actions, str) else (actions,)
         bad = [a for a in actions if a not in ACTIONS]
         if bad or not actions:
@@ -385,6 +404,10 @@ class Encoder:
             raise ValueError("merge_candidates must be 'auto', None or an integer ≥ 1. "
                              f"Received: merge_candidates={merge_candidates!r}")
         self.merge_candidates = None if merge_candidates is None else int(merge_candidates)
+        if merge_search not in MERGE_SEARCHES:
+            raise ValueError(f"merge_search must be one of {MERGE_SEARCHES}. "
+                             f"Received: merge_search={merge_search!r}")
+        self.merge_search = merge_search
         self._bound = self.cost.name if builtin else None
         self.model = model
         if analysis is None:
@@ -410,6 +433,7 @@ class Encoder:
         self.block_reports = {b.name: b for b in a.blocks if b.name in self.blocks}
         if "merge" in self.actions:
             for gs in self.groups.values():
+                gs.free_prunes = "prune" in self.actions
                 if gs.mergeable:
                     gs.table = self._merge_table(gs)
         self.block_of = {g: b for g, b in self.graph.block_of_group().items()
@@ -451,7 +475,8 @@ class Encoder:
             "options": {"cost": self.cost.get_config(), "actions": sorted(self.actions),
                         "merge_scale": merge_scale, "refresh": refresh, "kernel": kernel,
                         "mean_compensation": self.mean_compensation,
-                        "merge_candidates": self.merge_candidates},
+                        "merge_candidates": self.merge_candidates,
+                        "merge_search": self.merge_search},
         })
 
     @property
@@ -499,7 +524,8 @@ class Encoder:
     def _merge_table(self, gs: "_GroupState") -> MergeTable:
         k = self.merge_candidates
         return MergeTable(gs.cache, k, self._bound, gs.p_init, gs.pair_ok(),
-                          preselect=32 if k is None else max(2 * k, 32))
+                          preselect=32 if k is None else max(2 * k, 32),
+                          certify=self.merge_search == "certified")
 
     def best_group_action(self, name: str) -> Optional[Action]:
         """The group's cheapest prune or merge under the run's cost, or None."""
@@ -520,6 +546,10 @@ class Encoder:
             k = int(np.argmin(dr))
             best = Action("prune", name, int(idx[k]), -1, float(J[k]), float(dr[k]),
                           float(gs.p_init[idx[k]]), 1)
+        if best is not None and cap[best.i] <= NEGLIGIBLE * gs.C_init:
+            # A free prune (see `_GroupState.pair_ok`): no merge saves a neuron for less
+            # that matters, and the bounds could not certify one below it.
+            return best
         if "merge" in self.actions and gs.table is not None:
             def price(A, B, c_rem, norm_sum_sq, P):
                 J = self.cost.merge(costs.MergeCandidates(A, B, c_rem, norm_sum_sq, gs.n,
@@ -645,6 +675,12 @@ class Encoder:
             gv_ii, gv_jj, _, _, gu_ii, gu_jj, gu_ij = cache.merge_terms(i, j)
             pc = costs.parent_coefficients(sol, scale, gv_ii, gv_jj, gu_ii, gu_jj, gu_ij)
             coef = tuple(float(x) for x in pc)
+            if not all(np.isfinite(c) and abs(c) < 1e30 for c in coef):
+                raise FloatingPointError(
+                    f"Merging neurons {i} and {j} of group {unit!r} would write "
+                    f"non-finite or float32-overflowing weights (parent coefficients "
+                    f"{coef}); the model is unchanged. Allow prunes (actions=...) so "
+                    f"that neurons of negligible capacity are pruned instead.")
             eps = float(self.editor.layer(self.graph.groups[unit].bn).epsilon)
             dead_parent = coef[4] ** 2 < eps
             active_after = self.active - (2 if dead_parent else 1)
@@ -868,7 +904,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
              actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
              kernel: str = "approx", verbose="auto",
              analysis: Optional[Analysis] = None,
-             mean_compensation: bool = False, merge_candidates="auto") -> CompressionResult:
+             mean_compensation: bool = False, merge_candidates="auto",
+             merge_search: str = "certified") -> CompressionResult:
     """Compresses a Keras model in place with HOPE, data-free.
 
     The greedy encoder executes, one step at a time, the prune, merge or block
@@ -901,6 +938,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
             for the built-in costs, whose bounded scan selects exactly what the
             exhaustive scan selects; every pair for other costs), an int, or None
             (price every pair at every step). See `Encoder`.
+        merge_search: ``"certified"`` (default: the exhaustive scan's choice) or
+            ``"top_k"`` (the best pair among the kept partners). See `Encoder`.
 
     Returns:
         A `CompressionResult` (``trajectory``, ``density``, ``params_ratio``,
@@ -930,7 +969,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         raise ValueError(f"steps must be an integer ≥ 0. Received: steps={steps!r}")
     enc = Encoder(model, analysis=analysis, cost=cost, actions=actions,
                   merge_scale=merge_scale, refresh=refresh, kernel=kernel, verbose=verbose,
-                  mean_compensation=mean_compensation, merge_candidates=merge_candidates)
+                  mean_compensation=mean_compensation, merge_candidates=merge_candidates,
+                  merge_search=merge_search)
     if density is not None and enc.active <= math.floor(density * enc.num_neurons + 1e-9):
         raise ValueError(
             f"The budget density={density} is already met: the model has "
