@@ -24,6 +24,8 @@ on two disjoint splits of the Fashion-MNIST test set (the models were trained on
 Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS``):
 
 * HOPE on the density axis: ``hope`` (the default, ``cost="hope"``),
+  ``hope_topk`` (the default with ``merge_search="top_k"``: uncertified candidate
+  rows; on every axis, as ``hope``),
   ``hope_alpha_merge`` (merges priced with the paper's α*-scaled parent, ``J_merge``
   without ``n``: the default before commit 2d3a04b), ``hope_prev`` (the same on every
   axis, ranked per neuron under every budget), ``hope_paper`` (``cost="paper"``; it
@@ -177,6 +179,7 @@ def hope_methods(ctx):
 
     return {
         "hope": (dict(), AXES),
+        "hope_topk": (dict(merge_search="top_k"), AXES),
         "hope_alpha_merge": (dict(cost=order(0.0, alpha_merge=True)), ("density",)),
         "hope_prev": (dict(cost=order(0.0, alpha_merge=True)), AXES),
         "hope_paper": (dict(cost="paper"), AXES),
@@ -203,8 +206,8 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc",
-              "hope_neighbors", "hope_prune",
+HOPE_NAMES = ("hope", "hope_topk", "hope_alpha_merge", "hope_prev", "hope_paper",
+              "hope_neurons", "hope_mc", "hope_neighbors", "hope_prune",
               "hope_prune_mc", "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
               "rank_gamma_prune", "rank_u_prune", "hope_width_b50", "order_a0", "order_a25",
               "order_a50", "order_a75", "order_param")
@@ -621,6 +624,7 @@ def save(model_name, info, results, notes, extra):
 # ------------------------------------------------------------------------ report
 LABELS = {
     "hope": "**HOPE default** (`cost=\"hope\"`)",
+    "hope_topk": "HOPE `merge_search=\"top_k\"` (uncertified merge search)",
     "hope_alpha_merge": "HOPE, merges priced by α* (default before 2d3a04b)",
     "hope_prev": "HOPE cost of 864cb63 (α* merge cost, J per neuron)",
     "hope_paper": "HOPE `cost=\"paper\"`",
