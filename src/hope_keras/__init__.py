@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Analysis": "analysis", "BlockReport": "analysis", "GroupReport": "analysis",
     "analyze": "analysis",
-    "reestimate_batchnorm_statistics": "bn_stats",
+    "correct_statistics": "bn_stats", "reestimate_batchnorm_statistics": "bn_stats",
     "calibrate": "calibration",
     "CompressionInterrupted": "engine", "CompressionResult": "engine", "Encoder": "engine",
     "compress": "engine",

@@ -25,7 +25,7 @@ from keras import ops
 
 from hope_keras import _keras_graph as kg
 
-__all__ = ["reestimate_batchnorm_statistics"]
+__all__ = ["correct_statistics", "reestimate_batchnorm_statistics"]
 
 
 def _batchnorm_layers(model):
@@ -272,3 +272,76 @@ def reestimate_batchnorm_statistics(
             f"{seen} batches, {samples} samples."
         )
     return result
+
+
+def correct_statistics(model, analysis) -> dict:
+    """Data-free correction of BatchNormalization moving statistics after compression.
+
+    Every BatchNormalization layer's moving mean and variance describe its input in
+    the network as trained. Once channels upstream were pruned or merged, that input
+    has moved: a pruned ReLU channel took its mean ``u_i·E[ReLU(z_i)]`` with it, and
+    the variance changed. Without data, `hope_keras.moments.propagate` (each BN
+    output ``N(β, γ²)``, channels independent) predicts the input's per-channel mean
+    and variance before and after the edit; each BN's moving mean is shifted by the
+    predicted change of the mean and its moving variance scaled by the predicted
+    ratio of the variances, so that it keeps normalising its input to what the next
+    layers were trained on. Use it on the model compressed in place (before `slim`),
+    with the analysis of the model *before* compression; it changes only moving
+    statistics. With data, `reestimate_batchnorm_statistics` (or `hope_keras.recover`)
+    measures them instead.
+
+    Args:
+        model: The model compressed in place.
+        analysis: `hope_keras.analyze(model)` computed before compressing it (its
+            ``moments`` are the reference); `compress` keeps one
+            (``CompressionResult.analysis``).
+
+    Returns:
+        dict: Maps each corrected BatchNormalization layer's name to its new
+        ``(moving_mean, moving_variance)`` (float64 numpy arrays).
+
+    Raises:
+        ValueError: if `analysis` was computed on another model.
+
+    Example:
+
+    >>> import keras, hope_keras
+    >>> keras.utils.set_random_seed(0)
+    >>> inputs = keras.Input((8,))
+    >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(keras.layers.Dense(6)(inputs)))
+    >>> x = keras.layers.BatchNormalization(name="bn2")(keras.layers.Dense(4)(x))
+    >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    >>> result = hope_keras.compress(model, density=0.5, verbose=False)
+    >>> new = hope_keras.correct_statistics(model, result.analysis)
+    >>> sorted(new)
+    ['batch_normalization', 'bn2']
+    """
+    from hope_keras import moments as moments_lib
+
+    flat = analysis.graph.flat
+    mine = {id(layer) for layer in kg.flatten(model).layers.values()}
+    if not all(id(layer) in mine for layer in flat.layers.values()):
+        raise ValueError(
+            f"correct_statistics: the analysis was computed on another model than "
+            f"{model.name!r}; pass hope_keras.analyze(model) taken before compressing "
+            f"this model (or CompressionResult.analysis).")
+    before = analysis.moments
+    after = moments_lib.propagate(flat)
+    out = {}
+    for node in flat.nodes:
+        bn = node.op
+        if not isinstance(bn, keras.layers.BatchNormalization) or not node.inputs:
+            continue
+        t = node.inputs[0]
+        if t not in before or t not in after:
+            continue
+        (m0, v0), (m1, v1) = before[t], after[t]
+        if np.shape(m0) != tuple(bn.moving_mean.shape):
+            continue
+        ratio = np.where(v0 > 0, v1 / np.where(v0 > 0, v0, 1.0), 1.0)
+        mean = np.asarray(bn.moving_mean.numpy(), dtype=np.float64) + (m1 - m0)
+        var = np.asarray(bn.moving_variance.numpy(), dtype=np.float64) * ratio
+        bn.moving_mean.assign(mean.astype(bn.moving_mean.dtype))
+        bn.moving_variance.assign(var.astype(bn.moving_variance.dtype))
+        out[bn.name] = (mean, var)
+    return out

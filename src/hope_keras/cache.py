@@ -234,6 +234,20 @@ class GroupCache:
         )
         return PairValues(rho, kc, sol.B, gu)
 
+    def pair_grid(self, rows) -> tuple:
+        """``(ρ̃, K(i,j), ⟨u_i, u_j⟩)`` of every pair (rows × all neurons), from whole
+        Gram rows (matrix products for sketched caches): the pairs `pair_values`
+        gives without ``B``."""
+        rows = np.asarray(rows, dtype=np.intp)
+        a, b = rows[:, None], np.arange(self.size)[None, :]
+        rho = self._rho(a, b, self.gram_rows("w", rows))
+        if self.kernel == "exact":
+            g, be = self.gamma, self.beta
+            kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
+        else:
+            kc = kernels.cross_kernel_approx(rho, self.k_self[a], self.k_self[b])
+        return rho, kc, self.gram_rows("u", rows)
+
     def _pair_rows(self, rows: np.ndarray):
         """ρ̃, K(i,j) and B for pairs (rows × all neurons), each row first."""
         rows = np.asarray(rows, dtype=np.intp)
@@ -369,11 +383,13 @@ class SketchCache(GroupCache):
         row when the pairs share few rows (a rescan), else row by row."""
         a, b = a.ravel(), b.ravel()
         first = np.unique(a)
-        if first.size * sk.shape[0] <= a.size:
+        if first.size * sk.shape[0] <= a.size:  # whole rows: matrix products
             out = np.empty(a.size)
-            for r in first:
-                at = a == r
-                out[at] = (sk @ sk[r])[b[at]]
+            pos = np.searchsorted(first, a)
+            step = max(1, (1 << 22) // sk.shape[0])  # (step × n) float32 ≤ 16 MB
+            for s0 in range(0, first.size, step):
+                at = (pos >= s0) & (pos < s0 + step)
+                out[at] = (sk[first[s0:s0 + step]] @ sk.T)[pos[at] - s0, b[at]]
             return out
         return np.einsum("ij,ij->i", sk[a], sk[b], dtype=np.float64)
 

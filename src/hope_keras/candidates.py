@@ -246,21 +246,24 @@ class MergeTable:
         """
         shape = np.shape(r)
         r, l = np.ravel(r), np.ravel(l)
+        pv = self.cache.pair_values(r, l, with_B=False)
+        D = self._distance_from(r, l, pv.k_cross, pv.gram_u)
+        return D.reshape(shape), pv.k_cross.reshape(shape), pv.gram_u.reshape(shape)
+
+    def _distance_from(self, r, l, kc, gu):
+        """`_distance`'s bound from the pairs' K(r,l) and ⟨u_r, u_l⟩ (broadcast)."""
         c = self.cache
-        pv = c.pair_values(r, l, with_B=False)
         cap, ks = c.capacity, c.k_self
         a, b = cap[r] ** 2, cap[l] ** 2
         A = a + b
-        cross = pv.k_cross * pv.gram_u
-        T = A + 2.0 * cross
+        T = A + 2.0 * kc * gu
         kk = np.sqrt(np.maximum(ks[r], 0.0) * np.maximum(ks[l], 0.0))
-        kappa = np.minimum(np.where(kk > 0, pv.k_cross / np.where(kk > 0, kk, 1.0), 0.0), 1.0)
-        w = kk * pv.gram_u
+        kappa = np.minimum(np.where(kk > 0, kc / np.where(kk > 0, kk, 1.0), 0.0), 1.0)
+        w = kk * gu
         det = (1.0 - kappa * kappa) * np.maximum(a * b - w * w, 0.0)
         lam = 0.5 * T + np.sqrt(np.maximum(0.25 * T * T - det, 0.0))
         # E = T − B² ≥ T − λ (the smaller squared singular value).
-        D = (T if self.sum_residual else 2.0 * A) - lam - 1e-7 * A - 1e-300
-        return D.reshape(shape), pv.k_cross.reshape(shape), pv.gram_u.reshape(shape)
+        return (T if self.sum_residual else 2.0 * A) - lam - 1e-7 * A - 1e-300
 
     def _q(self, rows):
         """(rows, n): the lower bound of R that (nc, ncos, nkap, ncu) give for every
@@ -361,9 +364,9 @@ class MergeTable:
         for s0 in range(0, len(rows), step):
             rr = np.asarray(rows[s0:s0 + step], dtype=np.intp)
             valid = ok[None, :] & (cols[None, :] != rr[:, None])
-            D = self._distance(np.repeat(rr, n).reshape(rr.size, n),
-                               np.broadcast_to(cols, (rr.size, n)))[0]
-            D = np.where(valid, D, np.inf)
+            _, kc, gu = self.cache.pair_grid(rr)
+            D = np.where(valid, self._distance_from(rr[:, None], cols[None, :], kc, gu),
+                         np.inf)
             top = np.argpartition(D, m - 1, axis=1)[:, :m]
             finite = np.isfinite(np.take_along_axis(D, top, axis=1))
             pr, pc = np.nonzero(finite)
