@@ -63,8 +63,8 @@ SPLITS = ("sel", "heldout")
 HOPE = {"hope": {}, "hope_mc": {"mean_compensation": True}}
 BASELINES = tuple(f"{m}_{s}{mc}" for m in ("l1_input", "l1_joint", "bn_scale")
                   for s in ("global", "layer") for mc in ("", "_mc"))
-# A proposal, NOT the library's behaviour: after the edit, data-free BN statistics
-# compensation (`compensate_statistics`) on top of the method.
+# After the edit, data-free BN statistics correction (`hope_keras.correct_statistics`,
+# a separate step, not part of `compress`) on top of the method.
 EXPERIMENTS = ("hope_sc",) + tuple(f"{m}_{s}_sc" for m in ("l1_input", "l1_joint", "bn_scale")
                                    for s in ("global", "layer"))
 TARGET_POINTS = (0.9, 0.8, 0.7, 0.6)  # issue 13: default ≥ best baseline − 1 point here
@@ -96,35 +96,6 @@ def load(model_name: str, n_sel: int, n_heldout: int):
               "heldout": heldout_test(n_heldout)}
     path = REPO / "benchmarks" / "fixtures" / f"{model_name}.keras"
     return keras.models.load_model(path, compile=False), splits
-
-
-def compensate_statistics(flat, before):
-    """Data-free BN statistics compensation (proposal; see docs/benchmarks.md).
-
-    Every BatchNormalization's moving statistics describe its input as trained. After
-    channels were removed upstream, `hope_keras.moments.propagate` (independent
-    inputs, each BN output N(β, γ²)) predicts that input's per-channel mean and
-    variance again; each BN's moving mean is shifted by the predicted change of the
-    mean and its moving variance scaled by the predicted ratio of the variances, so
-    that the BN keeps normalising its input to what the next layers were trained on.
-    `before` is the propagation on the uncompressed model.
-    """
-    import keras
-
-    from hope_keras import moments
-
-    after = moments.propagate(flat)
-    for node in flat.nodes:
-        bn = node.op
-        if not isinstance(bn, keras.layers.BatchNormalization):
-            continue
-        t = node.inputs[0]
-        (m0, v0), (m1, v1) = before[t], after[t]
-        ratio = np.where(v0 > 0, v1 / np.where(v0 > 0, v0, 1.0), 1.0)
-        mean = np.asarray(bn.moving_mean.numpy(), dtype=np.float64) + (m1 - m0)
-        var = np.asarray(bn.moving_variance.numpy(), dtype=np.float64) * ratio
-        bn.moving_mean.assign(mean.astype(bn.moving_mean.dtype))
-        bn.moving_variance.assign(var.astype(bn.moving_variance.dtype))
 
 
 class Evaluator:
@@ -188,9 +159,6 @@ class Bench:
             raise SystemExit(f"{model_name}: has evictable blocks; this script replays one "
                              "HOPE run per axis, which needs a model without them")
         self.model, self.info = model, info
-        from hope_keras import moments
-
-        self.moments0 = moments.propagate(a.graph.flat)
         self.original = [w.numpy().copy() for w in model.weights]
         self.ev = Evaluator(model, splits)
         self.sizes = Sizes(model, a)
@@ -203,7 +171,9 @@ class Bench:
 
     def point(self, target, density, alive, sc=False):
         if sc:
-            compensate_statistics(self.analysis.graph.flat, self.moments0)
+            import hope_keras
+
+            hope_keras.correct_statistics(self.model, self.analysis)
         params, flops = self.sizes(alive)
         acc, agree = self.ev()
         return {"target": target, "density": density, "params": params, "flops": flops,
@@ -387,7 +357,7 @@ def diagnose(model_name, n_sel, n_heldout, targets=(0.8, 0.7, 0.6)):
                                 editor.prune(g, int(i))
                     editor.commit()
                     if mode == "sc":
-                        compensate_statistics(a.graph.flat, bench.moments0)
+                        hope_keras.correct_statistics(bench.model, a)
                     elif mode == "bn":
                         hope_keras.reestimate_batchnorm_statistics(bench.model, xc,
                                                                    batch_size=256)
