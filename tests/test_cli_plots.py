@@ -75,6 +75,13 @@ def test_cli_compress_replay_report(model_file, tmp_path, capsys):
     status, stdout = _in_process(capsys, "analyze", model_file)
     assert status == 0 and "b1_add" in stdout and "Pinned" in stdout
 
+    topk = str(tmp_path / "topk.npz")
+    status, _ = _in_process(capsys, "compress", model_file, "--density", "0.5", "--out",
+                            str(tmp_path / "topk.keras"), "--trajectory", topk,
+                            "--merge-search", "top_k", "--quiet")
+    assert status == 0
+    assert hope_keras.Trajectory.load(topk).meta["options"]["merge_search"] == "top_k"
+
 
 def test_cli_errors_have_shell_exit_codes(model_file, tmp_path, capsys):
     from hope_keras import cli

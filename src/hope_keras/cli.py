@@ -126,7 +126,7 @@ def _compress(args):
             model, density=args.density, params=args.params, flops=args.flops,
             steps=args.steps, cost=args.cost, actions=args.actions,
             merge_scale=args.merge_scale, refresh=args.refresh, kernel=args.kernel,
-            verbose=False if args.quiet else "auto")
+            merge_search=args.merge_search, verbose=False if args.quiet else "auto")
     except hope_keras.CompressionInterrupted as e:
         if args.trajectory:
             e.trajectory.save(args.trajectory)
@@ -284,6 +284,9 @@ def _parser():
     c.add_argument("--kernel", choices=("approx", "exact"), default="approx",
                    help="cross-kernel: the paper's zero-bias approximation (default) or "
                         "the exact one")
+    c.add_argument("--merge-search", choices=("certified", "top_k"), default="certified",
+                   help="merge selection: the exhaustive scan's pair (certified, default) "
+                        "or the best of each neuron's kept partners (top_k, faster)")
     c.add_argument("--latency", action="store_true",
                    help="also time the original and the slimmed model")
     c.set_defaults(fn=_compress)
