@@ -457,7 +457,9 @@ class MergeTable:
         else:
             B0, kc0, gu0 = self._values(np.full(cols.size, i), cols)
             D = self._residual(i, cols, B0, kc0 * gu0)
-        need = holds[cols] | (D < self.nc[cols])
+        # Certified: every row whose bound the parent might beat is priced exactly.
+        # Uncertified: the rows that hold it and its `preselect` nearest by bound.
+        need = holds[cols] | (D < self.nc[cols]) if self.certify else holds[cols]
         m = min(self.preselect, cols.size)
         top = np.argpartition(np.where(need, -np.inf, D), m - 1)[:m] if m else np.array([], int)
         sel = np.zeros(cols.size, dtype=bool)
@@ -486,7 +488,8 @@ class MergeTable:
         self.gu[hold_r, hold_p], self.R[hold_r, hold_p] = gu[p], R[p]
         # Rows that do not: insert it where it beats their bound.
         rows = np.flatnonzero(others & ~holds & (pos_of >= 0))
-        rows = rows[R[pos_of[rows]] < self.nc[rows]]
+        if self.certify:
+            rows = rows[R[pos_of[rows]] < self.nc[rows]]
         if rows.size:
             Ri = R[pos_of[rows]]
             cand = self.cand[rows]
