@@ -52,6 +52,11 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   and the same with ``_mc`` (``mean_compensation=True``); ``nm_global`` /
   ``nm_layer`` (Neuron Merging, t = 0). On the params / FLOPs axes a baseline's
   neuron count is searched (bisection) for the first point at or below the ratio.
+* Statistics correction: ``hope_sc`` and every baseline name with ``_sc``
+  (``bn_scale_layer_sc``, ``nm_layer_sc`` …): the method, then, at every point, on
+  the model edited in place (after each replay or direct run),
+  ``hope_keras.correct_statistics(model, analysis)`` with the analysis of the
+  uncompressed model, before evaluating.
 
 HOPE densities are replays of one run to the lowest density, except on models with
 an evictable residual block (demo CNN, ResNet-50): an eviction removes many neurons at
@@ -180,6 +185,7 @@ def hope_methods(ctx):
     return {
         "hope": (dict(), AXES),
         "hope_topk": (dict(merge_search="top_k"), AXES),
+        "hope_sc": (dict(), AXES),  # + correct_statistics at every point (Bench.point)
         "hope_alpha_merge": (dict(cost=order(0.0, alpha_merge=True)), ("density",)),
         "hope_prev": (dict(cost=order(0.0, alpha_merge=True)), AXES),
         "hope_paper": (dict(cost="paper"), AXES),
@@ -206,7 +212,7 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_topk", "hope_alpha_merge", "hope_prev", "hope_paper",
+HOPE_NAMES = ("hope", "hope_sc", "hope_topk", "hope_alpha_merge", "hope_prev", "hope_paper",
               "hope_neurons", "hope_mc", "hope_neighbors", "hope_prune",
               "hope_prune_mc", "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
               "rank_gamma_prune", "rank_u_prune", "hope_width_b50", "order_a0", "order_a25",
@@ -214,7 +220,9 @@ HOPE_NAMES = ("hope", "hope_topk", "hope_alpha_merge", "hope_prev", "hope_paper"
 BASELINES = tuple(f"{m}_{s}{mc}" for m in ("l1_input", "l1_joint", "bn_scale")
                   for s in ("global", "layer") for mc in ("", "_mc")) + ("nm_global",
                                                                           "nm_layer")
-ALL_METHODS = HOPE_NAMES + BASELINES
+# The baselines followed by `correct_statistics` (data-free BN statistics correction).
+BASELINES_SC = tuple(b + "_sc" for b in BASELINES)
+ALL_METHODS = HOPE_NAMES + BASELINES + BASELINES_SC
 # The issue's "best baseline": the magnitude baselines global and per layer, and
 # Neuron Merging, all without mean compensation (an option added with this issue).
 PLAIN_BASELINES = tuple(b for b in BASELINES if not b.endswith("_mc"))
@@ -377,6 +385,7 @@ class Bench:
         # docstring); otherwise replays of one run.
         self.direct = info["blocks"] > 0
         info["hope_densities"] = "direct runs" if self.direct else "replays of one run"
+        self.correct = False  # `point` corrects the BN statistics first (methods *_sc)
         self.hope = hope_methods({"mean_params": self.sizes.mean_params,
                                   "mean_flops": self.sizes.mean_flops,
                                   "mean_n0": float(np.mean(list(self.sizes.sizes.values())))})
@@ -389,6 +398,11 @@ class Bench:
         return self.densities if axis == "density" else RATIOS
 
     def point(self, target, density, alive, evicted, extra=None):
+        """Evaluates the model as edited in place (after the `_sc` methods' correction)."""
+        import hope_keras
+
+        if self.correct:  # the analysis of the uncompressed model: the reference
+            hope_keras.correct_statistics(self.model, self.analysis)
         params, flops = self.sizes(alive, evicted)
         acc, agree = self.ev()
         p = {"target": target, "density": density, "params": params, "flops": flops,
@@ -471,7 +485,7 @@ class Bench:
 
     # -------------------------------------------------------------- baselines
     def _baseline_parts(self, name):
-        parts = name.split("_")
+        parts = name.removesuffix("_sc").split("_")
         mc = parts[-1] == "mc"
         if mc:
             parts = parts[:-1]
@@ -587,10 +601,11 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
     for name in methods or ALL_METHODS:
         if name in bench.hope:
             method_axes = [a for a in bench.hope[name][1] if a in axes]
-        elif name in BASELINES:
+        elif name in BASELINES + BASELINES_SC:
             method_axes = list(axes)
         else:
             raise SystemExit(f"unknown method {name!r}; known: {ALL_METHODS}")
+        bench.correct = name.endswith("_sc")
         for axis in method_axes:
             fn = bench.run_hope if name in bench.hope else bench.run_baseline
             points, note = fn(name, axis)
@@ -599,6 +614,7 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
             print(f"  {name:18s} {axis:7s} {row}  {note}", flush=True)
             save(model_name, bench.info, {name: {axis: points}}, {name: {axis: note}},
                  extra)
+    bench.correct = False
     bench.reset()
 
 
@@ -625,6 +641,7 @@ def save(model_name, info, results, notes, extra):
 LABELS = {
     "hope": "**HOPE default** (`cost=\"hope\"`)",
     "hope_topk": "HOPE `merge_search=\"top_k\"` (uncertified merge search)",
+    "hope_sc": "HOPE + `correct_statistics`",
     "hope_alpha_merge": "HOPE, merges priced by α* (default before 2d3a04b)",
     "hope_prev": "HOPE cost of 864cb63 (α* merge cost, J per neuron)",
     "hope_paper": "HOPE `cost=\"paper\"`",
@@ -657,6 +674,8 @@ for _b in BASELINES:
                        "bn_scale": "BN scale"}[_m] + (" global" if _s == "global"
                                                       else " per layer")
                       + (" + mean comp." if _mc else ""))
+for _b in BASELINES:
+    LABELS[_b + "_sc"] = LABELS[_b] + " + `correct_statistics`"
 SHORT = {"l1_input": "L1in", "l1_joint": "L1j", "bn_scale": "BN", "nm": "NM"}
 
 
@@ -823,6 +842,12 @@ def decisions(results):
               ["hope", "hope_mc", "hope_prune", "hope_prune_mc"] + mc_pairs, axis,
               dens if axis == "density" else "Mean accuracy % over the FLOPs ratios "
               "0.9…0.3 every listed method reached.", needs=["hope_mc", "hope_prune_mc"])
+    for axis in ("density", "flops"):
+        sc_pairs = [x for b in BASELINES_SC if ran(b, axis) for x in (b[:-3], b)]
+        block(f"BN statistics correction, `correct_statistics` ({axis} axis)",
+              ["hope", "hope_sc"] + sc_pairs, axis,
+              dens if axis == "density" else "Mean accuracy % over the FLOPs ratios "
+              "0.9…0.3 every listed method reached.", needs=["hope_sc"] + sc_pairs[1::2])
     for axis in ("params", "flops"):
         block(f"Ordering under a {axis}= budget",
               ["hope", "order_a0", "order_a25", "order_a50", "order_a75", "order_param",
