@@ -319,3 +319,39 @@ def test_top_k_search_runs_stay_exact_and_validate_the_option():
     np.testing.assert_allclose(hope_keras.slim(model)(x), model(x), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="merge_search.*Received"):
         Encoder(small_resnet(seed=3), merge_search="fast")
+
+
+@pytest.mark.parametrize("search", ["certified", "top_k"])
+def test_sketched_groups_select_exactly_priced_merges_and_edit_exactly(monkeypatch, search):
+    """The sketch tier (groups of 6144+ neurons), forced on small groups: estimated
+    Gram entries are within a few 1/sqrt(SKETCH_DIM) of the exact ones, every merge
+    the engine executes was re-priced from exact entries first, and the edited model
+    equals its slimmed copy."""
+    from hope_keras import cache as cache_lib
+
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+    model = clustered_mlp(3)
+    analysis = hope_keras.analyze(model)
+    sketched = [n for n, c in analysis.caches.items() if isinstance(c, cache_lib.SketchCache)]
+    assert sketched == ["fc0", "fc1"]
+    c = analysis.caches["fc0"]
+    exact = build_group_cache(extract_group(model, walk(model).groups["fc0"]))
+    n = c.size
+    a, b = np.triu_indices(n, 1)
+    for which in ("w", "u"):
+        est = c.entries(which, a, b)
+        ref = getattr(exact, "gram_" + which)[a, b]
+        scale = np.sqrt(exact.gram_diag(which)[a] * exact.gram_diag(which)[b])
+        assert np.all(np.abs(est - ref) <= 5.0 / np.sqrt(cache_lib.SKETCH_DIM) * scale + 1e-9)
+    enc = Encoder(model, analysis=analysis, merge_search=search)
+    merges = 0
+    while enc.active > 0.4 * enc.num_neurons:
+        action = enc.next_action()
+        if action.kind == "merge":
+            assert enc.groups[action.unit].table.is_exact(action.i, action.j)
+            merges += 1
+        enc.execute(action)
+    enc.editor.commit()
+    assert merges >= 3
+    x = np.random.default_rng(0).normal(size=(16, 7)).astype("float32")
+    np.testing.assert_allclose(hope_keras.slim(model)(x), model(x), rtol=1e-4, atol=1e-5)

@@ -126,7 +126,13 @@ class MergeTable:
         self.stamp = np.full(n, -1, dtype=np.int64)  # refresh order (pair orientation)
         self.scale = 1.0  # the run's rank factor at the current selection
         self.clock = 0
-        self.exact = {}  # pairs re-priced from exact entries (sketched caches): stamps
+        # Pairs re-priced from exact entries (sketched caches), sorted by key i·n + j
+        # (i < j): the neurons' stamps then, and (B, K(i,j), ⟨u_i, u_j⟩).
+        self._ex_key = np.zeros(0, dtype=np.int64)
+        self._ex_stamp = np.zeros((0, 2), dtype=np.int64)
+        self._ex_val = np.zeros((0, 3))
+        self._ex_live = 0  # entries after the last clean-up
+        self._ok = None  # the live mask of the last selection
         self.fill_all(ok)
 
     # --------------------------------------------------------------- building
@@ -194,14 +200,23 @@ class MergeTable:
         pv = self.cache.pair_values(first.ravel(), second.ravel())
         shape = first.shape
         B, kc, gu = pv.B.reshape(shape), pv.k_cross.reshape(shape), pv.gram_u.reshape(shape)
-        if self.exact:  # pairs re-priced from exact entries override the estimates
-            for (i, j), (si, sj, vals) in self.exact.items():
-                if (self.stamp[i], self.stamp[j]) != (si, sj):
-                    continue
-                hit = (np.minimum(first, second) == i) & (np.maximum(first, second) == j)
-                if hit.any():
-                    B, kc, gu = (np.where(hit, v, x) for v, x in zip(vals, (B, kc, gu)))
+        if self._ex_key.size:  # pairs re-priced from exact entries override the estimates
+            pos, hit = self._exact_lookup(np.minimum(first, second).ravel(),
+                                          np.maximum(first, second).ravel())
+            if hit.any():
+                B, kc, gu = (np.where(hit, self._ex_val[pos, k], x.ravel()).reshape(shape)
+                             for k, x in enumerate((B, kc, gu)))
         return B, kc, gu
+
+    def _exact_lookup(self, a, b):
+        """Positions in the exact-pair arrays of pairs (a, b), a < b, and whether each
+        is there with its neurons unchanged since."""
+        q = np.asarray(a, dtype=np.int64) * self.n + np.asarray(b, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self._ex_key, q), self._ex_key.size - 1)
+        st = self._ex_stamp[pos]
+        hit = ((self._ex_key[pos] == q) & (st[..., 0] == self.stamp[a])
+               & (st[..., 1] == self.stamp[b]))
+        return pos, hit
 
     def _residual(self, r, l, B, cross):
         """The row order: ``R = 2A − B²`` (paper) or ``E = A + 2·cross − B²``."""
@@ -405,8 +420,9 @@ class MergeTable:
 
     def is_exact(self, i: int, j: int) -> bool:
         """Whether pair (i, j) was re-priced by `refine` since either neuron changed."""
-        e = self.exact.get((i, j))
-        return e is not None and e[:2] == (int(self.stamp[i]), int(self.stamp[j]))
+        if not self._ex_key.size:
+            return False
+        return bool(self._exact_lookup(np.array([i]), np.array([j]))[1][0])
 
     def refine(self, i: int, j: int, pv) -> None:
         """Replaces the values of pair (i, j), ``i < j`` (estimates of a
@@ -414,9 +430,23 @@ class MergeTable:
         `hope_keras.cache.PairValues`, used from now on wherever the pair is priced."""
         B, kc, gu = float(pv.B[0]), float(pv.k_cross[0]), float(pv.gram_u[0])
         R = float(self._residual(i, j, B, kc * gu))
-        self.exact = {p: e for p, e in self.exact.items()
-                      if e[:2] == (int(self.stamp[p[0]]), int(self.stamp[p[1]]))}
-        self.exact[(i, j)] = (int(self.stamp[i]), int(self.stamp[j]), (B, kc, gu))
+        if self._ex_key.size > 2 * self._ex_live + 64:  # drop stale entries, amortised
+            a, b = self._ex_key // self.n, self._ex_key % self.n
+            keep = self._exact_lookup(a, b)[1]
+            if self._ok is not None:
+                keep &= self._ok[a] & self._ok[b]
+            self._ex_key, self._ex_stamp = self._ex_key[keep], self._ex_stamp[keep]
+            self._ex_val = self._ex_val[keep]
+            self._ex_live = self._ex_key.size
+        key = i * self.n + j
+        at = int(np.searchsorted(self._ex_key, key))
+        entry = ([int(self.stamp[i]), int(self.stamp[j])], [B, kc, gu])
+        if at < self._ex_key.size and self._ex_key[at] == key:
+            self._ex_stamp[at], self._ex_val[at] = entry
+        else:
+            self._ex_key = np.insert(self._ex_key, at, key)
+            self._ex_stamp = np.insert(self._ex_stamp, at, entry[0], axis=0)
+            self._ex_val = np.insert(self._ex_val, at, entry[1], axis=0)
         for r, l in ((i, j), (j, i)):
             pos = np.flatnonzero(self.cand[r] == l)
             self.B[r, pos], self.kc[r, pos], self.gu[r, pos], self.R[r, pos] = B, kc, gu, R
@@ -661,6 +691,7 @@ class MergeTable:
                 the paper's), e.g. ``1/sqrt(FLOPs)`` under a FLOPs budget. The
                 bounds use it; it must be positive.
         """
+        self._ok = ok
         rows_ok = np.flatnonzero(ok)
         if rows_ok.size < 2:
             return None
