@@ -346,17 +346,7 @@ class MergeTable:
         gu = np.concatenate([self.gu[hr, hc], gu])
         R = np.concatenate([self.R[hr, hc], self._residual(rows[sp], sl, B[hp.size:],
                                                             kc[hp.size:] * gu[hp.size:])])
-        order = np.lexsort((l, R, pr))  # per row: smallest R first, ties by index
-        counts = np.bincount(pr, minlength=rows.size)
-        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        rank = np.empty(order.size, dtype=np.int64)
-        rank[order] = np.arange(order.size) - np.repeat(starts, counts)
-        keep = rank < k
-        self.cand[rows] = -1
-        self.R[rows] = np.inf
-        at = (r[keep], rank[keep])
-        self.cand[at] = l[keep]
-        self.B[at], self.kc[at], self.gu[at], self.R[at] = B[keep], kc[keep], gu[keep], R[keep]
+        rank, keep = self._store_rows(rows, pr, r, l, B, kc, gu, R)
         nxt = np.full(rows.size, np.inf)
         kth = rank == k
         nxt[pr[kth]] = R[kth]
@@ -368,11 +358,27 @@ class MergeTable:
         self.dirty[rows] = True
         return r, l, B, kc, gu, R
 
+    def _store_rows(self, rows, pr, r, l, B, kc, gu, R):
+        """Makes the priced pairs (r = rows[pr], l) the candidates of `rows`: per row
+        the `k` of smallest R (ties by partner index). Returns (rank, kept)."""
+        order = np.lexsort((l, R, pr))
+        counts = np.bincount(pr, minlength=len(rows))
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        rank = np.empty(order.size, dtype=np.int64)
+        rank[order] = np.arange(order.size) - np.repeat(starts, counts)
+        keep = rank < self.k
+        self.cand[rows] = -1
+        self.R[rows] = np.inf
+        at = (r[keep], rank[keep])
+        self.cand[at] = l[keep]
+        self.B[at], self.kc[at], self.gu[at], self.R[at] = B[keep], kc[keep], gu[keep], R[keep]
+        return rank, keep
+
     def _fill_rows(self, rows, ok) -> None:
         """Uncertified fill: each row's ``preselect`` partners of smallest bound
         (`_distance`, Gram entries only) are priced exactly and the ``k`` of smallest
         residual kept; ``nc`` keeps a lower bound over the rest."""
-        n, k = self.n, self.k
+        n = self.n
         cols = np.arange(n)
         m = min(self.preselect, n)
         step = max(1, (1 << 21) // max(n, 1))
@@ -388,18 +394,7 @@ class MergeTable:
             r, l = rr[pr], top[pr, pc]
             B, kc, gu = self._values(r, l)
             R = self._residual(r, l, B, kc * gu)
-            order = np.lexsort((l, R, pr))
-            counts = np.bincount(pr, minlength=rr.size)
-            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-            rank = np.empty(order.size, dtype=np.int64)
-            rank[order] = np.arange(order.size) - np.repeat(starts, counts)
-            keep = rank < k
-            self.cand[rr] = -1
-            self.R[rr] = np.inf
-            at = (r[keep], rank[keep])
-            self.cand[at] = l[keep]
-            self.B[at], self.kc[at], self.gu[at], self.R[at] = (B[keep], kc[keep], gu[keep],
-                                                                R[keep])
+            _, keep = self._store_rows(rr, pr, r, l, B, kc, gu, R)
             nxt = np.full(rr.size, np.inf)
             np.minimum.at(nxt, pr[~keep], R[~keep])
             np.put_along_axis(D, top, np.inf, axis=1)
