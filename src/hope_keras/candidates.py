@@ -49,6 +49,13 @@ other costs it prices the candidates of every row at each step, without bounds: 
 result is the best pair among the candidates. ``k=None`` keeps every partner
 (n × n entries) and prices all of them at every step: the exhaustive scan, kept for
 checking.
+
+``certify=False`` (the engine's ``merge_search="top_k"``) drops the certificate for
+speed: every row is filled up front with its ``k`` partners of smallest residual
+(the ``preselect`` of smallest bound priced exactly), refilled once under a quarter
+of them is left, and a merged parent is priced only against its ``preselect``
+nearest and the rows that hold its slot. The selection is then the best pair held,
+not necessarily the exhaustive scan's.
 """
 
 from __future__ import annotations
@@ -115,7 +122,7 @@ class MergeTable:
         self.bound = None if self.exhaustive else bound
         # Certified: the bounds make the selection the exhaustive scan's. Otherwise
         # each row holds the k best partners found when it was (re)filled and is
-        # refilled once half of them are gone ("top_k"; costs without bounds too).
+        # refilled once under a quarter of them is left ("top_k"; costs without bounds too).
         self.certify = bool(certify) and self.bound is not None
         # The C-free residual that orders a row: the paper's R = 2A − B², or for the
         # library's cost the sum-scale residual E = ‖f_i + f_j‖² − B².
@@ -401,14 +408,14 @@ class MergeTable:
             self.nc[rr] = np.minimum(nxt, np.maximum(D.min(axis=1), 0.0))
             self.dirty[rr] = True
 
-    def _refill_depleted(self, ok, rows=None, half: bool = True) -> None:
-        """Uncertified tables: refills `rows` (default: all) that lost half their
-        partners (``half``: three quarters) or all of them."""
+    def _refill_depleted(self, ok, rows=None, few: bool = True) -> None:
+        """Uncertified tables: refills those of `rows` (default: all) left with under
+        a quarter of their partners (``few``) or with none (``few=False``)."""
         rows = np.arange(self.n) if rows is None else rows
         cand = self.cand[rows]
         live = ((cand >= 0) & ok[np.maximum(cand, 0)]).sum(axis=1)
         want = min(self.k, int(ok.sum()) - 1)
-        low = (4 * live < want) if half else (live == 0)
+        low = (4 * live < want) if few else (live == 0)
         rows = rows[ok[rows] & low & (self.nc[rows] < np.inf)]
         if rows.size:
             self._fill_rows(rows, ok)
@@ -695,7 +702,7 @@ class MergeTable:
         self.scale = float(scale)
         uncertified = not self.exhaustive and not self.certify
         if uncertified:  # rows without partners cannot be priced: refill them now
-            self._refill_depleted(ok, half=self.bound is None)
+            self._refill_depleted(ok, few=self.bound is None)
         if self.bound is None:  # exhaustive, or a cost without bounds
             dr, J, part = self._price_rows(rows_ok, C, n_live, ok, price)
             found = _pick(rows_ok, dr, J, part)

@@ -679,8 +679,9 @@ class Encoder:
                 raise FloatingPointError(
                     f"Merging neurons {i} and {j} of group {unit!r} would write "
                     f"non-finite or float32-overflowing weights (parent coefficients "
-                    f"{coef}); the model is unchanged. Allow prunes (actions=...) so "
-                    f"that neurons of negligible capacity are pruned instead.")
+                    f"{coef}); this merge was not applied (the model holds the steps "
+                    f"before it). Allow prunes (actions=...) so that neurons of "
+                    f"negligible capacity are pruned instead.")
             eps = float(self.editor.layer(self.graph.groups[unit].bn).epsilon)
             dead_parent = coef[4] ** 2 < eps
             active_after = self.active - (2 if dead_parent else 1)
