@@ -130,6 +130,7 @@ def main():
     print(f"  encoder init {t_init:.2f} s + run {t_run:.2f} s ({1e3 * t_run / n:.2f} ms/step)"
           f"; analyze + compress {t_an + t_init + t_run:.2f} s wall, "
           f"{c_an + c_comp:.2f} s CPU (compress alone {c_comp:.2f} s CPU)")
+    print(f"largest J of a step: {max((s.J for s in traj.steps), default=0.0):.3g}")
     print(f"peak RSS {peak_rss_gb():.2f} GB; load average {load[0]:.1f} (1 min) at end")
     if args.compare:
         keras.utils.set_random_seed(0)
