@@ -50,19 +50,20 @@ def _steps(result):
 def test_bounded_scan_reproduces_the_exhaustive_trajectory(seed, cost, options):
     """Same actions, bit for bit the same J and DR, at every step: with k = 1 and 3
     the bounds force rescans, reinsertions of merged parents and lazy re-pricing
-    (under a FLOPs budget the default cost ranks a merge by J / sqrt(FLOPs))."""
+    (under a FLOPs budget the default cost ranks a merge by J / sqrt(FLOPs));
+    "auto" uses the dense tables (every pair's bound, priced once)."""
     base = clustered_mlp(seed)
     options = dict(options)
     budget = {"flops": 0.3} if options.pop("budget", None) else {"density": 0.35}
     analysis = hope_keras.analyze(base, kernel=options.get("kernel", "approx"))
     runs = {}
-    for k in (None, 1, 3):
+    for k in (None, 1, 3, "auto"):
         model = clustered_mlp(seed)
         runs[k] = hope_keras.compress(model, cost=cost, verbose=False, merge_candidates=k,
                                       analysis=analysis, **budget, **options)
     ref = _steps(runs[None])
     assert sum(s[0] == "merge" for s in ref) >= 5  # the fixture exercises merges
-    for k in (1, 3):
+    for k in (1, 3, "auto"):
         assert _steps(runs[k]) == ref
         for a, b in zip(runs[k].trajectory.steps, runs[None].trajectory.steps):
             np.testing.assert_array_equal(a.coef, b.coef)
@@ -70,8 +71,41 @@ def test_bounded_scan_reproduces_the_exhaustive_trajectory(seed, cost, options):
 
 def test_bounded_scan_on_a_residual_net_matches_the_exhaustive_one():
     runs = [hope_keras.compress(small_resnet(seed=3), density=0.4, verbose=False,
-                                merge_candidates=k) for k in (None, 2)]
-    assert _steps(runs[0]) == _steps(runs[1])
+                                merge_candidates=k) for k in (None, 2, "auto")]
+    assert _steps(runs[0]) == _steps(runs[1]) == _steps(runs[2])
+
+
+def test_dense_tables_hold_exact_values_and_lower_bounds_after_merges():
+    """The dense table (merge_candidates="auto"): after merges, its exactly priced
+    pairs equal a cache rebuilt from the edited weights, every other pair's entry is
+    below the true residual, and each row's bound is below its live entries."""
+    model = clustered_mlp(2, widths=(30,))
+    enc = Encoder(model)
+    merges = 0
+    while merges < 8:
+        action = enc.next_action()
+        enc.execute(action)
+        merges += action.kind == "merge"
+    enc.editor.commit()
+    for name, gs in enc.groups.items():
+        table = gs.table
+        assert table.dense
+        fresh = build_group_cache(extract_group(model, walk(model).groups[name]))
+        live = np.flatnonzero(gs.pair_ok())
+        r, l = np.meshgrid(live, live, indexing="ij")
+        off = r != l
+        r, l = r[off], l[off]
+        pv = fresh.pair_values(np.minimum(r, l), np.maximum(r, l))
+        cap = fresh.capacity
+        A = cap[r] ** 2 + cap[l] ** 2
+        E = A + 2 * pv.k_cross * pv.gram_u - pv.B ** 2
+        ex = table.exact[r, l]
+        assert ex.sum() >= 10 and (~ex).sum() >= 10  # both kinds of entries checked
+        np.testing.assert_allclose(table.B[r, l][ex], pv.B[ex], rtol=1e-3, atol=1e-5)
+        err = np.abs(table.lo[r, l][ex] - E[ex])
+        assert np.all(err <= 1e-3 * np.abs(E[ex]) + 1e-4 * A[ex])
+        assert np.all(table.lo[r, l][~ex] <= E[~ex] + 1e-4 * A[~ex])
+        assert np.all(table.rowlo[r] <= table.lo[r, l])
 
 
 def test_tables_match_a_rebuild_of_the_edited_model_and_bounds_hold():

@@ -41,6 +41,12 @@ ACTIONS = ("prune", "merge", "evict")
 #: Merge candidates kept per neuron by default (`Encoder`'s ``merge_candidates``).
 DEFAULT_MERGE_CANDIDATES = 16
 
+#: With ``merge_candidates="auto"`` and the certified search, groups up to this width
+#: keep every pair (a dense table, each pair priced once); wider ones keep
+#: `DEFAULT_MERGE_CANDIDATES` partners per neuron (four n × n float64 tables of 1024
+#: neurons are 32 MB).
+DENSE_PAIRS_MAX = 1024
+
 #: Capacity, relative to the layer's initial capacity, below which a neuron only
 #: prunes (`_GroupState.pair_ok`).
 NEGLIGIBLE = 1e-9
@@ -365,10 +371,12 @@ class Encoder:
             surrogate) in its consumers' biases (`ModelEditor.prune`).
         merge_candidates: Merge partners kept per neuron (an int ``k``), or None to
             price every pair at every step (the exhaustive scan, for checking).
-            ``"auto"`` (default): `DEFAULT_MERGE_CANDIDATES` for the built-in costs,
-            whose bounds make the bounded scan select exactly the exhaustive scan's
-            pair (`hope_keras.candidates`); None for other costs (with an int they
-            get the best pair among the candidates).
+            ``"auto"`` (default): for the built-in costs, whose bounds make the
+            bounded scan select exactly the exhaustive scan's pair
+            (`hope_keras.candidates`), every pair in groups of up to
+            `DENSE_PAIRS_MAX` neurons (priced once, when its bound first matters)
+            and `DEFAULT_MERGE_CANDIDATES` in wider ones; None for other costs
+            (with an int they get the best pair among the candidates).
         merge_search: ``"certified"`` (default): rows the bounds cannot rule out are
             rescanned, so the merge selected is the exhaustive scan's. ``"top_k"``:
             each neuron keeps the k partners of smallest merge residual found when
@@ -396,6 +404,7 @@ class Encoder:
             raise ValueError(f"budget must be one of {BUDGETS}. Received: budget={budget!r}")
         self.cost = costs.get(cost)
         builtin = type(self.cost) in (costs.PaperCost, costs.HopeCost)
+        self._dense_pairs = merge_candidates == "auto" and builtin
         if merge_candidates == "auto":
             merge_candidates = DEFAULT_MERGE_CANDIDATES if builtin else None
         elif merge_candidates is not None and (
@@ -523,9 +532,11 @@ class Encoder:
 
     def _merge_table(self, gs: "_GroupState") -> MergeTable:
         k = self.merge_candidates
+        dense = (self._dense_pairs and gs.cache.size <= DENSE_PAIRS_MAX
+                 and not isinstance(gs.cache, SketchCache))
         return MergeTable(gs.cache, k, self._bound, gs.p_init, gs.pair_ok(),
                           preselect=32 if k is None else max(2 * k, 32),
-                          certify=self.merge_search == "certified")
+                          certify=self.merge_search == "certified", dense=dense)
 
     def best_group_action(self, name: str) -> Optional[Action]:
         """The group's cheapest prune or merge under the run's cost, or None."""
@@ -935,10 +946,11 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         analysis: A precomputed `hope_keras.analyze(model, kernel=...)` result.
         mean_compensation: When a neuron is pruned, add its mean output (under the
             BN surrogate) to its consumers' biases, so the layer keeps its mean.
-        merge_candidates: Merge partners kept per neuron: ``"auto"`` (default: 16
-            for the built-in costs, whose bounded scan selects exactly what the
-            exhaustive scan selects; every pair for other costs), an int, or None
-            (price every pair at every step). See `Encoder`.
+        merge_candidates: Merge partners kept per neuron: ``"auto"`` (default: for
+            the built-in costs, whose bounded scan selects exactly what the
+            exhaustive scan selects, every pair in groups of up to 1024 neurons and
+            16 in wider ones; every pair for other costs), an int, or None (price
+            every pair at every step). See `Encoder`.
         merge_search: ``"certified"`` (default: the exhaustive scan's choice) or
             ``"top_k"`` (the best pair among the kept partners). See `Encoder`.
 
