@@ -84,6 +84,8 @@ _TOL = 1e-9
 # A rescan prices the partners whose bound of R is below HEADROOM × what the
 # current best needs (HEADROOM 4: a merge cost up to about twice the best).
 HEADROOM = 4.0
+# Best pairs a dense table re-prices first at the next selection (an upper bound).
+HINTS = 8
 
 
 class MergeTable:
@@ -492,6 +494,7 @@ class MergeTable:
         # Per row, a lower bound of `lo` over its live partners (stays one as they die).
         self.rowlo = np.where(ok, np.where(ok[None, :], self.lo, np.inf).min(axis=1), np.inf)
         self._ok_seen = ok.copy()
+        self._hint = (np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp))
 
     def _price_exact(self, r, l) -> None:
         """Computes the exact values of pairs (r, l) (each unordered pair once) and
@@ -539,8 +542,17 @@ class MergeTable:
         f = self._factor(n_live)
         t = self._t_max(C, ok)
         best = float(cutoff)
-        while True:
-            # Seed: the pair of smallest bound, priced exactly (it tightens the cut).
+        # An upper bound first, to tighten the cut: the best pairs of the last
+        # selection still live and exact (their pair values have not changed).
+        hi, hj = self._hint
+        live = ok[hi] & ok[hj] & self.exact[hi, hj]
+        if live.any():
+            hi, hj = hi[live], hj[live]
+            dr = self._price(hi, hj, self.B[hi, hj], self.kc[hi, hj], self.gu[hi, hj], C,
+                             price)[0]
+            best = min(best, float(np.min(dr)))
+        while not best < np.inf:
+            # Nothing to compare with: the pair of smallest bound, priced exactly.
             rl = np.where(ok, self.rowlo, np.inf)
             r0 = int(np.argmin(rl))
             if rl[r0] == np.inf:
@@ -552,14 +564,11 @@ class MergeTable:
                 continue
             r, l = np.array([r0]), np.array([l0])
             if not self.exact[r0, l0]:
-                if best < np.inf:  # pricing one pair costs more than it saves
-                    break
                 self._price_exact(r, l)
-            best = min(best, float(self._price(r, l, self.B[r, l], self.kc[r, l],
-                                               self.gu[r, l], C, price)[0][0]))
-            break
-        if not best < np.inf:
-            return None
+            best = float(self._price(r, l, self.B[r, l], self.kc[r, l], self.gu[r, l],
+                                     C, price)[0][0])
+            if not best < np.inf:
+                return None
         cut = self._r_cut(best, f, t)
         rows = np.flatnonzero(ok & (self.rowlo <= cut))
         sub = np.where(ok[None, :], self.lo[rows], np.inf)
@@ -579,7 +588,9 @@ class MergeTable:
         if not finite.any():
             return None
         dr, J, ii, jj = dr[finite], J[finite], ii[finite], jj[finite]
-        k = np.lexsort((jj, ii, dr))[0]
+        order = np.lexsort((jj, ii, dr))
+        k = order[0]
+        self._hint = ii[order[:HINTS]], jj[order[:HINTS]]
         if not dr[k] < cutoff:
             return None
         return float(dr[k]), float(J[k]), int(ii[k]), int(jj[k])

@@ -43,7 +43,7 @@ def _f64(x):
 
 
 def _safe_div(num, den):
-    num, den = np.broadcast_arrays(_f64(num), _f64(den))
+    num, den = _f64(num), _f64(den)
     ok = den != 0
     return np.where(ok, num / np.where(ok, den, 1.0), 0.0)
 

@@ -41,7 +41,7 @@ def _phi(x):
 
 def _safe_div(num, den):
     """num / den where den != 0, 0 elsewhere (no warnings)."""
-    num, den = np.broadcast_arrays(_f64(num), _f64(den))
+    num, den = _f64(num), _f64(den)
     ok = den != 0
     with np.errstate(over="ignore"):
         return np.where(ok, num / np.where(ok, den, 1.0), 0.0)
