@@ -59,7 +59,8 @@ step prices only the pairs whose bound is below what the best needs, and ranks o
 those whose exact residual is; a merge resets the parent's row and column to bounds.
 No pair is priced twice while its neurons stand, which the k-partner rows cannot
 promise: where many pairs cost nearly the same, their rescans re-price the pairs they
-dropped (ResNet-50 @224: 12.3 s with 16 partners, 5 s dense, the same trajectory).
+dropped (ResNet-50 @224 to density 0.5: 12.5 s with 16 partners, 4.7 s dense, the same
+trajectory).
 
 ``certify=False`` (the engine's ``merge_search="top_k"``) drops the certificate for
 speed: every row is filled up front with its ``k`` partners of smallest residual
