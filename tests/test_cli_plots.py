@@ -78,9 +78,11 @@ def test_cli_compress_replay_report(model_file, tmp_path, capsys):
     topk = str(tmp_path / "topk.npz")
     status, _ = _in_process(capsys, "compress", model_file, "--density", "0.5", "--out",
                             str(tmp_path / "topk.keras"), "--trajectory", topk,
-                            "--merge-search", "top_k", "--quiet")
+                            "--merge-search", "top_k", "--correct-statistics", "auto",
+                            "--quiet")
     assert status == 0
-    assert hope_keras.Trajectory.load(topk).meta["options"]["merge_search"] == "top_k"
+    options = hope_keras.Trajectory.load(topk).meta["options"]
+    assert options["merge_search"] == "top_k" and options["correct_statistics"] == "auto"
 
 
 def test_cli_errors_have_shell_exit_codes(model_file, tmp_path, capsys):

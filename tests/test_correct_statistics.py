@@ -67,3 +67,89 @@ def test_uncompressed_model_is_unchanged_and_other_models_are_refused():
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="another model"):
         hope_keras.correct_statistics(_exact_surrogate_model(seed=2), analysis)
+
+
+def _bn_stats(model):
+    return {l.name: (l.moving_mean.numpy().copy(), l.moving_variance.numpy().copy())
+            for l in model.layers if isinstance(l, L.BatchNormalization)}
+
+
+def _two_layer_mlp(seed):
+    """fc0 → BN → ReLU → fc1 → BN → ReLU → head: merges in fc1 leave bn0 upstream."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((5,))
+    x = inputs
+    for k, w in enumerate((10, 12)):
+        x = L.ReLU()(L.BatchNormalization(name=f"fc{k}_bn")(L.Dense(w, name=f"fc{k}")(x)))
+    model = keras.Model(inputs, L.Dense(3, name="head")(x))
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, L.BatchNormalization):
+            n = layer.gamma.shape[0]
+            layer.gamma.assign(rng.uniform(0.5, 1.5, n).astype("float32"))
+            layer.beta.assign(rng.normal(0, 0.5, n).astype("float32"))
+            layer.moving_mean.assign(rng.normal(0, 0.3, n).astype("float32"))
+            layer.moving_variance.assign(rng.uniform(0.5, 2, n).astype("float32"))
+    return model
+
+
+@pytest.mark.parametrize("mode", [True, "auto"])
+def test_compress_option_equals_the_function_after_prune_only_runs(mode):
+    """After prunes only, "auto" and True both correct every BN, exactly as
+    `correct_statistics` called after the run; the option is recorded and replayed."""
+    ref = _two_layer_mlp(0)
+    ref_result = hope_keras.compress(ref, steps=6, actions=("prune",), verbose=False)
+    expected = hope_keras.correct_statistics(ref, ref_result.analysis)
+    assert sorted(expected) == ["fc0_bn", "fc1_bn"]
+    model = _two_layer_mlp(0)
+    result = hope_keras.compress(model, steps=6, actions=("prune",), verbose=False,
+                                 correct_statistics=mode)
+    assert result.trajectory.meta["options"]["correct_statistics"] == mode
+    for a, b in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    replayed = result.trajectory.replay(_two_layer_mlp(0), step=6)
+    for a, b in zip(replayed.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_auto_leaves_the_statistics_behind_merges_and_replays_prefixes():
+    """"auto": after a prune in fc0 and a merge in fc1, fc1's BN (downstream of the
+    merge) keeps its statistics; a replay decides on the steps it replays: after the
+    prune alone, fc1's BN (whose input lost a channel) is corrected."""
+    from hope_keras.engine import Action
+
+    enc = hope_keras.Encoder(_two_layer_mlp(1))
+    enc.execute(Action("prune", "fc0", 3, -1, 0.0, 0.0, 1.0, 1))
+    enc.execute(Action("merge", "fc1", 0, 1, 0.0, 0.0, 1.0, 1))
+    enc.editor.commit()
+    meta = dict(enc.trajectory.meta)
+    plain = hope_keras.Trajectory(meta, enc.trajectory.steps)
+    auto = hope_keras.Trajectory(
+        {**meta, "options": {**meta["options"], "correct_statistics": "auto"}},
+        enc.trajectory.steps)
+    for n, corrected in ((2, {"fc0_bn"}), (1, {"fc0_bn", "fc1_bn"})):
+        ref = _two_layer_mlp(1)
+        analysis = hope_keras.analyze(ref)
+        ref_stats = _bn_stats(plain.replay(ref, step=n))
+        new = hope_keras.correct_statistics(ref, analysis, exclude=["fc1"] if n == 2 else [])
+        assert set(new) == corrected
+        got = _bn_stats(auto.replay(_two_layer_mlp(1), step=n))
+        for name, (mean, var) in got.items():
+            if name in corrected:
+                if name == "fc1_bn":  # the prune in fc0 moved its input
+                    assert not np.allclose(mean, ref_stats[name][0])
+                np.testing.assert_allclose(mean, new[name][0], rtol=1e-6, atol=1e-7)
+                np.testing.assert_allclose(var, new[name][1], rtol=1e-6)
+            else:
+                np.testing.assert_array_equal(mean, ref_stats[name][0])
+                np.testing.assert_array_equal(var, ref_stats[name][1])
+
+
+def test_correction_option_and_exclude_are_validated():
+    model = _two_layer_mlp(2)
+    with pytest.raises(ValueError, match="correct_statistics must be.*Received: "
+                                         "correct_statistics='yes'"):
+        hope_keras.compress(model, steps=1, verbose=False, correct_statistics="yes")
+    analysis = hope_keras.analyze(model)
+    with pytest.raises(ValueError, match="exclude names no group.*'fc9'"):
+        hope_keras.correct_statistics(model, analysis, exclude=["fc9"])

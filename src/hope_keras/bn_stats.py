@@ -274,7 +274,7 @@ def reestimate_batchnorm_statistics(
     return result
 
 
-def correct_statistics(model, analysis) -> dict:
+def correct_statistics(model, analysis, exclude=()) -> dict:
     """Data-free correction of BatchNormalization moving statistics after compression.
 
     Every BatchNormalization layer's moving mean and variance describe its input in
@@ -298,18 +298,28 @@ def correct_statistics(model, analysis) -> dict:
     0.9): the variance it predicts after merges (parents fold correlated neurons,
     the surrogate assumes independent channels) is off by factors of 10 and more.
 
+    ``compress(..., correct_statistics="auto")`` applies it to the BatchNormalization
+    layers that only pruned channels reach: ``exclude`` names the merged groups and
+    evicted blocks, and every BatchNormalization downstream of them keeps its
+    statistics.
+
     Args:
         model: The model compressed in place.
         analysis: `hope_keras.analyze(model)` computed before compressing it (its
             ``moments`` are the reference); `compress` keeps one
             (``CompressionResult.analysis``).
+        exclude: Names of groups and residual blocks (of ``analysis``) whose edits
+            the prediction should not be trusted for (merged groups, evicted
+            blocks): BatchNormalization layers downstream of them are left as they
+            are.
 
     Returns:
         dict: Maps each corrected BatchNormalization layer's name to its new
         ``(moving_mean, moving_variance)`` (float64 numpy arrays).
 
     Raises:
-        ValueError: if `analysis` was computed on another model.
+        ValueError: if `analysis` was computed on another model, or `exclude`
+            names no group or block of it.
 
     Example:
 
@@ -334,15 +344,63 @@ def correct_statistics(model, analysis) -> dict:
             f"correct_statistics: the analysis was computed on another model than "
             f"{model.name!r}; pass hope_keras.analyze(model) taken before compressing "
             f"this model (or CompressionResult.analysis).")
-    before = analysis.moments
-    after = moments_lib.propagate(flat)
+    skip = downstream_of(analysis.graph, exclude)
+    return apply_correction(flat, analysis.moments, moments_lib.propagate(flat), skip)
+
+
+CORRECTIONS = (False, True, "auto")
+
+
+def check_correction(value):
+    """Validates `compress`'s ``correct_statistics`` option."""
+    if not any(value is v or (isinstance(v, str) and value == v) for v in CORRECTIONS):
+        raise ValueError(f"correct_statistics must be False, True or 'auto'. "
+                         f"Received: correct_statistics={value!r}")
+    return value
+
+
+def excluded_units(steps, mode) -> list:
+    """The units `correct_statistics` excludes after `steps` (a trajectory's) under
+    ``mode``: none for True; for ``"auto"`` the merged groups and evicted blocks
+    (the propagation's variances are trusted after prunes only)."""
+    if mode is True:
+        return []
+    return sorted({s.unit for s in steps if s.kind in ("merge", "evict")})
+
+
+def downstream_of(graph, names) -> set:
+    """Tensor keys of `graph.flat` that the edits of groups or residual blocks `names`
+    reach: the groups' own tensors, the blocks' ``Add`` outputs, and everything
+    computed from them."""
+    groups = graph.groups
+    blocks = {b.name: b for b in graph.blocks}
+    bad, adds = set(), set()
+    for name in names:
+        if name in groups:
+            bad |= set(groups[name].tensors)
+        elif name in blocks:
+            adds.add(blocks[name].add)
+        else:
+            raise ValueError(f"exclude names no group or residual block of the analysis. "
+                             f"Received: {name!r}")
+    for node in graph.flat.nodes:  # a topological order
+        if node.key in adds or any(t in bad for t in node.inputs):
+            bad |= set(node.outputs)
+    return bad
+
+
+def apply_correction(flat, before, after, skip=frozenset()) -> dict:
+    """Shifts each BatchNormalization's moving mean by the predicted change of its
+    input's mean and scales its moving variance by the predicted ratio of variances
+    (`before`, `after`: `hope_keras.moments.propagate` results), except where the
+    input tensor is in `skip`. Returns ``{name: (mean, variance)}`` of those changed."""
     out = {}
     for node in flat.nodes:
         bn = node.op
         if not isinstance(bn, keras.layers.BatchNormalization) or not node.inputs:
             continue
         t = node.inputs[0]
-        if t not in before or t not in after:
+        if t in skip or t not in before or t not in after:
             continue
         (m0, v0), (m1, v1) = before[t], after[t]
         if np.shape(m0) != tuple(bn.moving_mean.shape):

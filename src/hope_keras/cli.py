@@ -126,7 +126,10 @@ def _compress(args):
             model, density=args.density, params=args.params, flops=args.flops,
             steps=args.steps, cost=args.cost, actions=args.actions,
             merge_scale=args.merge_scale, refresh=args.refresh, kernel=args.kernel,
-            merge_search=args.merge_search, verbose=False if args.quiet else "auto")
+            merge_search=args.merge_search,
+            correct_statistics={"off": False, "on": True}.get(args.correct_statistics,
+                                                               args.correct_statistics),
+            verbose=False if args.quiet else "auto")
     except hope_keras.CompressionInterrupted as e:
         if args.trajectory:
             e.trajectory.save(args.trajectory)
@@ -287,6 +290,10 @@ def _parser():
     c.add_argument("--merge-search", choices=("certified", "top_k"), default="certified",
                    help="merge selection: the exhaustive scan's pair (certified, default) "
                         "or the best of each neuron's kept partners (top_k, faster)")
+    c.add_argument("--correct-statistics", choices=("off", "on", "auto"), default="off",
+                   help="after the run, correct BatchNorm moving statistics data-free: "
+                        "off (default), on (every BN) or auto (the BNs only pruned "
+                        "channels reach); see docs/deploy.md")
     c.add_argument("--latency", action="store_true",
                    help="also time the original and the slimmed model")
     c.set_defaults(fn=_compress)

@@ -26,7 +26,7 @@ from typing import Dict, Iterable, Optional
 import keras
 import numpy as np
 
-from hope_keras import costs
+from hope_keras import bn_stats, costs
 from hope_keras import layers as layer_rules
 from hope_keras.analysis import Analysis, analyze
 from hope_keras.cache import SketchCache, build_group_cache, build_sketch_cache, extract_rows
@@ -917,7 +917,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
              kernel: str = "approx", verbose="auto",
              analysis: Optional[Analysis] = None,
              mean_compensation: bool = False, merge_candidates="auto",
-             merge_search: str = "certified") -> CompressionResult:
+             merge_search: str = "certified",
+             correct_statistics=False) -> CompressionResult:
     """Compresses a Keras model in place with HOPE, data-free.
 
     The greedy encoder executes, one step at a time, the prune, merge or block
@@ -953,6 +954,12 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
             every pair at every step). See `Encoder`.
         merge_search: ``"certified"`` (default: the exhaustive scan's choice) or
             ``"top_k"`` (the best pair among the kept partners). See `Encoder`.
+        correct_statistics: After the run, correct the BatchNormalization moving
+            statistics data-free (`hope_keras.correct_statistics`): False (default),
+            True (every BatchNormalization), or ``"auto"`` (those that only pruned
+            channels reach: merges and evictions move statistics in ways the
+            prediction does not follow). Recorded in the trajectory, so
+            `Trajectory.replay` applies it too. See docs/deploy.md.
 
     Returns:
         A `CompressionResult` (``trajectory``, ``density``, ``params_ratio``,
@@ -980,6 +987,7 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, numbers.Integral)
                               or steps < 0):
         raise ValueError(f"steps must be an integer ≥ 0. Received: steps={steps!r}")
+    bn_stats.check_correction(correct_statistics)
     enc = Encoder(model, analysis=analysis, cost=cost, actions=actions,
                   merge_scale=merge_scale, refresh=refresh, kernel=kernel, verbose=verbose,
                   mean_compensation=mean_compensation, merge_candidates=merge_candidates,
@@ -1015,6 +1023,11 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
                           verbose=verbose)
     except KeyboardInterrupt as e:
         raise CompressionInterrupted(enc.trajectory, enc) from e
+    enc.trajectory.meta["options"]["correct_statistics"] = correct_statistics
+    if correct_statistics:
+        bn_stats.correct_statistics(
+            model, enc.analysis,
+            exclude=bn_stats.excluded_units(enc.trajectory.steps, correct_statistics))
     return CompressionResult(
         trajectory=enc.trajectory,
         density=enc.active / enc.num_neurons,

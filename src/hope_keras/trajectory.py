@@ -267,6 +267,10 @@ class Trajectory:
                flops: Optional[float] = None):
         """Applies the first steps of the trajectory to the original model, in place.
 
+        Options that `compress` recorded act as they did there: mean compensation at
+        each prune, and ``correct_statistics`` after the last step replayed (decided
+        on the steps replayed).
+
         Args:
             model: The model the trajectory was recorded on, before compression
                 (checked by fingerprint unless ``check=False``).
@@ -320,9 +324,11 @@ class Trajectory:
                  f"does not fit model '{model.name}'")
         self._check_steps({k: v.size for k, v in g.groups.items()},
                           {b.name for b in g.blocks if b.evictable}, n_steps, where)
-        compensate = self.meta.get("options", {}).get("mean_compensation", False)
+        options = self.meta.get("options", {})
+        compensate = options.get("mean_compensation", False)
+        correct = options.get("correct_statistics", False)
         moments = None
-        if compensate:
+        if compensate or correct:
             from hope_keras import moments as moments_lib
 
             moments = moments_lib.propagate(g.flat)
@@ -331,6 +337,12 @@ class Trajectory:
             with editor.step():
                 apply_step(editor, s)
         editor.commit()
+        if correct:  # as `compress(correct_statistics=...)` did after its run
+            from hope_keras import bn_stats
+
+            skip = bn_stats.downstream_of(g, bn_stats.excluded_units(self.steps[:n_steps],
+                                                                     correct))
+            bn_stats.apply_correction(g.flat, moments, moments_lib.propagate(g.flat), skip)
         return model
 
 
