@@ -60,7 +60,8 @@ RESULTS = REPO / "benchmarks" / "results"
 TARGETS = (0.9, 0.8, 0.7, 0.6, 0.5)
 AXES = ("density", "flops")
 SPLITS = ("sel", "heldout")
-HOPE = {"hope": {}, "hope_mc": {"mean_compensation": True}}
+HOPE = {"hope": {}, "hope_mc": {"mean_compensation": True},
+        "hope_auto": {"correct_statistics": "auto"}}
 BASELINES = tuple(f"{m}_{s}{mc}" for m in ("l1_input", "l1_joint", "bn_scale")
                   for s in ("global", "layer") for mc in ("", "_mc"))
 # After the edit, data-free BN statistics correction (`hope_keras.correct_statistics`,
@@ -187,10 +188,13 @@ class Bench:
         N = self.analysis.num_neurons
         self.reset()
         t0 = time.perf_counter()
-        enc = Encoder(self.model, analysis=self.analysis, **HOPE[name])
+        opts = dict(HOPE[name])
+        correct = opts.pop("correct_statistics", False)  # compress's step after the run
+        enc = Encoder(self.model, analysis=self.analysis, **opts)
         stopped = enc.run(**{axis: min(TARGETS)}, verbose=False)
         note = {"seconds": round(time.perf_counter() - t0, 2), "stopped": stopped}
         traj = enc.trajectory
+        traj.meta["options"]["correct_statistics"] = correct  # as compress records it
         points = []
         for t in TARGETS:
             self.reset()

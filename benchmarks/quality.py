@@ -52,6 +52,8 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   and the same with ``_mc`` (``mean_compensation=True``); ``nm_global`` /
   ``nm_layer`` (Neuron Merging, t = 0). On the params / FLOPs axes a baseline's
   neuron count is searched (bisection) for the first point at or below the ratio.
+* ``hope_auto``: the default with ``compress(correct_statistics="auto")`` (the BNs
+  that only pruned channels reach are corrected after the run; replays apply it).
 * Statistics correction: ``hope_sc`` and every baseline name with ``_sc``
   (``bn_scale_layer_sc``, ``nm_layer_sc`` …): the method, then, at every point, on
   the model edited in place (after each replay or direct run),
@@ -186,6 +188,7 @@ def hope_methods(ctx):
         "hope": (dict(), AXES),
         "hope_topk": (dict(merge_search="top_k"), AXES),
         "hope_sc": (dict(), AXES),  # + correct_statistics at every point (Bench.point)
+        "hope_auto": (dict(correct_statistics="auto"), AXES),
         "hope_alpha_merge": (dict(cost=order(0.0, alpha_merge=True)), ("density",)),
         "hope_prev": (dict(cost=order(0.0, alpha_merge=True)), AXES),
         "hope_paper": (dict(cost="paper"), AXES),
@@ -212,7 +215,7 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_sc", "hope_topk", "hope_alpha_merge", "hope_prev", "hope_paper",
+HOPE_NAMES = ("hope", "hope_sc", "hope_auto", "hope_topk", "hope_alpha_merge", "hope_prev", "hope_paper",
               "hope_neurons", "hope_mc", "hope_neighbors", "hope_prune",
               "hope_prune_mc", "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
               "rank_gamma_prune", "rank_u_prune", "hope_width_b50", "order_a0", "order_a25",
@@ -424,6 +427,8 @@ class Bench:
         from hope_keras.engine import Encoder
 
         opts, _ = self.hope[name]
+        opts = dict(opts)
+        correct = opts.pop("correct_statistics", False)  # compress's step after the run
         N = self.analysis.num_neurons
         targets = self.targets(axis)
         points, note = [], {}
@@ -446,6 +451,7 @@ class Bench:
             reason = enc.run(**{axis: min(targets)}, verbose=False)
         note["seconds"] = round(time.perf_counter() - t0, 2)
         traj = enc.trajectory
+        traj.meta["options"]["correct_statistics"] = correct  # replays apply it, as compress
         note["stopped"] = reason
         note["steps"] = {k: int(np.sum(traj.field("kind") == k))
                          for k in ("prune", "merge", "evict")} if len(traj) else {}
@@ -457,7 +463,8 @@ class Bench:
                     continue
                 if self.direct:
                     res = hope_keras.compress(self.model, density=d, analysis=self.analysis,
-                                              verbose=False, **opts)
+                                              verbose=False, correct_statistics=correct,
+                                              **opts)
                     tr, n = res.trajectory, len(res.trajectory)
                 else:
                     tr = traj
@@ -642,6 +649,7 @@ LABELS = {
     "hope": "**HOPE default** (`cost=\"hope\"`)",
     "hope_topk": "HOPE `merge_search=\"top_k\"` (uncertified merge search)",
     "hope_sc": "HOPE + `correct_statistics`",
+    "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
     "hope_alpha_merge": "HOPE, merges priced by α* (default before 2d3a04b)",
     "hope_prev": "HOPE cost of 864cb63 (α* merge cost, J per neuron)",
     "hope_paper": "HOPE `cost=\"paper\"`",
