@@ -119,6 +119,7 @@ def _costs():
         the capacity). Merges, evictions and the ranking are the default's."""
 
         def __init__(self, score):
+            super().__init__()  # the default's scope (residual streams whole)
             self.score = score
             self.name = f"hope_rank_{score}"
 
@@ -135,6 +136,7 @@ def _costs():
         parent (``J_merge`` without ``n``), as the default did before this benchmark."""
 
         def __init__(self, alpha, mean_params, mean_flops, alpha_merge=False):
+            super().__init__()  # the default's scope (residual streams whole)
             self.alpha, self.m = alpha, {"params": mean_params, "flops": mean_flops}
             self.alpha_merge = alpha_merge
             self.name = f"hope_order_a{alpha:g}" + ("_alpha_merge" if alpha_merge else "")
@@ -158,6 +160,7 @@ def _costs():
         log-capacity model), β = 1 keeps equal fractions per layer."""
 
         def __init__(self, beta, mean_n0):
+            super().__init__()  # the default's scope (residual streams whole)
             self.beta, self.mean_n0 = beta, mean_n0
             self.name = f"hope_width_b{beta:g}"
 

@@ -534,3 +534,16 @@ def test_dead_neurons_are_pruned_not_merged_into_an_overflowing_parent():
     assert merges and all(np.all(np.abs(s.coef) < 1e3) for s in merges)
     assert {s.i for s in steps[:6] if s.kind == "prune"} == set(dead.tolist())
     assert all(np.all(np.isfinite(w)) for w in model.get_weights())
+
+
+def test_neighbor_refresh_skips_groups_the_cost_leaves_whole():
+    """refresh="neighbors" on the demo CNN, whose residual stream the default cost
+    leaves whole: the stream group is a neighbour with no cache to rebuild (this
+    raised KeyError: 'conv2'); the run edits exactly (slim equals in place)."""
+    from hope_keras.data import load_demo_data, load_demo_model
+
+    model = load_demo_model()
+    result = hope_keras.compress(model, density=0.4, refresh="neighbors", verbose=False)
+    assert result.density == pytest.approx(0.4, abs=0.01)
+    x = load_demo_data()[0][:64]
+    assert outputs_equal(hope_keras.slim(model), model, x)

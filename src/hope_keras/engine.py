@@ -517,7 +517,10 @@ class Encoder:
             nb |= {other for other, h in self.graph.groups.items()
                    if any(c.layer == g.producer for c in h.consumers)}
             out[name] = nb - {name}
-        return out
+        # Only the groups the run prices have caches to rebuild (the default cost
+        # leaves residual streams out).
+        priced = set(self.groups)
+        return {name: nb & priced for name, nb in out.items() if name in priced}
 
     def _rank_info(self, kind, unit, neurons, p_init, group=None, sizes=None):
         if sizes is not None:
