@@ -34,7 +34,8 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   on the paper's neuron layers only, as ``cost="paper"``: residual streams and other
   coupled groups stay whole),
   ``hope_neighbors`` (``refresh="neighbors"``), ``hope_prune``
-  (prune only), ``hope_mc``, ``hope_prune_mc`` (``mean_compensation=True``),
+  (prune only), ``hope_prune_sc`` (prune only + statistics correction, below),
+  ``hope_mc``, ``hope_prune_mc`` (``mean_compensation=True``),
   ``hope_merge_paper`` (``merge_scale="paper"`` with the α* merge cost that prices
   it), ``hope_width_b50`` (each layer's costs weighted by ``sqrt(n0 / mean n0)``),
   and the within-layer ranking experiments ``rank_k`` / ``rank_gamma`` / ``rank_u``
@@ -54,7 +55,7 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   neuron count is searched (bisection) for the first point at or below the ratio.
 * ``hope_auto``: the default with ``compress(correct_statistics="auto")`` (the BNs
   that only pruned channels reach are corrected after the run; replays apply it).
-* Statistics correction: ``hope_sc`` and every baseline name with ``_sc``
+* Statistics correction: ``hope_sc``, ``hope_prune_sc`` and every baseline name with ``_sc``
   (``bn_scale_layer_sc``, ``nm_layer_sc`` …): the method, then, at every point, on
   the model edited in place (after each replay or direct run),
   ``hope_keras.correct_statistics(model, analysis)`` with the analysis of the
@@ -199,6 +200,7 @@ def hope_methods(ctx):
         "hope_mc": (dict(mean_compensation=True), AXES),
         "hope_neighbors": (dict(refresh="neighbors"), ("density",)),
         "hope_prune": (dict(actions=("prune",)), ("density",)),
+        "hope_prune_sc": (dict(actions=("prune",)), ("density",)),  # + correct_statistics
         "hope_prune_mc": (dict(actions=("prune",), mean_compensation=True), ("density",)),
         "hope_merge_paper": (dict(merge_scale="paper", cost=order(0.0, alpha_merge=True)),
                              ("density",)),
@@ -218,8 +220,9 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_sc", "hope_auto", "hope_topk", "hope_alpha_merge", "hope_prev", "hope_paper",
-              "hope_neurons", "hope_mc", "hope_neighbors", "hope_prune",
+HOPE_NAMES = ("hope", "hope_sc", "hope_auto", "hope_topk", "hope_alpha_merge", "hope_prev",
+              "hope_paper", "hope_neurons", "hope_mc", "hope_neighbors", "hope_prune",
+              "hope_prune_sc",
               "hope_prune_mc", "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
               "rank_gamma_prune", "rank_u_prune", "hope_width_b50", "order_a0", "order_a25",
               "order_a50", "order_a75", "order_param")
@@ -660,6 +663,7 @@ LABELS = {
     "hope_mc": "HOPE + mean compensation",
     "hope_neighbors": "HOPE `refresh=\"neighbors\"`",
     "hope_prune": "HOPE prune-only",
+    "hope_prune_sc": "HOPE prune-only + `correct_statistics`",
     "hope_prune_mc": "HOPE prune-only + mean comp.",
     "hope_merge_paper": "HOPE `merge_scale=\"paper\"` (α* merge cost)",
     "rank_k": "exp: rank by sqrt(K_ii)",
