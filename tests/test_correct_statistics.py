@@ -153,3 +153,34 @@ def test_correction_option_and_exclude_are_validated():
     analysis = hope_keras.analyze(model)
     with pytest.raises(ValueError, match="exclude names no group.*'fc9'"):
         hope_keras.correct_statistics(model, analysis, exclude=["fc9"])
+
+
+def test_auto_skips_what_a_moved_residual_sum_reaches():
+    """On a residual net: pruning c2 (after the block) moves fc's BN input, which
+    "auto" corrects; pruning b1a (inside the branch) moves b1b's BN (corrected) and
+    the Add's input, and then every BN after the Add keeps its statistics (the
+    propagation adds the branch and the shortcut as if independent). True corrects
+    them all."""
+    from conftest import small_resnet
+    from hope_keras.engine import Action
+
+    enc = hope_keras.Encoder(small_resnet(seed=3), actions=("prune",))
+    enc.execute(Action("prune", "c2", 0, -1, 0.0, 0.0, 1.0, 1))
+    enc.execute(Action("prune", "b1a", 1, -1, 0.0, 0.0, 1.0, 1))
+    meta = dict(enc.trajectory.meta)
+
+    def replay(mode, n):
+        t = hope_keras.Trajectory({**meta, "options": {**meta["options"],
+                                                        "correct_statistics": mode}},
+                                  enc.trajectory.steps)
+        return _bn_stats(t.replay(small_resnet(seed=3), step=n))
+
+    for n, moved, kept in ((1, {"fc_bn"}, set()), (2, {"b1b_bn"}, {"c2_bn", "fc_bn"})):
+        plain, auto, every = replay(False, n), replay("auto", n), replay(True, n)
+        for name in moved:
+            assert not np.allclose(auto[name][0], plain[name][0]), (n, name)
+            np.testing.assert_allclose(auto[name][0], every[name][0], rtol=1e-6)
+        for name in kept:
+            np.testing.assert_array_equal(auto[name][0], plain[name][0])
+            np.testing.assert_array_equal(auto[name][1], plain[name][1])
+            assert not np.allclose(every[name][1], plain[name][1]), (n, name)

@@ -298,10 +298,10 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
     0.9): the variance it predicts after merges (parents fold correlated neurons,
     the surrogate assumes independent channels) is off by factors of 10 and more.
 
-    ``compress(..., correct_statistics="auto")`` applies it to the BatchNormalization
-    layers that only pruned channels reach: ``exclude`` names the merged groups and
-    evicted blocks, and every BatchNormalization downstream of them keeps its
-    statistics.
+    ``compress(..., correct_statistics="auto")`` applies it only where the
+    prediction's independence assumptions survive the edits: not downstream of a
+    merged group, an evicted block, or a sum (a residual ``Add``) whose input moved
+    (`untrusted_tensors`). ``exclude`` names groups and blocks to leave out here.
 
     Args:
         model: The model compressed in place.
@@ -359,32 +359,43 @@ def check_correction(value):
     return value
 
 
-def excluded_units(steps, mode) -> list:
-    """The units `correct_statistics` excludes after `steps` (a trajectory's) under
-    ``mode``: none for True; for ``"auto"`` the merged groups and evicted blocks
-    (the propagation's variances are trusted after prunes only)."""
+def untrusted_tensors(graph, steps, mode) -> set:
+    """Tensor keys whose predicted moments ``compress(correct_statistics=mode)`` does
+    not trust after `steps` (a trajectory's): none for True; for ``"auto"``
+    everything downstream of a merged group or an evicted block, and of a sum or
+    product of tensors (``Add``, ``Multiply``, …) one of whose inputs the edits
+    moved. The propagation treats a merged parent's children, and a sum's inputs
+    (a residual branch and its shortcut), as independent; after prunes elsewhere
+    its predictions are what the correction was measured on."""
     if mode is True:
-        return []
-    return sorted({s.unit for s in steps if s.kind in ("merge", "evict")})
+        return set()
+    from hope_keras import layers as layer_rules
+
+    moved = downstream_of(graph, {s.unit for s in steps})
+    sums = {node.key for node in graph.flat.nodes
+            if layer_rules.role_of(node.op, node) == "merge"
+            and any(t in moved for t in node.inputs)}
+    folded = {s.unit for s in steps if s.kind in ("merge", "evict")}
+    return downstream_of(graph, folded, nodes=sums)
 
 
-def downstream_of(graph, names) -> set:
+def downstream_of(graph, names, nodes=()) -> set:
     """Tensor keys of `graph.flat` that the edits of groups or residual blocks `names`
-    reach: the groups' own tensors, the blocks' ``Add`` outputs, and everything
-    computed from them."""
+    reach: the groups' own tensors, the blocks' ``Add`` outputs, the outputs of the
+    graph nodes (keys) `nodes`, and everything computed from them."""
     groups = graph.groups
     blocks = {b.name: b for b in graph.blocks}
-    bad, adds = set(), set()
+    bad, sources = set(), set(nodes)
     for name in names:
         if name in groups:
             bad |= set(groups[name].tensors)
         elif name in blocks:
-            adds.add(blocks[name].add)
+            sources.add(blocks[name].add)
         else:
             raise ValueError(f"exclude names no group or residual block of the analysis. "
                              f"Received: {name!r}")
     for node in graph.flat.nodes:  # a topological order
-        if node.key in adds or any(t in bad for t in node.inputs):
+        if node.key in sources or any(t in bad for t in node.inputs):
             bad |= set(node.outputs)
     return bad
 

@@ -959,9 +959,10 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
             ``"top_k"`` (the best pair among the kept partners). See `Encoder`.
         correct_statistics: After the run, correct the BatchNormalization moving
             statistics data-free (`hope_keras.correct_statistics`): False (default),
-            True (every BatchNormalization), or ``"auto"`` (those that only pruned
-            channels reach: merges and evictions move statistics in ways the
-            prediction does not follow). Recorded in the trajectory, so
+            True (every BatchNormalization), or ``"auto"`` (only where the
+            prediction's independence assumptions hold: not downstream of a merge,
+            an eviction, or a residual ``Add`` whose input moved). Recorded in the
+            trajectory, so
             `Trajectory.replay` applies it too. See docs/deploy.md.
 
     Returns:
@@ -1028,9 +1029,12 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         raise CompressionInterrupted(enc.trajectory, enc) from e
     enc.trajectory.meta["options"]["correct_statistics"] = correct_statistics
     if correct_statistics:
-        bn_stats.correct_statistics(
-            model, enc.analysis,
-            exclude=bn_stats.excluded_units(enc.trajectory.steps, correct_statistics))
+        from hope_keras import moments as moments_lib
+
+        graph = enc.analysis.graph
+        bn_stats.apply_correction(
+            graph.flat, enc.analysis.moments, moments_lib.propagate(graph.flat),
+            bn_stats.untrusted_tensors(graph, enc.trajectory.steps, correct_statistics))
     return CompressionResult(
         trajectory=enc.trajectory,
         density=enc.active / enc.num_neurons,

@@ -340,8 +340,7 @@ class Trajectory:
         if correct:  # as `compress(correct_statistics=...)` did after its run
             from hope_keras import bn_stats
 
-            skip = bn_stats.downstream_of(g, bn_stats.excluded_units(self.steps[:n_steps],
-                                                                     correct))
+            skip = bn_stats.untrusted_tensors(g, self.steps[:n_steps], correct)
             bn_stats.apply_correction(g.flat, moments, moments_lib.propagate(g.flat), skip)
         return model
 
