@@ -44,6 +44,7 @@ Result: ``benchmarks/results/nonrelu_quality_<model>.json``.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -60,8 +61,10 @@ RESULTS = REPO / "benchmarks" / "results"
 TARGETS = (0.9, 0.8, 0.7, 0.6, 0.5)
 AXES = ("density", "flops")
 SPLITS = ("sel", "heldout")
+# "hope" is `compress`'s default (its correct_statistics default included).
 HOPE = {"hope": {}, "hope_mc": {"mean_compensation": True},
-        "hope_auto": {"correct_statistics": "auto"}}
+        "hope_auto": {"correct_statistics": "auto"},
+        "hope_nocorr": {"correct_statistics": False}}
 BASELINES = tuple(f"{m}_{s}{mc}" for m in ("l1_input", "l1_joint", "bn_scale")
                   for s in ("global", "layer") for mc in ("", "_mc"))
 # After the edit, data-free BN statistics correction (`hope_keras.correct_statistics`,
@@ -181,6 +184,7 @@ class Bench:
                 "acc": acc, "agree": agree, "alive": alive}
 
     def run_hope(self, name, axis):
+        import hope_keras
         from hope_keras.engine import Encoder
 
         sc = name.endswith("_sc")
@@ -189,7 +193,12 @@ class Bench:
         self.reset()
         t0 = time.perf_counter()
         opts = dict(HOPE[name])
-        correct = opts.pop("correct_statistics", False)  # compress's step after the run
+        # compress's step after the run (the Encoder does not take it): `hope` is the
+        # default; other variants (and `hope_sc`, corrected in `point`) go without
+        # unless they set it.
+        default = inspect.signature(hope_keras.compress).parameters["correct_statistics"]
+        correct = opts.pop("correct_statistics",
+                           default.default if name == "hope" and not sc else False)
         enc = Encoder(self.model, analysis=self.analysis, **opts)
         stopped = enc.run(**{axis: min(TARGETS)}, verbose=False)
         note = {"seconds": round(time.perf_counter() - t0, 2), "stopped": stopped}

@@ -53,8 +53,11 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   and the same with ``_mc`` (``mean_compensation=True``); ``nm_global`` /
   ``nm_layer`` (Neuron Merging, t = 0). On the params / FLOPs axes a baseline's
   neuron count is searched (bisection) for the first point at or below the ratio.
-* ``hope_auto``: the default with ``compress(correct_statistics="auto")`` (the BNs
-  that only pruned channels reach are corrected after the run; replays apply it).
+* ``hope_auto``, ``hope_prune_auto``, ``hope_nocorr``: the default and prune-only
+  HOPE with ``compress(correct_statistics="auto")`` (the default since it was
+  measured; ``hope_nocorr``: False) (BN statistics corrected after the run
+  where `hope_keras.bn_stats.untrusted_tensors` trusts the prediction; replays
+  apply it).
 * Statistics correction: ``hope_sc``, ``hope_prune_sc`` and every baseline name with ``_sc``
   (``bn_scale_layer_sc``, ``nm_layer_sc`` …): the method, then, at every point, on
   the model edited in place (after each replay or direct run),
@@ -108,6 +111,16 @@ SPLIT_NAMES = {"sel": "selection split (2000 bundled test images)",
 # Neuron Merging paper (Kim et al. 2020), LeNet-300-100 on Fashion-MNIST,
 # 80 % of the hidden neurons removed per layer, no fine-tuning.
 NM_PAPER_LENET = {"baseline": 89.80, "prune": 66.76, "neuron_merging": 80.02}
+
+
+def compress_default(option):
+    """`hope_keras.compress`'s default for `option` (the benchmark's ``hope`` is the
+    default)."""
+    import inspect
+
+    import hope_keras
+
+    return inspect.signature(hope_keras.compress).parameters[option].default
 
 
 # -------------------------------------------------------------- experimental costs
@@ -193,6 +206,8 @@ def hope_methods(ctx):
         "hope_topk": (dict(merge_search="top_k"), AXES),
         "hope_sc": (dict(), AXES),  # + correct_statistics at every point (Bench.point)
         "hope_auto": (dict(correct_statistics="auto"), AXES),
+        "hope_nocorr": (dict(correct_statistics=False), AXES),
+        "hope_prune_auto": (dict(actions=("prune",), correct_statistics="auto"), ("density",)),
         "hope_alpha_merge": (dict(cost=order(0.0, alpha_merge=True)), ("density",)),
         "hope_prev": (dict(cost=order(0.0, alpha_merge=True)), AXES),
         "hope_paper": (dict(cost="paper"), AXES),
@@ -220,10 +235,10 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_sc", "hope_auto", "hope_topk", "hope_alpha_merge", "hope_prev",
-              "hope_paper", "hope_neurons", "hope_mc", "hope_neighbors", "hope_prune",
-              "hope_prune_sc",
-              "hope_prune_mc", "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
+HOPE_NAMES = ("hope", "hope_sc", "hope_auto", "hope_nocorr", "hope_topk", "hope_alpha_merge",
+              "hope_prev", "hope_paper", "hope_neurons", "hope_mc", "hope_neighbors",
+              "hope_prune", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
+              "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
               "rank_gamma_prune", "rank_u_prune", "hope_width_b50", "order_a0", "order_a25",
               "order_a50", "order_a75", "order_param")
 BASELINES = tuple(f"{m}_{s}{mc}" for m in ("l1_input", "l1_joint", "bn_scale")
@@ -434,7 +449,11 @@ class Bench:
 
         opts, _ = self.hope[name]
         opts = dict(opts)
-        correct = opts.pop("correct_statistics", False)  # compress's step after the run
+        # compress's step after the run (the Encoder does not take it): `hope` is the
+        # default; every other variant measures its own change alone (no statistics
+        # correction) unless it sets one (the `_sc` methods correct in `point`).
+        correct = opts.pop("correct_statistics",
+                           compress_default("correct_statistics") if name == "hope" else False)
         N = self.analysis.num_neurons
         targets = self.targets(axis)
         points, note = [], {}
@@ -656,6 +675,8 @@ LABELS = {
     "hope_topk": "HOPE `merge_search=\"top_k\"` (uncertified merge search)",
     "hope_sc": "HOPE + `correct_statistics`",
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
+    "hope_prune_auto": "HOPE prune-only, `correct_statistics=\"auto\"`",
+    "hope_nocorr": "HOPE `correct_statistics=False`",
     "hope_alpha_merge": "HOPE, merges priced by α* (default before 2d3a04b)",
     "hope_prev": "HOPE cost of 864cb63 (α* merge cost, J per neuron)",
     "hope_paper": "HOPE `cost=\"paper\"`",

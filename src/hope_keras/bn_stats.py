@@ -290,18 +290,18 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
     statistics. With data, `reestimate_batchnorm_statistics` (or `hope_keras.recover`)
     measures them instead, and does better.
 
-    It is not part of `compress`, by measurement (docs/benchmarks.md, "BN statistics
-    correction"): after magnitude pruning (`hope_keras.baselines`) of the demo CNN and
-    VGG-8 it adds 11–17 points on average, and 14–28 points at densities 0.8–0.7 to
-    HOPE on a swish CNN (prunes only), but after HOPE's default runs it loses
-    accuracy on every model we measured (up to 60 points on ResNet-50 at density
-    0.9): the variance it predicts after merges (parents fold correlated neurons,
-    the surrogate assumes independent channels) is off by factors of 10 and more.
-
-    ``compress(..., correct_statistics="auto")`` applies it only where the
-    prediction's independence assumptions survive the edits: not downstream of a
-    merged group, an evicted block, or a sum (a residual ``Add``) whose input moved
-    (`untrusted_tensors`). ``exclude`` names groups and blocks to leave out here.
+    Correcting every BN is not what `compress` does, by measurement (docs/benchmarks.md,
+    "BN statistics correction"): after magnitude pruning (`hope_keras.baselines`) of
+    the demo CNN and VGG-8 it adds 11–17 points on average, and 14–28 points at
+    densities 0.8–0.7 to HOPE on a swish CNN (prunes only), but after HOPE's merges
+    it loses accuracy on every model we measured (up to 60 points on ResNet-50 at
+    density 0.9): the variance it predicts after merges (parents fold correlated
+    neurons, the surrogate assumes independent channels) is off by factors of 10 and
+    more. ``compress(..., correct_statistics="auto")``, the default, applies it only
+    where the prediction's independence assumptions survive the edits: not
+    downstream of a merged group, an evicted block, or a sum (a residual ``Add``)
+    whose input moved (`untrusted_tensors`). ``exclude`` names groups and blocks to
+    leave out here.
 
     Args:
         model: The model compressed in place.
@@ -330,7 +330,8 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
     >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization(name="bn1")(x))
     >>> x = keras.layers.BatchNormalization(name="bn2")(keras.layers.Dense(4)(x))
     >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
-    >>> result = hope_keras.compress(model, density=0.5, actions=("prune",), verbose=False)
+    >>> result = hope_keras.compress(model, density=0.5, actions=("prune",), verbose=False,
+    ...                              correct_statistics=False)
     >>> new = hope_keras.correct_statistics(model, result.analysis)
     >>> sorted(new)
     ['bn1', 'bn2']

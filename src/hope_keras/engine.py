@@ -921,7 +921,7 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
              analysis: Optional[Analysis] = None,
              mean_compensation: bool = False, merge_candidates="auto",
              merge_search: str = "certified",
-             correct_statistics=False) -> CompressionResult:
+             correct_statistics="auto") -> CompressionResult:
     """Compresses a Keras model in place with HOPE, data-free.
 
     The greedy encoder executes, one step at a time, the prune, merge or block
@@ -958,11 +958,12 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         merge_search: ``"certified"`` (default: the exhaustive scan's choice) or
             ``"top_k"`` (the best pair among the kept partners). See `Encoder`.
         correct_statistics: After the run, correct the BatchNormalization moving
-            statistics data-free (`hope_keras.correct_statistics`): False (default),
-            True (every BatchNormalization), or ``"auto"`` (only where the
-            prediction's independence assumptions hold: not downstream of a merge,
-            an eviction, or a residual ``Add`` whose input moved). Recorded in the
-            trajectory, so
+            statistics data-free (`hope_keras.correct_statistics`): ``"auto"``
+            (default: only where the prediction's independence assumptions hold,
+            not downstream of a merge, an eviction, or a residual ``Add`` whose
+            input moved; on ReLU networks the default run merges first, so this is
+            mostly a no-op there), True (every BatchNormalization) or False.
+            Recorded in the trajectory, so
             `Trajectory.replay` applies it too. See docs/deploy.md.
 
     Returns:
