@@ -884,6 +884,25 @@ def decisions(results):
               ["hope", "hope_sc"] + sc_pairs, axis,
               dens if axis == "density" else "Mean accuracy % over the FLOPs ratios "
               "0.9…0.3 every listed method reached.", needs=["hope_sc"] + sc_pairs[1::2])
+    for axis in AXES:
+        block(f"`compress(correct_statistics=\"auto\")`, the default's correction ({axis} axis)",
+              ["hope", "hope_auto", "hope_prune", "hope_prune_sc", "hope_prune_auto"], axis,
+              dens if axis == "density" else f"Mean accuracy % over the {axis} ratios "
+              "0.9…0.3 every listed method reached.", needs=["hope_auto"])
+        diffs = []
+        for m in MODELS:
+            r = results.get(m)
+            if not r or not r["results"].get("hope_auto", {}).get(axis):
+                continue
+            d = [abs(acc_at(r, "hope_auto", axis, p["target"], s)
+                     - acc_at(r, "hope", axis, p["target"], s))
+                 for p in r["results"]["hope_auto"][axis] for s in SPLITS
+                 if acc_at(r, "hope", axis, p["target"], s) is not None]
+            if d:
+                diffs.append(f"{m} {max(d):.2f} ({len(d)} points)")
+        if diffs:
+            lines.append(f"\n`hope_auto` against `hope` ({axis} axis), largest absolute "
+                         "difference at any point and split: " + ", ".join(diffs) + ".")
     for axis in ("params", "flops"):
         block(f"Ordering under a {axis}= budget",
               ["hope", "order_a0", "order_a25", "order_a50", "order_a75", "order_param",
