@@ -75,18 +75,25 @@ def test_bounded_scan_on_a_residual_net_matches_the_exhaustive_one():
     assert _steps(runs[0]) == _steps(runs[1]) == _steps(runs[2])
 
 
-def test_dense_tables_hold_exact_values_and_lower_bounds_after_merges():
-    """The dense table (merge_candidates="auto"): after merges, its exactly priced
-    pairs equal a cache rebuilt from the edited weights, every other pair's entry is
-    below the true residual, and each row's bound is below its live entries."""
+def _after_merges(count, **options):
+    """A one-hidden-layer clustered MLP after `count` merges of the greedy engine
+    (edits committed): ``(model, encoder)``."""
     model = clustered_mlp(2, widths=(30,))
-    enc = Encoder(model)
+    enc = Encoder(model, **options)
     merges = 0
-    while merges < 8:
+    while merges < count:
         action = enc.next_action()
         enc.execute(action)
         merges += action.kind == "merge"
     enc.editor.commit()
+    return model, enc
+
+
+def test_dense_tables_hold_exact_values_and_lower_bounds_after_merges():
+    """The dense table (merge_candidates="auto"): after merges, its exactly priced
+    pairs equal a cache rebuilt from the edited weights, every other pair's entry is
+    below the true residual, and each row's bound is below its live entries."""
+    model, enc = _after_merges(8)
     for name, gs in enc.groups.items():
         table = gs.table
         assert table.dense
@@ -113,14 +120,7 @@ def test_tables_match_a_rebuild_of_the_edited_model_and_bounds_hold():
     edited weights, and every live partner outside a row satisfies its bounds (one
     hidden layer: with refresh="local" a group's cache is, by design, not updated
     for its neighbours' edits)."""
-    model = clustered_mlp(2, widths=(30,))
-    enc = Encoder(model, merge_candidates=3)
-    merges = 0
-    while merges < 8:
-        action = enc.next_action()
-        enc.execute(action)
-        merges += action.kind == "merge"
-    enc.editor.commit()
+    model, enc = _after_merges(8, merge_candidates=3)
     for name, gs in enc.groups.items():
         table = gs.table
         fresh = build_group_cache(extract_group(model, walk(model).groups[name]))
