@@ -257,7 +257,8 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
     n = group.size
     filters, p_init = [], np.zeros(n)
     bias = np.zeros(n)
-    for c in group.couplings:
+    slices = {}  # each reader coupling's slices, read once (p_init, then u)
+    for k, c in enumerate(group.couplings):
         layer = get(c.layer)
         rule = layer_rules.get(layer)
         if c.role == "out":
@@ -277,7 +278,8 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
                 p_init += np.take(arr, c.positions[:, :1].reshape(-1), axis=w.axis).reshape(
                     n, -1).shape[1]
         else:
-            for rows in reader_slices(layer, c.positions):
+            slices[k] = reader_slices(layer, c.positions)
+            for rows in slices[k]:
                 p_init += np.count_nonzero(rows, axis=1)
     bn_coupling = next((c for c in group.couplings if c.role == "channel"
                         and isinstance(get(c.layer), keras.layers.BatchNormalization)), None)
@@ -287,8 +289,8 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
                                        for a in bn_arrays(get(bn_coupling.layer)))
     else:
         gamma, beta, mean, var, eps = np.ones(n), np.zeros(n), np.zeros(n), np.ones(n), 0.0
-    parts = [np.concatenate(reader_slices(get(c.layer), c.positions), axis=1)
-             for c in group.readers]
+    parts = [np.concatenate(slices[k], axis=1)
+             for k, c in enumerate(group.couplings) if c.role == "in"]
     split = [0]
     for p in parts:
         split.append(split[-1] + p.shape[1])
