@@ -33,8 +33,9 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   the benchmark converts, see `Bench.run_hope`), ``hope_neurons`` (the default cost
   on the paper's neuron layers only, as ``cost="paper"``: residual streams and other
   coupled groups stay whole),
-  ``hope_neighbors`` (``refresh="neighbors"``), ``hope_prune``
-  (prune only), ``hope_prune_sc`` (prune only + statistics correction, below),
+  ``hope_neighbors`` (``refresh="neighbors"``), ``hope_prune`` (prune only),
+  ``hope_noevict`` (no evictions: ``actions=("prune", "merge")``), ``hope_prune_sc``
+  (prune only + statistics correction, below),
   ``hope_mc``, ``hope_prune_mc`` (``mean_compensation=True``),
   ``hope_merge_paper`` (``merge_scale="paper"`` with the α* merge cost that prices
   it), ``hope_width_b50`` (each layer's costs weighted by ``sqrt(n0 / mean n0)``),
@@ -215,6 +216,7 @@ def hope_methods(ctx):
         "hope_mc": (dict(mean_compensation=True), AXES),
         "hope_neighbors": (dict(refresh="neighbors"), ("density",)),
         "hope_prune": (dict(actions=("prune",)), ("density",)),
+        "hope_noevict": (dict(actions=("prune", "merge")), ("density", "flops")),
         "hope_prune_sc": (dict(actions=("prune",)), ("density",)),  # + correct_statistics
         "hope_prune_mc": (dict(actions=("prune",), mean_compensation=True), ("density",)),
         "hope_merge_paper": (dict(merge_scale="paper", cost=order(0.0, alpha_merge=True)),
@@ -237,7 +239,7 @@ def hope_methods(ctx):
 
 HOPE_NAMES = ("hope", "hope_sc", "hope_auto", "hope_nocorr", "hope_topk", "hope_alpha_merge",
               "hope_prev", "hope_paper", "hope_neurons", "hope_mc", "hope_neighbors",
-              "hope_prune", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
+              "hope_prune", "hope_noevict", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
               "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
               "rank_gamma_prune", "rank_u_prune", "hope_width_b50", "order_a0", "order_a25",
               "order_a50", "order_a75", "order_param")
@@ -677,6 +679,7 @@ LABELS = {
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
     "hope_prune_auto": "HOPE prune-only, `correct_statistics=\"auto\"`",
     "hope_nocorr": "HOPE `correct_statistics=False`",
+    "hope_noevict": "exp: HOPE without evictions (`actions=(\"prune\", \"merge\")`)",
     "hope_alpha_merge": "HOPE, merges priced by α* (default before 2d3a04b)",
     "hope_prev": "HOPE cost of 864cb63 (α* merge cost, J per neuron)",
     "hope_paper": "HOPE `cost=\"paper\"`",
@@ -857,7 +860,7 @@ def decisions(results):
             "listed method reached on that model.")
     block("Merge cost, merges, allocation (density axis)",
           ["hope", "hope_alpha_merge", "hope_prev", "hope_merge_paper", "hope_prune",
-           "hope_width_b50",
+           "hope_noevict", "hope_width_b50",
            "hope_neighbors", "hope_paper"], "density", dens)
     for axis in ("density", "flops"):
         block(f"Residual streams priced or whole ({axis} axis)",
