@@ -482,8 +482,9 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     feature_layer = feature_layer_of(model, head)
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
+    # Only the trajectory's costs are read: the copy's BN statistics do not matter.
     result = compress(copy, actions=actions, merge_scale=merge_scale, verbose=verbose,
-                      cost=cost)
+                      cost=cost, correct_statistics=False)
     traj = result.trajectory
     graph = result.analysis.graph
     scope = getattr(costs.get(cost), "groups", "all")
