@@ -851,7 +851,8 @@ def decisions(results):
                     # Only the targets every compared method reached on this model.
                     ts = [t for t in grid(m, axis)
                           if all(acc_at(results[m], x, axis, t, s) is not None
-                                 for x in methods if results[m]["results"].get(x))]
+                                 for x in methods
+                                 if results[m]["results"].get(x, {}).get(axis))]
                     v = mean_over(results[m], meth, axis, s, ts) if ts else None
                     cells.append(fmt(v))
             lines.append(f"| {LABELS.get(meth, meth)} | " + " | ".join(cells) + " |")
