@@ -377,8 +377,9 @@ class Encoder:
             `DENSE_PAIRS_MAX` neurons (priced once, when its bound first matters)
             and `DEFAULT_MERGE_CANDIDATES` in wider ones; None for other costs
             (with an int they get the best pair among the candidates).
-        merge_search: ``"certified"`` (default): rows the bounds cannot rule out are
-            rescanned, so the merge selected is the exhaustive scan's. ``"top_k"``:
+        merge_search: ``"certified"`` (default): pairs (dense tables) or rows
+            (k-partner tables) the bounds cannot rule out are priced exactly, so the
+            merge selected is the exhaustive scan's. ``"top_k"``:
             each neuron keeps the k partners of smallest merge residual found when
             its row was filled (refilled once three quarters of them are gone), and
             the cheapest of those is selected, with no search outside them.
