@@ -2,6 +2,7 @@
 exhaustive scan selects, its tables stay consistent with a rebuild, its bounds are
 lower bounds."""
 
+import keras
 import numpy as np
 import pytest
 
@@ -389,3 +390,58 @@ def test_sketched_groups_select_exactly_priced_merges_and_edit_exactly(monkeypat
     assert merges >= 3
     x = np.random.default_rng(0).normal(size=(16, 7)).astype("float32")
     np.testing.assert_allclose(hope_keras.slim(model)(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_top_k_refill_prices_a_subset_and_leaves_every_row_partners(monkeypatch):
+    """An uncertified ("top_k") table whose most-held neurons are gone (as when the
+    shared best partners, the smallest-capacity ones, are merged or pruned): rows
+    left without partners are refilled from their partners' partners and the
+    smallest-capacity live neurons only (not all n), every live row then holds a
+    live partner, and the selection is the cheapest held pair, never cheaper than
+    the exhaustive minimum."""
+    from hope_keras import candidates
+
+    monkeypatch.setattr(candidates, "REFILL_HUBS", 4)
+    monkeypatch.setattr(candidates, "REFILL_SUBSET_RATIO", 2)
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    x = keras.layers.Dense(96)(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    model = keras.Model(inputs, keras.layers.Dense(3)(x))
+    cache = build_group_cache(extract_group(model, next(iter(walk(model).groups.values()))))
+    n = cache.size
+    ok = np.ones(n, dtype=bool)
+    table = MergeTable(cache, 4, "hope", np.ones(n), ok, certify=False)
+    subset = []
+    keep_best = MergeTable._keep_best
+
+    def spy(self, rr, cols, D, m, rest=None):
+        if rest is not None:
+            subset.append((rr.size, cols.shape[1]))
+        return keep_best(self, rr, cols, D, m, rest)
+
+    monkeypatch.setattr(MergeTable, "_keep_best", spy)
+    held = np.bincount(table.cand[table.cand >= 0], minlength=n)
+    ok = ok.copy()
+    ok[np.argsort(-held, kind="stable")[:24]] = False  # the 24 most-held neurons die
+    depleted = ok & ~((table.cand >= 0) & ok[np.maximum(table.cand, 0)]).any(axis=1)
+    assert depleted.sum() >= 3  # the fixture empties rows
+    price = lambda A, B, c_rem, nss, P: (costs.j_merge_residual(nss, B, c_rem, 1.0),) * 2
+    C = cache.layer_capacity(ok)
+    dr, J, i, j = table.select(C, int(ok.sum()), ok, price)
+    assert subset and all(w < n for _, w in subset)  # refilled against a subset only
+    live = np.flatnonzero(ok)
+    cand = table.cand
+    assert all(((cand[r] >= 0) & ok[np.maximum(cand[r], 0)]).any() for r in live)
+
+    def J_of(a, b):
+        pv = cache.pair_values(np.array([a]), np.array([b]))
+        cap = cache.capacity
+        A = cap[a] ** 2 + cap[b] ** 2
+        return float(price(A, pv.B, C - cap[a] - cap[b], A + 2.0 * pv.k_cross * pv.gram_u,
+                           1.0)[0][0])
+
+    pairs = {(min(r, c), max(r, c)) for r in live for c in cand[r] if c >= 0 and ok[c]}
+    assert J == pytest.approx(min(J_of(a, b) for a, b in pairs), rel=1e-9)
+    J_all = min(J_of(a, b) for x, a in enumerate(live) for b in live[x + 1:])
+    assert J >= J_all * (1 - 1e-9)

@@ -87,6 +87,11 @@ _TOL = 1e-9
 HEADROOM = 4.0
 # Best pairs a dense table re-prices first at the next selection (an upper bound).
 HINTS = 8
+# Uncertified refills ("top_k"): the smallest-capacity live neurons every refilled
+# row is priced against, besides its partners' partners; the refill looks at all n
+# columns unless that subset is at most 1/REFILL_SUBSET_RATIO of the live neurons.
+REFILL_HUBS = 64
+REFILL_SUBSET_RATIO = 8
 
 
 class MergeTable:
@@ -419,18 +424,60 @@ class MergeTable:
             _, kc, gu = self.cache.pair_grid(rr)
             D = np.where(valid, self._distance_from(rr[:, None], cols[None, :], kc, gu),
                          np.inf)
-            top = np.argpartition(D, m - 1, axis=1)[:, :m]
-            finite = np.isfinite(np.take_along_axis(D, top, axis=1))
-            pr, pc = np.nonzero(finite)
-            r, l = rr[pr], top[pr, pc]
-            B, kc, gu = self._values(r, l)
-            R = self._residual(r, l, B, kc * gu)
-            _, keep = self._store_rows(rr, pr, r, l, B, kc, gu, R)
-            nxt = np.full(rr.size, np.inf)
-            np.minimum.at(nxt, pr[~keep], R[~keep])
-            np.put_along_axis(D, top, np.inf, axis=1)
-            self.nc[rr] = np.minimum(nxt, np.maximum(D.min(axis=1), 0.0))
-            self.dirty[rr] = True
+            self._keep_best(rr, np.broadcast_to(cols, D.shape), D, m)
+
+    def _keep_best(self, rr, cols, D, m, rest=None) -> None:
+        """Rows `rr` get the `k` partners of smallest exact residual among their `m`
+        columns of smallest bound `D` (rows × columns, inf: not a partner); ``nc``
+        becomes a lower bound over the rest (`rest`: per row, one over columns
+        outside `cols`)."""
+        m = min(m, D.shape[1])
+        top = np.argpartition(D, m - 1, axis=1)[:, :m]
+        finite = np.isfinite(np.take_along_axis(D, top, axis=1))
+        pr, pc = np.nonzero(finite)
+        r, l = rr[pr], np.take_along_axis(cols, top, axis=1)[pr, pc]
+        B, kc, gu = self._values(r, l)
+        R = self._residual(r, l, B, kc * gu)
+        _, keep = self._store_rows(rr, pr, r, l, B, kc, gu, R)
+        nxt = np.full(rr.size, np.inf)
+        np.minimum.at(nxt, pr[~keep], R[~keep])
+        np.put_along_axis(D, top, np.inf, axis=1)  # D is the caller's temporary
+        nc = np.minimum(nxt, np.maximum(D.min(axis=1), 0.0))
+        self.nc[rr] = nc if rest is None else np.minimum(nc, rest)
+        self.dirty[rr] = True
+
+    def _refill_rows(self, rows, ok) -> None:
+        """Uncertified refill: like `_fill_rows`, but each row's bounds are computed
+        only for a few likely partners, not all n: the neurons its partners hold
+        (dead ones included) and theirs (two hops, as in NN-descent), and the
+        `REFILL_HUBS` live neurons of smallest capacity (the partners many rows
+        share; their loss is what depletes rows together). All n when that subset
+        is not much smaller (narrow groups)."""
+        live = np.flatnonzero(ok)
+        k = self.cand.shape[1]
+        h = min(REFILL_HUBS, live.size)
+        width = k + k * k + h
+        if width * REFILL_SUBSET_RATIO > live.size:
+            self._fill_rows(rows, ok)
+            return
+        cap = self.cache.capacity
+        hubs = live[np.argpartition(cap[live], h - 1)[:h]] if h else live[:0]
+        step = max(1, (1 << 20) // width)
+        for s0 in range(0, len(rows), step):
+            rr = np.asarray(rows[s0:s0 + step], dtype=np.intp)
+            hop1 = self.cand[rr]
+            hop2 = np.where((hop1 >= 0)[:, :, None], self.cand[np.maximum(hop1, 0)], -1)
+            cols = np.concatenate([hop1, hop2.reshape(rr.size, k * k),
+                                   np.broadcast_to(hubs, (rr.size, h))], axis=1)
+            cols = np.sort(cols, axis=1)
+            valid = (cols >= 0) & ok[np.maximum(cols, 0)] & (cols != rr[:, None])
+            valid[:, 1:] &= cols[:, 1:] != cols[:, :-1]  # each partner once
+            pr, pc = np.nonzero(valid)
+            D = np.full(cols.shape, np.inf)
+            D[pr, pc] = self._distance(rr[pr], cols[pr, pc])[0]
+            # Live partners never looked at: nothing is known of them (R ≥ 0).
+            rest = np.where(valid.sum(axis=1) < live.size - 1, 0.0, np.inf)
+            self._keep_best(rr, cols, D, min(self.preselect, self.n), rest)
 
     def _refill_depleted(self, ok, rows=None, few: bool = True) -> None:
         """Uncertified tables: refills those of `rows` (default: all) left with under
@@ -442,7 +489,7 @@ class MergeTable:
         low = (4 * live < want) if few else (live == 0)
         rows = rows[ok[rows] & low & (self.nc[rows] < np.inf)]
         if rows.size:
-            self._fill_rows(rows, ok)
+            self._refill_rows(rows, ok)
 
     def is_exact(self, i: int, j: int) -> bool:
         """Whether pair (i, j) was re-priced by `refine` since either neuron changed."""
