@@ -66,8 +66,13 @@ trajectory).
 speed: every row is filled up front with its ``k`` partners of smallest residual
 (the ``preselect`` of smallest bound priced exactly), refilled once under a quarter
 of them is left, and a merged parent is priced only against its ``preselect``
-nearest and the rows that hold its slot. The selection is then the best pair held,
-not necessarily the exhaustive scan's.
+nearest and the rows that hold its slot. A refill bounds only a few likely
+partners, not all n (`MergeTable._refill_rows`): the row's partners' partners (two
+hops, as in NN-descent) and the `REFILL_HUBS` live neurons of smallest capacity,
+the best partners of many rows at once, whose merges and prunes deplete rows
+together (on a random wide BN-ReLU MLP, against all n such refills took most of
+the run's time). The selection is then the best pair held, not necessarily the
+exhaustive scan's.
 """
 
 from __future__ import annotations
