@@ -467,7 +467,8 @@ class MergeTable:
             return
         cap = self.cache.capacity
         hubs = live[np.argpartition(cap[live], h - 1)[:h]] if h else live[:0]
-        step = max(1, (1 << 20) // width)
+        # (rows × width) pairs per chunk: a sketched cache gathers 2 × r floats per pair.
+        step = max(1, (1 << 16) // width)
         for s0 in range(0, len(rows), step):
             rr = np.asarray(rows[s0:s0 + step], dtype=np.intp)
             hop1 = self.cand[rr]
