@@ -780,14 +780,7 @@ class MergeTable:
     def _price_rescan(self, rows, C, n_live, ok, price, best):
         """Rescans `rows` and prices every partner that could cost less than `best`:
         per row (DR, J, partner)."""
-        c = best / self._factor(n_live) / (1.0 - _TOL)
-        t = self._t_max(C, ok)[rows]
-        with np.errstate(over="ignore", invalid="ignore"):
-            if self.sum_residual:  # J₁ = sqrt(E)/t' < c needs E < c²t'²
-                r_cut = c * c * t * t * (1.0 + _TOL)
-            else:  # J₁ = sqrt(2R/(t² + R)) < c needs R < c²t²/(2 − c²)
-                r_cut = np.where(c * c < 2.0, c * c * t * t / (2.0 - c * c) * (1.0 + _TOL),
-                                 np.inf)
+        r_cut = self._r_cut(best, self._factor(n_live), self._t_max(C, ok)[rows])
         # Rows in chunks: a rescan's temporaries are (rows × n) (≤ 16 MB each here).
         step = max(1, (1 << 21) // max(self.n, 1))
         out = []
