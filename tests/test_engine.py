@@ -1,7 +1,9 @@
 """The greedy engine: function-preserving edits, brute-force first action, budgets,
 interruptions and bad input."""
 
+import dataclasses
 import itertools
+import math
 
 import keras
 import numpy as np
@@ -9,7 +11,7 @@ import pytest
 from scipy.stats import norm
 
 import hope_keras
-from conftest import L, copy_model, mlp, outputs_equal, small_resnet
+from conftest import L, copy_model, mlp, outputs_equal, randomize_bn, small_resnet
 from hope_keras.engine import Action, Encoder
 
 
@@ -315,13 +317,49 @@ def test_hope_cost_ranks_width_free_distortion_per_neuron():
             assert a.J == pytest.approx(prunes.min())
         else:
             assert a.J <= prunes.min() + 1e-12
-    # Eviction: C_branch / C_identity per neuron of the block.
+    # Eviction: C_branch / C_stream per neuron of the block. The block input is
+    # ReLU(z), z ~ N(β, γ²) per channel of stem_bn: E[ReLU(z)²] in closed form.
     a = enc.eviction_action("b1_add")
     bn_end, bn_in = model.get_layer("b1b_bn"), model.get_layer("stem_bn")
-    rms = [np.sqrt(b.gamma.numpy().astype(float) ** 2 + b.beta.numpy().astype(float) ** 2)
-           .sum() for b in (bn_end, bn_in)]
-    assert a.J == pytest.approx(rms[0] / rms[1])
+    g, b = (np.abs(bn_end.gamma.numpy().astype(float)), bn_end.beta.numpy().astype(float))
+    c_branch = np.sqrt(g ** 2 + b ** 2).sum()
+    g, b = (np.abs(bn_in.gamma.numpy().astype(float)), bn_in.beta.numpy().astype(float))
+    t = b / g
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(t / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)
+    c_stream = np.sqrt((b * b + g * g) * cdf + b * g * pdf).sum()
+    assert a.J == pytest.approx(c_branch / c_stream, rel=1e-6)
     assert a.DR == pytest.approx(a.J / 6) and a.neurons == 6
+    # Where the moments do not reach the block input, the paper's C_identity.
+    rep = enc.block_reports["b1_add"]
+    enc.block_reports["b1_add"] = dataclasses.replace(rep, c_stream=float("nan"))
+    assert enc.eviction_action("b1_add").J == pytest.approx(
+        c_branch / np.sqrt(g ** 2 + b ** 2).sum())
+
+
+def test_default_cost_evicts_the_later_of_two_like_blocks_first():
+    """Two identity blocks whose branches end in BNs of equal (γ, β): the paper's
+    C_identity (one BN's RMS) prices them alike; the stream the second is added to
+    carries the first branch too, so the default prices its eviction lower."""
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6, 6, 3))
+    x = L.ReLU()(L.BatchNormalization(name="stem_bn")(L.Conv2D(8, 3, padding="same")(inputs)))
+    for k in (1, 2):
+        y = L.ReLU()(L.BatchNormalization()(L.Conv2D(5, 3, padding="same")(x)))
+        y = L.BatchNormalization(name=f"b{k}_end")(L.Conv2D(8, 1)(y))
+        x = L.ReLU()(L.Add(name=f"b{k}_add")([x, y]))
+    outputs = L.Dense(3)(L.Flatten()(x))
+    model = randomize_bn(keras.Model(inputs, outputs), seed=3)
+    stem = model.get_layer("stem_bn").get_weights()
+    for k in (1, 2):  # γ, β as the stem's: equal C_branch and C_identity everywhere
+        w = model.get_layer(f"b{k}_end").get_weights()
+        model.get_layer(f"b{k}_end").set_weights(stem[:2] + w[2:])
+    analysis = hope_keras.analyze(model, verbose=False)
+    reps = {b.name: b for b in analysis.blocks}
+    assert reps["b1_add"].c_identity == pytest.approx(reps["b2_add"].c_identity)
+    assert reps["b2_add"].c_stream > 1.2 * reps["b1_add"].c_stream
+    default = Encoder(model, analysis=analysis)
+    assert default.eviction_action("b2_add").J < default.eviction_action("b1_add").J
 
 
 def test_paper_cost_reproduces_the_previous_default_trajectory():

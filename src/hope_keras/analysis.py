@@ -62,6 +62,10 @@ class BlockReport:
             branch's final BN, or from the propagated moments when the branch ends
             in a convolution (the default cost's eviction numerator).
         p_init: Static footprint of evicting the block.
+        c_stream: The summed RMS of the stream the branch is added to, Σ_c
+            sqrt(μ_c² + σ_c²) of the block input under the propagated moments (the
+            default cost's eviction denominator; NaN where the moments do not reach
+            the block input, and the cost falls back to ``c_identity``).
     """
 
     name: str
@@ -71,6 +75,7 @@ class BlockReport:
     c_identity: float
     c_branch: float
     p_init: float
+    c_stream: float = float("nan")
 
 
 @dataclasses.dataclass
@@ -138,10 +143,11 @@ class Analysis:
                   f"{self.graph.hidden_channels} hidden channels\n")
         if self.blocks:
             out.write(f"{line}\n{'Residual block':<{w}}{'evictable':>10}{'groups':>8}"
-                      f"{'C_identity':>12}{'C_branch':>12}  conditioning BN\n{line}\n")
+                      f"{'C_identity':>12}{'C_stream':>12}{'C_branch':>12}  conditioning BN\n"
+                      f"{line}\n")
             for b in self.blocks:
                 out.write(f"{b.name:<{w}}{str(b.evictable):>10}{len(b.groups):>8}"
-                          f"{b.c_identity:>12.4g}{b.c_branch:>12.4g}  "
+                          f"{b.c_identity:>12.4g}{b.c_stream:>12.4g}{b.c_branch:>12.4g}  "
                           f"{b.input_bn or '(see BlockReport.c_identity)'}\n")
         if self.pinned:
             out.write(f"{line}\nPinned (not compressible): {len(self.pinned)} layers\n{line}\n")
@@ -197,6 +203,17 @@ def _c_branch(graph, block, moments) -> float:
     node = graph.flat.node_of(block.final_producer)
     mean, var = moments[node.outputs[0]]
     return float(np.sqrt(mean**2 + var).sum())
+
+
+def _c_stream(block, moments) -> float:
+    """Σ_c sqrt(μ_c² + σ_c²) of the block input (the stream the branch is added to)
+    under the propagated moments; NaN when they do not reach it."""
+    key = block.input_tensor
+    if key is None or key not in moments:
+        return float("nan")
+    mean, var = moments[key]
+    value = float(np.sqrt(np.asarray(mean) ** 2 + np.maximum(np.asarray(var), 0.0)).sum())
+    return value if np.isfinite(value) and value > 0 else float("nan")
 
 
 def _zero_variance_reason(state: LayerState, get) -> Optional[str]:
@@ -327,6 +344,7 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
             c_identity=_c_identity(get, b, caches),
             c_branch=_c_branch(g, b, moments),
             p_init=eviction_p_init(get, b, groups),
+            c_stream=_c_stream(b, moments),
         )
         for b in blocks
     ]

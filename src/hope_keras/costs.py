@@ -452,12 +452,15 @@ class EvictCandidate(NamedTuple):
             input (or the appendix F.3 fallback).
         c_branch: ``Σ_c sqrt(γ_c² + β_c²)`` over the branch's final BN: the RMS the
             branch adds to the stream.
+        c_stream: ``Σ_c sqrt(μ_c² + σ_c²)`` of the block input under the propagated
+            moments: the RMS of the stream the branch is added to (NaN: unknown).
     """
 
     n_layers: np.ndarray
     c_layers: np.ndarray
     c_identity: float
     c_branch: float
+    c_stream: float = float("nan")
 
 
 class RankInfo(NamedTuple):
@@ -591,7 +594,10 @@ class HopeCost(Cost):
       neuron, since a merge is that prune with the best compensation the other
       neuron can give. (The paper's ``J_merge`` prices the α*-scaled parent that
       ``merge_scale="paper"`` builds.)
-    * evict: ``J = C_branch / C_identity``, the relative RMS the stream loses;
+    * evict: ``J = C_branch / C_stream``, the relative RMS the stream loses
+      (``C_stream``: the summed RMS of the block input under the propagated
+      moments, which grows along a stage as branches add to it; the paper's
+      ``C_identity``, one BN's, where the moments do not reach the block input);
     * rank: ``J`` per neuron removed (an eviction removes every live neuron of its
       block) under a density or a params budget; under a FLOPs budget ``J`` per
       geometric mean of the neurons ``k`` and the FLOPs ``S`` the action removes,
@@ -631,7 +637,10 @@ class HopeCost(Cost):
         return j_merge_residual(c.norm_sum_sq, c.B, c.c_rem, 1.0)
 
     def evict(self, c):
-        return float(c.c_branch / max(float(c.c_identity), FLOOR))
+        stream = float(c.c_stream)
+        if not (np.isfinite(stream) and stream > 0):
+            stream = float(c.c_identity)
+        return float(c.c_branch / max(stream, FLOOR))
 
     def rank(self, J, info):
         k = np.maximum(info.neurons, 1)

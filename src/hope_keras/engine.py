@@ -607,7 +607,8 @@ class Encoder:
         b, rep = self.blocks[name], self.block_reports[name]
         J = float(self.cost.evict(costs.EvictCandidate(
             np.array([self.groups[g].n for g in b.groups], dtype=np.float64),
-            np.array([self.groups[g].C for g in b.groups]), rep.c_identity, rep.c_branch)))
+            np.array([self.groups[g].C for g in b.groups]), rep.c_identity, rep.c_branch,
+            rep.c_stream)))
         removed = sum(self.groups[g].n for g in b.groups)
         dr = float(np.asarray(self.cost.rank(
             np.asarray(J), self._rank_info("evict", name, removed, rep.p_init))))

@@ -164,6 +164,8 @@ class ResidualBlock:
             block is evicted).
         input_reader_bn: Pre-activation layouts: the BN of the branch that reads the
             block input (its moving statistics measure the stream), or None.
+        input_tensor: The flat graph's key of the block input tensor (the stream the
+            branch is added to).
     """
 
     name: str
@@ -177,6 +179,7 @@ class ResidualBlock:
     block_input: str
     branch_layers: Tuple[str, ...]
     input_reader_bn: Optional[str] = None
+    input_tensor: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -697,7 +700,7 @@ def _try_block(fg, add, branch_end: str, shortcut: str, group_layers, blocks):
         name=add.key, add=add.key, groups=tuple(internal), final_producer=end.key,
         final_bn=final_bn.key if final_bn is not None else None, shortcut=kind,
         evictable=kind == "identity", input_bn=input_bn, block_input=block_input,
-        branch_layers=tuple(keys), input_reader_bn=reader_bn)
+        branch_layers=tuple(keys), input_reader_bn=reader_bn, input_tensor=source)
 
 
 def _conditioning_bn(fg, node, blocks) -> Optional[str]:
