@@ -64,6 +64,12 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   the model edited in place (after each replay or direct run),
   ``hope_keras.correct_statistics(model, analysis)`` with the analysis of the
   uncompressed model, before evaluating.
+* BN re-estimation (uses data; a diagnostic, not a data-free method): ``hope_re`` and
+  every baseline name with ``_re``: the method, then, at every point,
+  ``hope_keras.reestimate_batchnorm_statistics(model, x_calib)`` on the 512
+  calibration images (training images; ResNet-50: the same, padded to 32×32×3). What
+  is left after it is what the selection costs; what it restores is what the stale
+  BN statistics cost.
 
 HOPE densities are replays of one run to the lowest density, except on models with
 an evictable residual block (demo CNN, ResNet-50): an eviction removes many neurons at
@@ -206,6 +212,7 @@ def hope_methods(ctx):
         "hope": (dict(), AXES),
         "hope_topk": (dict(merge_search="top_k"), AXES),
         "hope_sc": (dict(), AXES),  # + correct_statistics at every point (Bench.point)
+        "hope_re": (dict(), AXES),  # + BN statistics re-estimated on data (Bench.point)
         "hope_auto": (dict(correct_statistics="auto"), AXES),
         "hope_nocorr": (dict(correct_statistics=False), AXES),
         "hope_prune_auto": (dict(actions=("prune",), correct_statistics="auto"), ("density",)),
@@ -237,7 +244,7 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_sc", "hope_auto", "hope_nocorr", "hope_topk", "hope_alpha_merge",
+HOPE_NAMES = ("hope", "hope_sc", "hope_re", "hope_auto", "hope_nocorr", "hope_topk", "hope_alpha_merge",
               "hope_prev", "hope_paper", "hope_neurons", "hope_mc", "hope_neighbors",
               "hope_prune", "hope_noevict", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
               "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
@@ -248,7 +255,10 @@ BASELINES = tuple(f"{m}_{s}{mc}" for m in ("l1_input", "l1_joint", "bn_scale")
                                                                           "nm_layer")
 # The baselines followed by `correct_statistics` (data-free BN statistics correction).
 BASELINES_SC = tuple(b + "_sc" for b in BASELINES)
-ALL_METHODS = HOPE_NAMES + BASELINES + BASELINES_SC
+# The baselines followed by BN statistics re-estimated on the calibration images (uses
+# data: a diagnostic of what the data-free statistics cost, never a "best baseline").
+BASELINES_RE = tuple(b + "_re" for b in BASELINES)
+ALL_METHODS = HOPE_NAMES + BASELINES + BASELINES_SC + BASELINES_RE
 # The issue's "best baseline": the magnitude baselines global and per layer, and
 # Neuron Merging, all without mean compensation (an option added with this issue).
 PLAIN_BASELINES = tuple(b for b in BASELINES if not b.endswith("_mc"))
@@ -412,6 +422,8 @@ class Bench:
         self.direct = info["blocks"] > 0
         info["hope_densities"] = "direct runs" if self.direct else "replays of one run"
         self.correct = False  # `point` corrects the BN statistics first (methods *_sc)
+        self.reestimate = False  # or re-estimates them on `xc` (methods *_re; uses data)
+        self.xc = xc
         self.hope = hope_methods({"mean_params": self.sizes.mean_params,
                                   "mean_flops": self.sizes.mean_flops,
                                   "mean_n0": float(np.mean(list(self.sizes.sizes.values())))})
@@ -424,11 +436,14 @@ class Bench:
         return self.densities if axis == "density" else RATIOS
 
     def point(self, target, density, alive, evicted, extra=None):
-        """Evaluates the model as edited in place (after the `_sc` methods' correction)."""
+        """Evaluates the model as edited in place (after the `_sc` methods' correction
+        or the `_re` methods' re-estimation)."""
         import hope_keras
 
         if self.correct:  # the analysis of the uncompressed model: the reference
             hope_keras.correct_statistics(self.model, self.analysis)
+        if self.reestimate:
+            hope_keras.reestimate_batchnorm_statistics(self.model, self.xc)
         params, flops = self.sizes(alive, evicted)
         acc, agree = self.ev()
         p = {"target": target, "density": density, "params": params, "flops": flops,
@@ -519,7 +534,7 @@ class Bench:
 
     # -------------------------------------------------------------- baselines
     def _baseline_parts(self, name):
-        parts = name.removesuffix("_sc").split("_")
+        parts = name.removesuffix("_sc").removesuffix("_re").split("_")
         mc = parts[-1] == "mc"
         if mc:
             parts = parts[:-1]
@@ -635,11 +650,12 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
     for name in methods or ALL_METHODS:
         if name in bench.hope:
             method_axes = [a for a in bench.hope[name][1] if a in axes]
-        elif name in BASELINES + BASELINES_SC:
+        elif name in BASELINES + BASELINES_SC + BASELINES_RE:
             method_axes = list(axes)
         else:
             raise SystemExit(f"unknown method {name!r}; known: {ALL_METHODS}")
         bench.correct = name.endswith("_sc")
+        bench.reestimate = name.endswith("_re")
         for axis in method_axes:
             fn = bench.run_hope if name in bench.hope else bench.run_baseline
             points, note = fn(name, axis)
@@ -648,7 +664,7 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
             print(f"  {name:18s} {axis:7s} {row}  {note}", flush=True)
             save(model_name, bench.info, {name: {axis: points}}, {name: {axis: note}},
                  extra)
-    bench.correct = False
+    bench.correct = bench.reestimate = False
     bench.reset()
 
 
@@ -676,6 +692,7 @@ LABELS = {
     "hope": "**HOPE default** (`cost=\"hope\"`)",
     "hope_topk": "HOPE `merge_search=\"top_k\"` (uncertified merge search)",
     "hope_sc": "HOPE + `correct_statistics`",
+    "hope_re": "HOPE + BN re-estimated (uses data)",
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
     "hope_prune_auto": "HOPE prune-only, `correct_statistics=\"auto\"`",
     "hope_nocorr": "HOPE `correct_statistics=False`",
@@ -715,6 +732,7 @@ for _b in BASELINES:
                       + (" + mean comp." if _mc else ""))
 for _b in BASELINES:
     LABELS[_b + "_sc"] = LABELS[_b] + " + `correct_statistics`"
+    LABELS[_b + "_re"] = LABELS[_b] + " + BN re-estimated (uses data)"
 SHORT = {"l1_input": "L1in", "l1_joint": "L1j", "bn_scale": "BN", "nm": "NM"}
 
 
