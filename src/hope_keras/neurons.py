@@ -164,12 +164,12 @@ def reader_slices(layer, positions: np.ndarray) -> List[np.ndarray]:
         var = getattr(layer, w.attr, None)
         if var is None:
             continue
-        arr = _np(var).astype(np.float64)
+        arr = _np(var)  # gathered in its own dtype, then one float64 copy (exact)
         _check_finite(layer.name, w.attr, arr)
         idx = positions if w.expand == 1 else (
             positions[..., None] * w.expand + np.arange(w.expand)).reshape(n, -1)
         taken = np.take(arr, idx.reshape(-1), axis=w.axis)
-        out.append(np.moveaxis(taken, w.axis, 0).reshape(n, -1))
+        out.append(np.moveaxis(taken, w.axis, 0).astype(np.float64, order="C").reshape(n, -1))
     return out
 
 
@@ -263,9 +263,10 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
         rule = layer_rules.get(layer)
         if c.role == "out":
             for w in rule.out_weights(layer):
-                arr = _np(getattr(layer, w.attr)).astype(np.float64)
+                arr = _np(getattr(layer, w.attr))
                 _check_finite(layer.name, w.attr, arr)
-                cols = np.moveaxis(arr, w.axis, 0).reshape(arr.shape[w.axis], -1)
+                cols = np.moveaxis(arr, w.axis, 0).astype(np.float64, order="C").reshape(
+                    arr.shape[w.axis], -1)
                 p_init += np.count_nonzero(cols, axis=1)
                 if w.attr == "bias":
                     bias = bias + cols[:, 0]
@@ -273,7 +274,7 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
                     filters.append(cols)
         elif c.role == "channel":
             for w in rule.channel_weights(layer):
-                arr = _np(getattr(layer, w.attr)).astype(np.float64)
+                arr = _np(getattr(layer, w.attr))
                 _check_finite(layer.name, w.attr, arr)
                 p_init += np.take(arr, c.positions[:, :1].reshape(-1), axis=w.axis).reshape(
                     n, -1).shape[1]
