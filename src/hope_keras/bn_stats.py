@@ -295,13 +295,13 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
     the demo CNN and VGG-8 it adds 11–17 points on average, and 14–28 points at
     densities 0.8–0.7 to HOPE on a swish CNN (prunes only), but after HOPE's merges
     it loses accuracy on every model we measured (ResNet-50 at density 0.9: 81.1 %
-    → 33.5 % on the selection split): the variance it predicts after merges (parents fold correlated
-    neurons, the surrogate assumes independent channels) is off by factors of 10 and
-    more. ``compress(..., correct_statistics="auto")``, the default, applies it only
-    where the prediction's independence assumptions survive the edits: not
-    downstream of a merged group, an evicted block, or a sum (a residual ``Add``)
-    whose input moved (`untrusted_tensors`). ``exclude`` names groups and blocks to
-    leave out here.
+    → 33.5 % on the selection split): the variance it predicts after merges
+    (parents fold correlated neurons, the surrogate assumes independent channels) is
+    off by factors of 10 and more. ``compress(..., correct_statistics="auto")``, the
+    default, applies it only where the prediction's independence assumptions
+    survive the edits: not downstream of a merged group, an evicted block, or a sum
+    (a residual ``Add``) whose input moved (`untrusted_tensors`). ``exclude`` names
+    groups and blocks to leave out here.
 
     Args:
         model: The model compressed in place.
