@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 test-apps: $(STAMP)
-	$(PY) -m pytest tests/test_applications.py -m applications -p no:doctest
+	$(PY) -m pytest tests/test_applications.py -m applications -o addopts=-q
 
 # The Keras-facing tests on the oldest and newest Keras that pyproject.toml allows,
 # each installed next to the environment's TensorFlow (cached in .cache/keras-range).
