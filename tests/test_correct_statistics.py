@@ -161,7 +161,7 @@ def test_auto_skips_what_a_moved_residual_sum_reaches():
     "auto" corrects; pruning b1a (inside the branch) moves b1b's BN (corrected) and
     the Add's input, and then every BN after the Add keeps its statistics (the
     propagation adds the branch and the shortcut as if independent). True corrects
-    them all."""
+    those whose input the propagation predicts to move."""
     from conftest import small_resnet
     from hope_keras.engine import Action
 
@@ -176,7 +176,11 @@ def test_auto_skips_what_a_moved_residual_sum_reaches():
                                   enc.trajectory.steps)
         return _bn_stats(t.replay(small_resnet(seed=3), step=n))
 
-    for n, moved, kept in ((1, {"fc_bn"}, set()), (2, {"b1b_bn"}, {"c2_bn", "fc_bn"})):
+    # The propagation restarts at every BN (its output is N(β, γ²)), so True moves
+    # only the first BN after an edit: fc_bn (c2 lost a channel) but not c2_bn, whose
+    # live channels' input did not move (its pruned channel keeps what the prune wrote).
+    for n, moved, kept, true_moves in ((1, {"fc_bn"}, set(), set()),
+                                       (2, {"b1b_bn"}, {"c2_bn", "fc_bn"}, {"fc_bn"})):
         plain, auto, every = replay(False, n), replay("auto", n), replay(True, n)
         for name in moved:
             assert not np.allclose(auto[name][0], plain[name][0]), (n, name)
@@ -184,4 +188,39 @@ def test_auto_skips_what_a_moved_residual_sum_reaches():
         for name in kept:
             np.testing.assert_array_equal(auto[name][0], plain[name][0])
             np.testing.assert_array_equal(auto[name][1], plain[name][1])
-            assert not np.allclose(every[name][1], plain[name][1]), (n, name)
+            if name in true_moves:
+                assert not np.allclose(every[name][1], plain[name][1]), (n, name)
+            else:
+                np.testing.assert_array_equal(every[name][1], plain[name][1])
+
+
+@pytest.mark.parametrize("mode", [True, "auto"])
+def test_correction_keeps_an_evicted_branch_without_gamma_beta_at_zero(mode):
+    """A branch ending in a BN without γ and β is evicted by zeroing its producer and
+    the BN's moving mean; the correction must not re-normalise that now-constant
+    channel (it brought the branch back as a constant, and `slim` then kept it: a
+    500-network fuzz run caught it, seeds 179 and 371)."""
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((5,))
+    x = L.ReLU()(L.BatchNormalization(name="bn0")(L.Dense(4, name="fc0")(inputs)))
+    y = L.ReLU()(L.BatchNormalization(name="bn1")(L.Dense(3, name="fc1")(x)))
+    y = L.Dense(4, use_bias=False, name="fc2")(y)
+    y = L.BatchNormalization(scale=False, center=False, name="bn2")(y)
+    out = L.Dense(2, name="head")(L.Add(name="add")([x, y]))
+    model = keras.Model(inputs, out)
+    rng = np.random.default_rng(0)
+    for name in ("bn0", "bn1", "bn2"):
+        bn = model.get_layer(name)
+        bn.moving_mean.assign(rng.normal(0, 0.3, bn.moving_mean.shape).astype("float32"))
+        bn.moving_variance.assign(rng.uniform(0.5, 2, bn.moving_variance.shape)
+                                  .astype("float32"))
+    count0 = model.count_params()
+    result = hope_keras.compress(model, steps=1, actions=("evict",), verbose=False,
+                                 correct_statistics=mode)
+    assert [s.kind for s in result.trajectory.steps] == ["evict"]
+    np.testing.assert_array_equal(model.get_layer("bn2").moving_mean.numpy(), 0.0)
+    small = hope_keras.slim(model)
+    assert "bn2" not in [layer.name for layer in small.layers]  # the branch is gone
+    assert small.count_params() == round(result.params_ratio * count0)
+    x = rng.normal(size=(8, 5)).astype("float32")
+    np.testing.assert_allclose(small(x), model(x), rtol=1e-5, atol=1e-6)

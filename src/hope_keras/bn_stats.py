@@ -405,7 +405,11 @@ def apply_correction(flat, before, after, skip=frozenset()) -> dict:
     """Shifts each BatchNormalization's moving mean by the predicted change of its
     input's mean and scales its moving variance by the predicted ratio of variances
     (`before`, `after`: `hope_keras.moments.propagate` results), except where the
-    input tensor is in `skip`. Returns ``{name: (mean, variance)}`` of those changed."""
+    input tensor is in `skip`. Channels whose input the edits made constant (predicted
+    variance 0: a pruned channel, an evicted branch's end) keep the statistics the
+    edit wrote: for a BN without γ and β the edit zeroes the moving mean to make the
+    channel output zero, and re-normalising it would bring the channel back. Returns
+    ``{name: (mean, variance)}`` of those changed."""
     out = {}
     for node in flat.nodes:
         bn = node.op
@@ -417,8 +421,10 @@ def apply_correction(flat, before, after, skip=frozenset()) -> dict:
         (m0, v0), (m1, v1) = before[t], after[t]
         if np.shape(m0) != tuple(bn.moving_mean.shape):
             continue
-        ratio = np.where(v0 > 0, v1 / np.where(v0 > 0, v0, 1.0), 1.0)
-        mean = np.asarray(bn.moving_mean.numpy(), dtype=np.float64) + (m1 - m0)
+        live = np.asarray(v1) > 0
+        ratio = np.where(live & (v0 > 0), v1 / np.where(v0 > 0, v0, 1.0), 1.0)
+        mean = np.asarray(bn.moving_mean.numpy(), dtype=np.float64)
+        mean = np.where(live, mean + (m1 - m0), mean)
         var = np.asarray(bn.moving_variance.numpy(), dtype=np.float64) * ratio
         bn.moving_mean.assign(mean.astype(bn.moving_mean.dtype))
         bn.moving_variance.assign(var.astype(bn.moving_variance.dtype))
