@@ -285,10 +285,12 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
     and variance before and after the edit; each BN's moving mean is shifted by the
     predicted change of the mean and its moving variance scaled by the predicted
     ratio of the variances, so that it keeps normalising its input to what the next
-    layers were trained on. Use it on the model compressed in place (before `slim`),
-    with the analysis of the model *before* compression; it changes only moving
-    statistics. With data, `reestimate_batchnorm_statistics` (or `hope_keras.recover`)
-    measures them instead, and does better.
+    layers were trained on. Channels whose input the edits made constant (pruned
+    channels, an evicted branch's end) keep the statistics the edit wrote. Use it
+    on the model compressed in place (before `slim`), with the analysis of the
+    model *before* compression; it changes only moving statistics. With data,
+    `reestimate_batchnorm_statistics` (or `hope_keras.recover`) measures them
+    instead, and does better.
 
     Correcting every BN is not what `compress` does, by measurement (docs/benchmarks.md,
     "BN statistics correction"): after magnitude pruning (`hope_keras.baselines`) of
