@@ -200,9 +200,13 @@ def _c_branch(graph, block, moments) -> float:
     get = graph.layer
     if block.final_bn is not None:
         return _bn_rms(get(block.final_bn))
-    node = graph.flat.node_of(block.final_producer)
-    mean, var = moments[node.outputs[0]]
-    return float(np.sqrt(mean**2 + var).sum())
+    return _moments_rms(moments, graph.flat.node_of(block.final_producer).outputs[0])
+
+
+def _moments_rms(moments, key) -> float:
+    """Σ_c sqrt(μ_c² + σ_c²) of tensor `key` under the propagated moments."""
+    mean, var = moments[key]
+    return float(np.sqrt(np.asarray(mean) ** 2 + np.maximum(np.asarray(var), 0.0)).sum())
 
 
 def _c_stream(block, moments) -> float:
@@ -211,8 +215,7 @@ def _c_stream(block, moments) -> float:
     key = block.input_tensor
     if key is None or key not in moments:
         return float("nan")
-    mean, var = moments[key]
-    value = float(np.sqrt(np.asarray(mean) ** 2 + np.maximum(np.asarray(var), 0.0)).sum())
+    value = _moments_rms(moments, key)
     return value if np.isfinite(value) and value > 0 else float("nan")
 
 
