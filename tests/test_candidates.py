@@ -445,3 +445,18 @@ def test_top_k_refill_prices_a_subset_and_leaves_every_row_partners(monkeypatch)
     assert J == pytest.approx(min(J_of(a, b) for a, b in pairs), rel=1e-9)
     J_all = min(J_of(a, b) for x, a in enumerate(live) for b in live[x + 1:])
     assert J >= J_all * (1 - 1e-9)
+
+
+def test_index_helpers_match_numpy():
+    """The table's `_nonzero2` and `_unique` (faster paths) return exactly what
+    `np.nonzero` and `np.unique` return, empty inputs included."""
+    from hope_keras.candidates import _nonzero2, _unique
+
+    rng = np.random.default_rng(0)
+    for shape, p in (((7, 11), 0.3), ((1, 5), 0.0), ((0, 4), 0.5), ((40, 33), 0.9)):
+        mask = rng.random(shape) < p
+        for got, want in zip(_nonzero2(mask), np.nonzero(mask)):
+            np.testing.assert_array_equal(got, want)
+            assert got.dtype == want.dtype
+    for keys in (rng.integers(0, 50, 200), np.array([], dtype=np.int64), np.array([3])):
+        np.testing.assert_array_equal(_unique(keys.astype(np.int64)), np.unique(keys))

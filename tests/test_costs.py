@@ -256,6 +256,32 @@ def test_merge_solution_vectorised_matches_scalar():
 
 
 @pytest.mark.parametrize("kernel", ["approx", "exact"])
+def test_merge_solution_values_do_not_depend_on_the_batch(kernel):
+    """The engine prices pairs in batches of varying size and composition and
+    certifies its selection with those values, then solves the chosen pair alone:
+    each pair's values must be the same bits whatever the batch, and passing the
+    self-kernels a cache holds must not change them."""
+    from hope_keras.kernels import self_kernel
+
+    cases = [_random_pair(s) for s in range(40)]
+    arr = [np.array(c) for c in zip(*[(*_grams(c[0], c[1], c[2], c[3]), *c[4:])
+                                      for c in cases])]
+    full = merge_solution(*arr, kernel=kernel)
+    for sl in (slice(0, 1), slice(3, 20), slice(7, 40, 3)):
+        part = merge_solution(*(a[sl] for a in arr), kernel=kernel)
+        for f in full._fields:
+            np.testing.assert_array_equal(getattr(part, f), getattr(full, f)[sl])
+    for k in (0, 17):
+        one = merge_solution(*(float(a[k]) for a in arr), kernel=kernel)
+        for f in full._fields:
+            assert float(getattr(one, f)) == getattr(full, f)[k]
+    known = merge_solution(*arr, kernel=kernel, k_ii=self_kernel(arr[6], arr[7]),
+                           k_jj=self_kernel(arr[8], arr[9]))
+    for f in full._fields:
+        np.testing.assert_array_equal(getattr(known, f), getattr(full, f))
+
+
+@pytest.mark.parametrize("kernel", ["approx", "exact"])
 @pytest.mark.parametrize("g,b", [(1.0, 0.0), (0.7, 0.5), (1.3, -0.8)])
 def test_merge_duplicates(kernel, g, b):
     rng = np.random.default_rng(3)

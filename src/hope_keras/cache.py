@@ -231,6 +231,7 @@ class GroupCache:
         sol = costs.merge_solution(
             dv[a], dv[b], gv, du[a], du[b], gu,
             g[a], be[a], g[b], be[b], rho, kernel=self.kernel,
+            k_ii=self.k_self[a], k_jj=self.k_self[b],
         )
         return PairValues(rho, kc, sol.B, gu)
 
@@ -290,7 +291,7 @@ class GroupCache:
         return costs.merge_solution(
             gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij,
             self.gamma[i], self.beta[i], self.gamma[j], self.beta[j], rho,
-            kernel=self.kernel,
+            kernel=self.kernel, k_ii=self.k_self[i], k_jj=self.k_self[j],
         )
 
     def replace_with_parent(self, i: int, j: int, a1, a2, m1, m2, gamma_k, beta_k) -> None:

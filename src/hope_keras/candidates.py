@@ -99,6 +99,22 @@ REFILL_HUBS = 64
 REFILL_SUBSET_RATIO = 8
 
 
+def _nonzero2(mask):
+    """``np.nonzero`` of a 2-D mask (row-major order, the same arrays), through the
+    flat indices: several times faster on the engine's (rows × n) masks."""
+    flat = np.flatnonzero(mask)
+    return np.divmod(flat, mask.shape[1])
+
+
+def _unique(keys):
+    """``np.unique`` of a 1-D integer array (sorted, each once), by sorting: several
+    times faster than NumPy's hash-based path at the engine's sizes."""
+    keys = np.sort(keys)
+    if keys.size:
+        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+    return keys
+
+
 class MergeTable:
     """The merge candidates of one group and their lazy per-row bookkeeping.
 
@@ -360,7 +376,7 @@ class MergeTable:
         cols = np.arange(n)
         valid = ok[None, :] & ok[rows, None] & (cols[None, :] != rows[:, None])
         held = self.cand[rows]
-        hp, hc = np.nonzero((held >= 0) & ok[np.maximum(held, 0)])
+        hp, hc = _nonzero2((held >= 0) & ok[np.maximum(held, 0)])
         is_cand = np.zeros(valid.shape, dtype=bool)
         is_cand[hp, held[hp, hc]] = True
         # Partners left out whose capacity bound is below the cut; then their pair
@@ -372,7 +388,7 @@ class MergeTable:
             # step while the best cost creeps up.
             more = (valid & ~is_cand & (q < (r_cut * headroom)[:, None])).sum(axis=1)
             r_cut = np.where(more <= 4 * self.preselect, r_cut * headroom, r_cut)
-        sp, sl = np.nonzero(valid & ~is_cand & (q < r_cut[:, None]))
+        sp, sl = _nonzero2(valid & ~is_cand & (q < r_cut[:, None]))
         if sp.size:
             D = self._distance(rows[sp], sl)[0]
             below = D < r_cut[sp]
@@ -439,7 +455,7 @@ class MergeTable:
         m = min(m, D.shape[1])
         top = np.argpartition(D, m - 1, axis=1)[:, :m]
         finite = np.isfinite(np.take_along_axis(D, top, axis=1))
-        pr, pc = np.nonzero(finite)
+        pr, pc = _nonzero2(finite)
         r, l = rr[pr], np.take_along_axis(cols, top, axis=1)[pr, pc]
         B, kc, gu = self._values(r, l)
         R = self._residual(r, l, B, kc * gu)
@@ -478,7 +494,7 @@ class MergeTable:
             cols = np.sort(cols, axis=1)
             valid = (cols >= 0) & ok[np.maximum(cols, 0)] & (cols != rr[:, None])
             valid[:, 1:] &= cols[:, 1:] != cols[:, :-1]  # each partner once
-            pr, pc = np.nonzero(valid)
+            pr, pc = _nonzero2(valid)
             D = np.full(cols.shape, np.inf)
             D[pr, pc] = self._distance(rr[pr], cols[pr, pc])[0]
             # Live partners never looked at: nothing is known of them (R ≥ 0).
@@ -554,7 +570,7 @@ class MergeTable:
         """Computes the exact values of pairs (r, l) (each unordered pair once) and
         stores them both ways."""
         a, b = np.minimum(r, l), np.maximum(r, l)
-        key = np.unique(a.astype(np.int64) * self.n + b)
+        key = _unique(a.astype(np.int64) * self.n + b)
         a, b = key // self.n, key % self.n
         B, kc, gu = self._values(a, b)
         R = self._residual(a, b, B, kc * gu)
@@ -625,13 +641,15 @@ class MergeTable:
                 return None
         cut = self._r_cut(best, f, t)
         rows = np.flatnonzero(ok & (self.rowlo <= cut))
-        sub = np.where(ok[None, :], self.lo[rows], np.inf)
-        self.rowlo[rows] = sub.min(axis=1)
-        pr, l = np.nonzero(sub <= cut[rows, None])
+        sub = self.lo[rows]
+        sub[:, ~ok] = np.inf  # (a third of the time of np.where with a broadcast mask)
+        pr, l = _nonzero2(sub <= cut[rows, None])
         r = rows[pr]
         new = ~self.exact[r, l]
         if new.any():
             self._price_exact(r[new], l[new])
+            sub[pr, l] = self.lo[r, l]  # exact now: tighter row bounds, fewer rows later
+        self.rowlo[rows] = sub.min(axis=1)
         keep = self.lo[r, l] <= cut[r]
         r, l = r[keep], l[keep]
         if not r.size:
@@ -642,9 +660,11 @@ class MergeTable:
         if not finite.any():
             return None
         dr, J, ii, jj = dr[finite], J[finite], ii[finite], jj[finite]
-        order = np.lexsort((jj, ii, dr))
-        k = order[0]
-        self._hint = ii[order[:HINTS]], jj[order[:HINTS]]
+        # The smallest (DR, i, j), and the HINTS best pairs; no full sort.
+        tie = np.flatnonzero(dr == dr.min())
+        k = tie[np.lexsort((jj[tie], ii[tie]))[0]] if tie.size > 1 else tie[0]
+        top = np.argpartition(dr, HINTS - 1)[:HINTS] if dr.size > HINTS else np.arange(dr.size)
+        self._hint = ii[top], jj[top]
         if not dr[k] < cutoff:
             return None
         return float(dr[k]), float(J[k]), int(ii[k]), int(jj[k])
@@ -668,7 +688,7 @@ class MergeTable:
             return
         others = ok.copy()
         others[i] = False
-        hold_r, hold_p = np.nonzero((self.cand == i) & others[:, None])
+        hold_r, hold_p = _nonzero2((self.cand == i) & others[:, None])
         self.dirty[hold_r] = True
         self.cand[i] = -1
         self.R[i] = np.inf
@@ -765,7 +785,7 @@ class MergeTable:
         smallest partner."""
         cand = self.cand[rows]
         valid = (cand >= 0) & ok[np.maximum(cand, 0)] & (cand != rows[:, None])
-        pr, pc = np.nonzero(valid)
+        pr, pc = _nonzero2(valid)
         l = cand[pr, pc]
         r = rows[pr]
         dr, J = self._price(r, l, self.B[r, pc], self.kc[r, pc], self.gu[r, pc], C, price)
