@@ -84,3 +84,33 @@ def test_nan_weights_raise_and_name_the_layer():
     model.get_layer("p").kernel.assign(k)
     with pytest.raises(ValueError, match="'p'.*NaN"):
         extract_group(model, walk(model).groups["p"])
+
+
+def test_coupled_state_builds_its_arrays_on_access_from_the_weights_as_extracted():
+    """A coupled group's float64 arrays are built lazily (`CoupledState`): equal to the
+    writers' filters and readers' slices read directly, a snapshot of the weights at
+    extraction, with row norms equal (bit for bit) to those of the built ``u``."""
+    from conftest import small_resnet
+
+    model = small_resnet(seed=4)
+    group = walk(model).groups["stem"]
+    assert group.kind == "coupled"
+    state = extract_group(model, group)
+    assert "u" not in state.__dict__ and "w_raw" not in state.__dict__
+    norms = state.u_sq_norms()  # before u is built: row blocks
+    k = {n: model.get_layer(n).kernel.numpy().astype(np.float64) for n in ("stem", "b1b",
+                                                                             "b1a", "c2")}
+    bias_nnz = sum((model.get_layer(n).bias.numpy() != 0).astype(int) for n in ("stem", "b1b"))
+    w_raw = np.concatenate([k["stem"].reshape(-1, 8).T, k["b1b"].reshape(-1, 8).T], axis=1)
+    u = np.concatenate([np.moveaxis(k["b1a"], 2, 0).reshape(8, -1),
+                        np.moveaxis(k["c2"], 2, 0).reshape(8, -1)], axis=1)
+    for layer in ("stem", "b1a"):  # edits after extraction do not reach the state
+        model.get_layer(layer).kernel.assign(np.zeros(model.get_layer(layer).kernel.shape))
+    np.testing.assert_array_equal(state.w_raw, w_raw)
+    np.testing.assert_array_equal(state.u, u)
+    assert state.u_split == [0, 54, 54 + 63]
+    np.testing.assert_array_equal(norms, np.einsum("ij,ij->i", state.u, state.u))
+    np.testing.assert_array_equal(
+        state.p_init, np.count_nonzero(w_raw, axis=1) + bias_nnz + np.count_nonzero(u, axis=1)
+        + 8)  # 4 per BatchNormalization channel
+    assert state.size == 8 and state.w_raw.dtype == state.u.dtype == np.float64

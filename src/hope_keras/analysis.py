@@ -328,8 +328,7 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
             caches[name] = build_group_cache(states[name], kernel=kernel)
         else:
             cap, second = coupled_capacity(get, groups[name], moments)
-            unorm = np.sqrt(np.maximum(np.einsum("ij,ij->i", states[name].u,
-                                                 states[name].u), 0.0))
+            unorm = np.sqrt(np.maximum(states[name].u_sq_norms(), 0.0))
             caches[name] = PruneCache(cap, second, unorm, np.full(cap.shape, np.nan))
     block_of = g.block_of_group()
     reports = [

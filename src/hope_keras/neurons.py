@@ -13,6 +13,7 @@ consumer-slice helpers are shared with `hope_keras.edit` and `hope_keras.slim`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import List, Tuple
 
 import numpy as np
@@ -106,6 +107,10 @@ class LayerState:
         """Augmented folded input vectors ``[w_eff ; b]``, ``(n, d + 1)``."""
         return np.concatenate([self.w_eff, self.b_eff[:, None]], axis=1)
 
+    def u_sq_norms(self) -> np.ndarray:
+        """``‖u_i‖²`` of each neuron (float64)."""
+        return np.einsum("ij,ij->i", self.u, self.u)
+
 
 def _check_finite(layer_name: str, what: str, array: np.ndarray) -> None:
     if not np.all(np.isfinite(array)):
@@ -150,12 +155,13 @@ def producer_arrays(layer) -> Tuple[np.ndarray, np.ndarray]:
     return w, bias
 
 
-def reader_slices(layer, positions: np.ndarray) -> List[np.ndarray]:
+def reader_slices(layer, positions: np.ndarray, native: bool = False) -> List[np.ndarray]:
     """A reader's weights for each channel: one ``(n, m)`` array per in-weight.
 
     ``positions`` is the reader coupling's ``(n, k)`` array of input positions; row
     ``c`` gathers every weight the reader applies to those positions (for a Dense
     after a Flatten, the rows ``c, c + C, …``; for a convolution, ``kernel[..., c, :]``).
+    float64, or the weights' own dtype with ``native=True``.
     """
     rule = layer_rules.get(layer)
     out = []
@@ -168,8 +174,9 @@ def reader_slices(layer, positions: np.ndarray) -> List[np.ndarray]:
         _check_finite(layer.name, w.attr, arr)
         idx = positions if w.expand == 1 else (
             positions[..., None] * w.expand + np.arange(w.expand)).reshape(n, -1)
-        taken = np.take(arr, idx.reshape(-1), axis=w.axis)
-        out.append(np.moveaxis(taken, w.axis, 0).astype(np.float64, order="C").reshape(n, -1))
+        taken = np.moveaxis(np.take(arr, idx.reshape(-1), axis=w.axis), w.axis, 0)
+        out.append((np.ascontiguousarray(taken) if native else
+                    taken.astype(np.float64, order="C")).reshape(n, -1))
     return out
 
 
@@ -253,23 +260,67 @@ def _reader_u(get, group, positions):
     return np.concatenate(parts, axis=1), split
 
 
+class CoupledState(LayerState):
+    """The `LayerState` of a ``"coupled"`` group. Its float64 ``w_raw`` and ``u``
+    (every writer's filters, every reader's slices: on a residual stream the
+    largest arrays of a network) are built on first access from the weights as
+    read at extraction; `analyze` needs only their non-zero counts and row norms."""
+
+    def __init__(self, group, filters, bias, gamma, beta, mean, var, eps, parts, split,
+                 p_init):  # noqa: D107 - not the dataclass init
+        self.group, self.bias, self.eps = group, bias, eps
+        self.gamma, self.beta, self.mean, self.var = gamma, beta, mean, var
+        self.u_split, self.p_init = split, p_init
+        self._filters, self._parts = filters, parts  # (n, ·) arrays in their own dtype
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    @staticmethod
+    def _joined(arrays, n, rows=slice(None)):
+        if not arrays:
+            return np.zeros((n, 0))[rows]
+        return np.concatenate([a[rows].astype(np.float64) for a in arrays], axis=1)
+
+    @functools.cached_property
+    def w_raw(self) -> np.ndarray:
+        return self._joined(self._filters, self.size)
+
+    @functools.cached_property
+    def u(self) -> np.ndarray:
+        return self._joined(self._parts, self.size)
+
+    def u_sq_norms(self) -> np.ndarray:
+        if "u" in self.__dict__:
+            return super().u_sq_norms()
+        out = np.empty(self.size)
+        for start in range(0, self.size, 256):  # row blocks: no full float64 copy
+            rows = slice(start, min(self.size, start + 256))
+            block = self._joined(self._parts, self.size, rows)
+            out[rows] = np.einsum("ij,ij->i", block, block)
+        return out
+
+    def __repr__(self) -> str:
+        return f"CoupledState(group={self.group.name!r}, size={self.size})"
+
+
 def _extract_coupled(get, group: NeuronGroup) -> LayerState:
     n = group.size
     filters, p_init = [], np.zeros(n)
     bias = np.zeros(n)
-    slices = {}  # each reader coupling's slices, read once (p_init, then u)
-    for k, c in enumerate(group.couplings):
+    parts = []  # each reader coupling's slices, read once (p_init, then u)
+    for c in group.couplings:
         layer = get(c.layer)
         rule = layer_rules.get(layer)
         if c.role == "out":
             for w in rule.out_weights(layer):
                 arr = _np(getattr(layer, w.attr))
                 _check_finite(layer.name, w.attr, arr)
-                cols = np.moveaxis(arr, w.axis, 0).astype(np.float64, order="C").reshape(
-                    arr.shape[w.axis], -1)
+                cols = np.moveaxis(arr, w.axis, 0).reshape(arr.shape[w.axis], -1)
                 p_init += np.count_nonzero(cols, axis=1)
                 if w.attr == "bias":
-                    bias = bias + cols[:, 0]
+                    bias = bias + cols[:, 0].astype(np.float64)
                 else:
                     filters.append(cols)
         elif c.role == "channel":
@@ -279,9 +330,9 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
                 p_init += np.take(arr, c.positions[:, :1].reshape(-1), axis=w.axis).reshape(
                     n, -1).shape[1]
         else:
-            slices[k] = reader_slices(layer, c.positions)
-            for rows in slices[k]:
+            for rows in reader_slices(layer, c.positions, native=True):
                 p_init += np.count_nonzero(rows, axis=1)
+                parts.append((c, rows))
     bn_coupling = next((c for c in group.couplings if c.role == "channel"
                         and isinstance(get(c.layer), keras.layers.BatchNormalization)), None)
     if bn_coupling is not None:
@@ -290,15 +341,11 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
                                        for a in bn_arrays(get(bn_coupling.layer)))
     else:
         gamma, beta, mean, var, eps = np.ones(n), np.zeros(n), np.zeros(n), np.ones(n), 0.0
-    parts = [np.concatenate(slices[k], axis=1)
-             for k, c in enumerate(group.couplings) if c.role == "in"]
     split = [0]
-    for p in parts:
-        split.append(split[-1] + p.shape[1])
-    u = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0))
-    w_raw = np.concatenate(filters, axis=1) if filters else np.zeros((n, 0))
-    return LayerState(group, w_raw, bias, gamma, beta, mean, var, float(eps), u, split,
-                      p_init.astype(np.float64))
+    for c in group.readers:  # one split per reader coupling (all its in-weights)
+        split.append(split[-1] + sum(rows.shape[1] for r, rows in parts if r is c))
+    return CoupledState(group, filters, bias, gamma, beta, mean, var, float(eps),
+                        [rows for _, rows in parts], split, p_init.astype(np.float64))
 
 
 def coupled_capacity(get, group: NeuronGroup, moments) -> Tuple[np.ndarray, np.ndarray]:
