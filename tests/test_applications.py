@@ -52,10 +52,7 @@ FAMILIES = {
     "EfficientNetB0": _app("EfficientNetB0"),
     "ConvNeXtTiny": _app("ConvNeXtTiny"),
 }
-# Layers outside every group by construction: ConvNeXt's residual stream passes
-# through LayerNormalization (it normalises across channels, so no channel can be
-# removed exactly); the bound is what the other channels reach.
-MIN_COVERAGE = {"ConvNeXtTiny": 0.76}
+MIN_COVERAGE = {}  # a family that cannot reach 80 % would get its bound here
 
 
 def _prepare(name, model, rng):
@@ -80,6 +77,38 @@ def test_family(name, tmp_path):
     assert np.abs(y - ys).max() <= 1e-4 * max(1.0, float(np.abs(y).max()))
     assert small.count_params() == round(result.params_ratio * model.count_params())
     path = str(tmp_path / f"{name}.keras")
+    small.save(path)
+    reloaded = keras.models.load_model(path, safe_mode=True)
+    np.testing.assert_allclose(reloaded.predict(x, verbose=0), ys, rtol=1e-6, atol=1e-7)
+
+
+def test_convnext_streams_prune_through_layer_norms_and_slim_exactly(tmp_path):
+    """ConvNeXt's residual streams are read through LayerNormalization everywhere
+    (stem, every block, downsampling, head): after `compress` and 8 channels of
+    every stream removed by the editor, `slim` (which counts them as zeros in every
+    LayerNormalization it shrinks) equals the in-place model and reloads."""
+    from hope_keras.edit import ModelEditor
+
+    rng = np.random.default_rng(0)
+    keras.utils.set_random_seed(0)
+    model, x = _prepare("ConvNeXtTiny", FAMILIES["ConvNeXtTiny"](), rng)
+    analysis = hope_keras.analyze(model)
+    streams = [g.name for g in analysis.graph.groups.values() if g.stream]
+    assert len(streams) == 4
+    hope_keras.compress(model, density=0.9, analysis=analysis, verbose=False)
+    editor = ModelEditor(model, analysis.graph)
+    for name in streams:
+        for i in range(0, 64, 8):
+            with editor.step():
+                editor.prune(name, i)
+    editor.commit()
+    small = hope_keras.slim(model)
+    padded = [layer.zero_channels for layer in small.layers
+              if isinstance(layer, hope_keras.layers.ZeroPaddedLayerNormalization)]
+    assert len(padded) == 1 + 18 + 3 + 1 and set(padded) == {8}  # stem, blocks, downsampling, head
+    y, ys = model.predict(x, verbose=0), small.predict(x, verbose=0)
+    assert np.abs(y - ys).max() <= 1e-4 * max(1.0, float(np.abs(y).max()))
+    path = str(tmp_path / "convnext.keras")
     small.save(path)
     reloaded = keras.models.load_model(path, safe_mode=True)
     np.testing.assert_allclose(reloaded.predict(x, verbose=0), ys, rtol=1e-6, atol=1e-7)

@@ -131,8 +131,10 @@ def test_group_kinds(build, layer, kind):
         (lambda x: L.Dense(3, name="p")(x), "p", "calibrate"),
         (lambda x: L.ReLU()(L.BatchNormalization()(L.Dense(3, name="p")(x))), "p",
          "model output"),
-        (lambda x: L.LayerNormalization()(L.Dense(3, name="p")(x)), "p",
+        (lambda x: L.GroupNormalization(groups=3)(L.Dense(3, name="p")(x)), "p",
          "normalises across channels"),
+        (lambda x: L.LayerNormalization(scale=False)(L.Dense(3, name="p")(x)), "p",
+         "without scale"),
     ],
 )
 def test_pinned_reasons(build, layer, words):

@@ -25,6 +25,10 @@ def _randomize(model, seed=0):
                       "moving_variance": rng.uniform(0.5, 2.0, n)}
             for w in layer.weights:
                 w.assign(values[w.name].astype("float32"))
+        elif isinstance(layer, L.LayerNormalization):
+            n = layer.gamma.shape[0]
+            layer.gamma.assign(rng.uniform(0.5, 1.5, n).astype("float32"))
+            layer.beta.assign(rng.normal(0, 0.5, n).astype("float32"))
         elif getattr(layer, "bias", None) is not None:
             layer.bias.assign(rng.normal(0, 0.2, layer.bias.shape).astype("float32"))
     return model
@@ -133,8 +137,25 @@ def nested(x):
     return L.Dense(3)(L.GlobalAveragePooling2D()(backbone(x)))
 
 
+def convnext(x):
+    """ConvNeXt: a residual stream read through LayerNormalization (stem, every
+    block, the downsampling layer), a per-channel layer scale, and a pooled head
+    normalised again."""
+    layer_scale = kg.optional_classes("applications.convnext", ("LayerScale",))["LayerScale"]
+    x = L.LayerNormalization(epsilon=1e-6)(L.Conv2D(6, 2, strides=2)(x))
+    for depthwise in (L.Conv2D(6, 3, padding="same", groups=6),  # as keras.applications
+                      L.DepthwiseConv2D(3, padding="same")):
+        y = L.LayerNormalization(epsilon=1e-6)(depthwise(x))
+        y = L.Dense(6)(L.Activation("gelu")(L.Dense(12)(y)))
+        x = x + layer_scale(0.5, 6)(y)
+    x = L.Conv2D(5, 2, strides=2)(L.LayerNormalization(epsilon=1e-6)(x))
+    x = L.LayerNormalization(epsilon=1e-6)(L.GlobalAveragePooling2D()(x))
+    return L.Dense(3)(x)
+
+
 PATTERNS = [bn_after_activation, pre_activation, depthwise, separable, concatenate,
-            squeeze_excite, keras_ops, residual_stream, channels_first_flatten, nested]
+            squeeze_excite, keras_ops, residual_stream, channels_first_flatten, nested,
+            convnext]
 
 
 def _model(pattern, seed):
@@ -228,3 +249,65 @@ def test_baselines_on_coupled_patterns_slim_exactly(pattern):
         small = hope_keras.slim(model)
         assert _same(model, small, _x(model)), method
         assert small.count_params() < model.count_params()
+
+
+def test_convnext_stream_channels_go_and_slim_counts_them_in_layer_norms(tmp_path):
+    """Stream channels pruned through every LayerNormalization: slim's copies count
+    them as zeros (`ZeroPaddedLayerNormalization`), outputs equal, and the model
+    reloads in safe mode. A channel that only looks unread but is not zero stays."""
+    from hope_keras.layers import ZeroPaddedLayerNormalization
+
+    model = _model(convnext, seed=5)
+    graph = hope_keras.walk(model)
+    (stream,) = [g for g in graph.groups.values() if g.stream]
+    assert sum(isinstance(graph.layer(c.layer), L.LayerNormalization)
+               for c in stream.couplings if c.role == "channel") == 4
+    x = _x(model)
+    editor = ModelEditor(model, graph)
+    for i in (1, 4):
+        with editor.step():
+            editor.prune(stream.name, i)
+    editor.commit()
+    small = hope_keras.slim(model)
+    assert _same(model, small, x)
+    norms = [layer for layer in small.layers if isinstance(layer, L.LayerNormalization)]
+    padded = [layer.zero_channels for layer in norms
+              if isinstance(layer, ZeroPaddedLayerNormalization)]
+    assert sorted(padded) == [2, 2, 2, 2]
+    path = str(tmp_path / "convnext.keras")
+    small.save(path)
+    reloaded = keras.models.load_model(path, safe_mode=True)
+    assert _same(small, reloaded, x, rtol=1e-6)
+    # Zeroing a stream channel's readers only (it still flows): slim keeps it.
+    model = _model(convnext, seed=5)
+    editor = ModelEditor(model, graph := hope_keras.walk(model))
+    (stream,) = [g for g in graph.groups.values() if g.stream]
+    with editor.step():
+        for c in stream.readers:
+            editor._zero_coupling(c, 2)
+    editor.commit()
+    small = hope_keras.slim(model)
+    assert _same(model, small, x)
+    assert not any(isinstance(layer, ZeroPaddedLayerNormalization) for layer in small.layers)
+
+
+def test_zero_padded_layer_norm_equals_layer_norm_on_the_padded_input():
+    """Against a float64 NumPy LayerNormalization of the input with the zeros put back."""
+    from hope_keras.layers import ZeroPaddedLayerNormalization
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(1.0, 2.0, (4, 3, 5)).astype("float32")
+    layer = ZeroPaddedLayerNormalization(zero_channels=3, epsilon=1e-3)
+    layer.build(x.shape)
+    layer.gamma.assign(rng.uniform(0.5, 1.5, 5).astype("float32"))
+    layer.beta.assign(rng.normal(0, 1, 5).astype("float32"))
+    padded = np.concatenate([x, np.zeros((4, 3, 3))], axis=-1).astype(np.float64)
+    mean = padded.mean(axis=-1, keepdims=True)
+    var = padded.var(axis=-1, keepdims=True)
+    ref = ((padded - mean) / np.sqrt(var + 1e-3))[..., :5] * layer.gamma.numpy() \
+        + layer.beta.numpy()
+    np.testing.assert_allclose(np.asarray(layer(x)), ref, rtol=1e-5, atol=1e-5)
+    again = ZeroPaddedLayerNormalization.from_config(layer.get_config())
+    assert again.zero_channels == 3 and again.epsilon == layer.epsilon
+    with pytest.raises(ValueError, match="zero_channels must be >= 0. Received: -1"):
+        ZeroPaddedLayerNormalization(zero_channels=-1)

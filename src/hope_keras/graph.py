@@ -386,7 +386,8 @@ class _Walker:
         self._unsupported(node, f"{type(op).__name__}, which hope_keras cannot see through")
 
     def _merge(self, node, n_out: int) -> None:
-        if isinstance(node.op, keras.layers.Add):
+        if isinstance(node.op, keras.layers.Add) or getattr(
+                layer_rules.get(node.op), "op", None) == "add":  # also `x + y` (ConvNeXt)
             self.sums.add(node.outputs[0])
         full = [t for t in node.inputs if len(self.pos[t][0]) == n_out]
         for t in node.inputs:

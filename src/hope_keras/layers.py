@@ -50,7 +50,7 @@ from hope_keras import _keras_graph as kg
 __all__ = [
     "WeightAxis", "LayerRule", "SourceRule", "ChannelwiseRule", "MergeRule",
     "ConcatRule", "FlattenRule", "ReshapeRule", "UnsupportedRule", "register", "get",
-    "ROLES",
+    "ROLES", "ZeroPaddedLayerNormalization",
 ]
 
 ROLES = ("source", "channelwise", "merge", "concat", "flatten", "reshape", "unsupported")
@@ -129,6 +129,10 @@ class LayerRule:
     def slim_config(self, layer, config: dict, in_live: int, out_live: int) -> dict:
         """The layer config of its slimmed copy."""
         return config
+
+    def slim_class(self, layer, config: dict) -> type:
+        """The class of its slimmed copy (built with ``from_config(config)``)."""
+        return type(layer)
 
     def is_passthrough(self, layer, node=None) -> bool:
         """A weightless, linear-in-value channelwise layer a dead channel stays dead
@@ -260,6 +264,45 @@ class _DepthwiseRule(ChannelwiseRule):
         k = _shape_prod(layer.kernel.shape[:-2])
         return 2 * _shape_prod(out_shape[1:-1]) * k * out_live
 
+    depthwise = True
+
+    def kernel_2d(self, layer) -> np.ndarray:
+        """The kernel as ``(spatial positions, channels)``."""
+        k = np.asarray(layer.kernel.numpy())
+        return k.reshape(-1, k.shape[-2])
+
+
+class _GroupedDepthwiseRule(_DepthwiseRule):
+    """A ConvND with ``groups == filters ==`` input channels (ConvNeXt's depthwise
+    convolution): channel ``c`` reads channel ``c`` only, its kernel is
+    ``(*spatial, 1, C)``. `get` gives this rule to such a layer instead of the
+    convolution's `SourceRule`."""
+
+    def check(self, layer, rank=None):
+        return _channels_last(layer)
+
+    def channel_weights(self, layer):
+        out = [WeightAxis("kernel", -1)]
+        if getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
+            out.append(WeightAxis("bias", 0))
+        return out
+
+    def slim_config(self, layer, config, in_live, out_live):
+        config = dict(config)
+        config["filters"] = config["groups"] = int(in_live)
+        return config
+
+    def kernel_2d(self, layer) -> np.ndarray:
+        k = np.asarray(layer.kernel.numpy())
+        return k.reshape(-1, k.shape[-1])
+
+
+def _is_grouped_depthwise(layer) -> bool:
+    groups = int(getattr(layer, "groups", 1) or 1)
+    kernel = getattr(layer, "kernel", None)
+    return (groups > 1 and kernel is not None and int(kernel.shape[-2]) == 1
+            and int(kernel.shape[-1]) == groups)
+
 
 class _ActivationLayerRule(ChannelwiseRule):
     """keras.layers.Activation: channelwise unless it mixes channels (softmax)."""
@@ -275,6 +318,112 @@ class _ActivationLayerRule(ChannelwiseRule):
 
     def activation(self, layer, node=None):
         return None if self.is_passthrough(layer) else layer.activation
+
+
+@keras.saving.register_keras_serializable(package="hope_keras")
+class ZeroPaddedLayerNormalization(keras.layers.LayerNormalization):
+    """A LayerNormalization over the last axis whose mean and variance also count
+    ``zero_channels`` channels that hold exact zeros and are not there.
+
+    `hope_keras.slim` puts it in place of a LayerNormalization whose input lost
+    channels that the compressed model held at exactly zero: the layer it replaces
+    normalised over them too (a zero shifts the mean and the variance of the others),
+    so the slim model keeps computing the same function. With ``zero_channels=0`` it
+    is a LayerNormalization.
+
+    Args:
+        zero_channels: How many zero channels the statistics count (≥ 0).
+        **kwargs: `keras.layers.LayerNormalization` arguments (``axis`` must be the
+            last axis; ``rms_scaling`` is not supported).
+
+    Example:
+
+    >>> import numpy as np, keras
+    >>> from hope_keras.layers import ZeroPaddedLayerNormalization
+    >>> x = np.array([[1.0, 2.0, 6.0]], "float32")
+    >>> padded = np.concatenate([x, np.zeros((1, 2), "float32")], axis=1)
+    >>> ln = keras.layers.LayerNormalization(epsilon=1e-3)
+    >>> zp = ZeroPaddedLayerNormalization(zero_channels=2, epsilon=1e-3)
+    >>> bool(np.allclose(zp(x), ln(padded)[:, :3], atol=1e-6))
+    True
+    """
+
+    def __init__(self, zero_channels: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        zero_channels = int(zero_channels)
+        if zero_channels < 0:
+            raise ValueError(f"zero_channels must be >= 0. Received: {zero_channels}")
+        if self.rms_scaling and zero_channels:
+            raise ValueError("ZeroPaddedLayerNormalization does not support rms_scaling.")
+        self.zero_channels = zero_channels
+
+    def call(self, inputs):
+        if not self.zero_channels:
+            return super().call(inputs)
+        ops = keras.ops
+        dtype = keras.backend.result_type(inputs.dtype, "float32")
+        x = ops.cast(inputs, dtype)
+        live = x.shape[-1]
+        total = float(live + self.zero_channels)
+        mean = ops.sum(x, axis=-1, keepdims=True) / total
+        # Σ over live channels of (x − mean)², plus the zeros' (0 − mean)² each.
+        var = (ops.sum(ops.square(x - mean), axis=-1, keepdims=True)
+               + self.zero_channels * ops.square(mean)) / total
+        out = (x - mean) * ops.rsqrt(var + self.epsilon)
+        if self.scale:
+            out = out * ops.cast(self.gamma, dtype)
+        if self.center:
+            out = out + ops.cast(self.beta, dtype)
+        return ops.cast(out, self.compute_dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "zero_channels": self.zero_channels}
+
+
+class _LayerNormRule(ChannelwiseRule):
+    """LayerNormalization over the channel (last) axis. Not channelwise in general
+    (every output channel depends on the statistics of all input channels), but a
+    channel that is exactly zero at its input, with γ = β = 0, outputs zero and
+    only enters the others' statistics as a zero: a channel the editor removes
+    (every coupled weight zeroed) is such a channel, and `slim` replaces the layer
+    by a `ZeroPaddedLayerNormalization` that still counts it."""
+
+    normalises_channels = True
+
+    def __init__(self):
+        super().__init__([WeightAxis("gamma", 0), WeightAxis("beta", 0)], data_format=False)
+
+    def check(self, layer, rank=None):
+        axis = layer.axis if isinstance(layer.axis, int) else (
+            layer.axis[0] if len(layer.axis) == 1 else None)
+        if axis is None or (axis != -1 and (rank is None or axis != rank - 1)):
+            return (f"a LayerNormalization over axis {layer.axis}, not the channel (last) "
+                    "axis alone: it normalises across other axes too")
+        if getattr(layer, "rms_scaling", False):
+            return "a LayerNormalization with rms_scaling (not supported)"
+        if not layer.scale:
+            return ("a LayerNormalization without scale (gamma): a removed channel "
+                    "cannot be set to zero after it")
+        return None
+
+    def slim_config(self, layer, config, in_live, out_live):
+        config = dict(config)
+        removed = int(layer.gamma.shape[0]) - int(in_live)
+        config["zero_channels"] = int(getattr(layer, "zero_channels", 0)) + removed
+        return config
+
+    def slim_class(self, layer, config):
+        return ZeroPaddedLayerNormalization if config.get("zero_channels") else type(layer)
+
+
+class _LayerScaleRule(ChannelwiseRule):
+    """ConvNeXt's LayerScale: its config states its width (``projection_dim``)."""
+
+    def slim_config(self, layer, config, in_live, out_live):
+        config = dict(config)
+        if "projection_dim" in config:
+            config["projection_dim"] = int(in_live)
+        return config
 
 
 class _ReshapeRule(LayerRule):
@@ -382,18 +531,22 @@ def get(layer) -> LayerRule:
 
     >>> import keras
     >>> from hope_keras import layers as hl
-    >>> hl.get(keras.layers.Conv2D(4, 3)).role, hl.get(keras.layers.LayerNormalization()).role
+    >>> hl.get(keras.layers.Conv2D(4, 3)).role, hl.get(keras.layers.GroupNormalization()).role
     ('source', 'unsupported')
     """
     layer = getattr(layer, "wrapped_layer", layer)  # editor mirrors wrap the layer
     for cls in type(layer).__mro__:
         rule = _REGISTRY.get(cls)
         if rule is not None:
+            if isinstance(rule, SourceRule) and rule.kind == "conv" \
+                    and _is_grouped_depthwise(layer):
+                return _GROUPED_DEPTHWISE
             return rule
     return _DEFAULT
 
 
 _DEFAULT = UnsupportedRule()
+_GROUPED_DEPTHWISE = _GroupedDepthwiseRule()
 
 
 def _register_builtins():
@@ -439,14 +592,15 @@ def _register_builtins():
                   (L.Average, "average"), (L.Maximum, "maximum"), (L.Minimum, "minimum")):
         register(c, MergeRule(op))
     register(L.Concatenate, ConcatRule())
-    for c in (L.LayerNormalization, L.GroupNormalization, L.UnitNormalization):
+    register(L.LayerNormalization, _LayerNormRule())
+    for c in (L.GroupNormalization, L.UnitNormalization):
         register(c, UnsupportedRule(
             "normalises across channels: removing a channel would change the others"))
     # ConvNeXt's per-channel scale and stochastic depth (keras.applications)
     convnext = kg.optional_classes("applications.convnext",
                                    ("LayerScale", "StochasticDepth"))
     if "LayerScale" in convnext:
-        register(convnext["LayerScale"], ChannelwiseRule([WeightAxis("gamma", 0)],
+        register(convnext["LayerScale"], _LayerScaleRule([WeightAxis("gamma", 0)],
                                                          data_format=False))
     if "StochasticDepth" in convnext:
         register(convnext["StochasticDepth"], ChannelwiseRule(passthrough=True,

@@ -112,9 +112,8 @@ def _channelwise(node, rule, layer, m, v) -> Moments:
         gamma = _np(layer.gamma) if layer.scale else np.ones_like(m)
         beta = _np(layer.beta) if layer.center else np.zeros_like(m)
         return beta.copy(), gamma ** 2
-    if isinstance(layer, (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)):
-        k = _np(layer.kernel)
-        k = k.reshape(-1, k.shape[-2])
+    if getattr(rule, "depthwise", False):  # DepthwiseConvND, or a ConvND with groups = C
+        k = rule.kernel_2d(layer)
         m2, v2 = m * k.sum(0), v * (k ** 2).sum(0)
         if getattr(layer, "use_bias", False) and layer.bias is not None:
             m2 = m2 + _np(layer.bias)

@@ -73,9 +73,80 @@ def live_channels(model, group: graph_lib.NeuronGroup, graph=None,
         for rows in reader_slices(get(c.layer), c.positions):
             read |= np.any(rows != 0, axis=1)
     keep = ~dead & read
+    if _normalised(get, group):
+        # A LayerNormalization counts every channel in its statistics: only channels
+        # that are exactly zero wherever the group flows can go (they are then counted
+        # as zeros by `ZeroPaddedLayerNormalization`).
+        keep |= ~exactly_zero_channels(get, group, graph)
     if not keep.any():
         keep[0] = True  # a layer cannot be empty; this channel reads as zero anyway
     return keep
+
+
+def _normalised(get, group) -> bool:
+    return any(getattr(layer_rules.get(get(c.layer)), "normalises_channels", False)
+               for c in group.couplings if c.role == "channel")
+
+
+def _maps_zero_to_zero(fn) -> bool:
+    try:
+        return bool(np.all(np.asarray(fn(np.zeros((1, 1), "float32"))) == 0))
+    except Exception:  # noqa: BLE001 - anything that cannot be checked does not count
+        return False
+
+
+def exactly_zero_channels(get, group, graph) -> np.ndarray:
+    """Boolean mask of the channels of `group` that are exactly zero in every tensor
+    of the group: every writer's output weights and every channelwise layer's
+    weights (moving variance aside) are zero on them, as the editor's prune leaves
+    them, and every layer between the group's tensors maps zero to zero (no fused
+    or standalone activation with ``f(0) ≠ 0``, no ``x + 3``, no sum with a tensor
+    outside the group). All False when some layer there does not keep zeros."""
+    n = group.size
+    zero = np.ones(n, dtype=bool)
+    for c in group.couplings:
+        layer = get(c.layer)
+        rule = layer_rules.get(layer)
+        if c.role == "out":
+            weights = rule.out_weights(layer)
+            act = rule.activation(layer)
+            if act is not None and not _maps_zero_to_zero(act):
+                return np.zeros(n, dtype=bool)
+        elif c.role == "channel":
+            weights = [w for w in rule.channel_weights(layer) if w.attr != "moving_variance"]
+        else:
+            continue
+        for w in weights:
+            arr = np.moveaxis(_np(getattr(layer, w.attr)), w.axis, 0)
+            idx = c.positions[:, :1].reshape(-1)
+            if w.expand != 1:
+                idx = (idx[:, None] * w.expand + np.arange(w.expand)).reshape(-1)
+            zero &= ~np.any(arr[idx].reshape(n, -1) != 0, axis=1)
+    fg = graph.flat
+    inside = set(group.tensors)
+    for node in fg.nodes:
+        if not node.outputs or node.outputs[0] not in inside or \
+                not any(t in inside for t in node.inputs):
+            continue
+        layer, rule = node.op, layer_rules.get(node.op)
+        role = layer_rules.role_of(layer, node)
+        if role == "merge":
+            op = getattr(rule, "op", "add")
+            if op != "multiply" and not all(t in inside for t in node.inputs):
+                return np.zeros(n, dtype=bool)
+        elif role == "channelwise" and not rule.channel_weights(layer) \
+                and not rule.is_passthrough(layer, node):
+            if isinstance(rule, layer_rules._ScalarOpRule):
+                operand = layer_rules.scalar_operand(node)
+                ok = operand is not None and (
+                    (rule.op in ("add", "subtract") and operand[0] == 0.0)
+                    or rule.op == "multiply" or (rule.op == "divide" and operand[1]))
+            else:
+                act = rule.activation(layer, node)
+                ok = act is not None and _maps_zero_to_zero(act)
+            if not ok:
+                return np.zeros(n, dtype=bool)
+    return zero
 
 
 def evicted_blocks(model, graph) -> set:
@@ -209,9 +280,9 @@ def _slim_layer(layer, node, fg, keep):
     t_out = node.outputs[0] if node.outputs else None
     changed = (t_in is not None and keep(t_in) is not None) or (
         t_out is not None and keep(t_out) is not None)
-    if changed and role in ("source", "reshape"):
+    if changed and role in ("source", "reshape", "channelwise"):
         config = rule.slim_config(layer, config, _live(t_in, keep, fg), _live(t_out, keep, fg))
-    return layer.__class__.from_config(config)
+    return rule.slim_class(layer, config).from_config(config)
 
 
 def _copy_weights(old, new, node, keep) -> None:
