@@ -138,3 +138,21 @@ def test_replace_with_parent_matches_fresh_cache_of_edited_vectors():
     np.testing.assert_allclose(c.gram_u[1], u @ u[1] * (np.arange(6) != 4), rtol=1e-9,
                                atol=1e-12)
     assert c.capacity[1] == pytest.approx(float(sol.B), rel=1e-9)
+
+
+def test_gram_backends_agree_and_the_option_is_checked(monkeypatch):
+    """TensorFlow (the GPU path) and NumPy (the CPU path) give the same Gram matrix,
+    in one product and in mirrored row chunks, float64 and float32."""
+    x = np.random.default_rng(1).normal(size=(37, 11))
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-4)):
+        for chunk in (64, 8):
+            a = cache_lib.gram(x, chunk_rows=chunk, dtype=dtype, backend="tensorflow")
+            b = cache_lib.gram(x, chunk_rows=chunk, dtype=dtype, backend="numpy")
+            assert a.dtype == b.dtype == dtype
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+            np.testing.assert_allclose(b, x @ x.T, rtol=tol, atol=tol)
+            np.testing.assert_array_equal(b, b.T)
+    monkeypatch.setattr(cache_lib, "GRAM_BACKEND", "numpy")
+    np.testing.assert_array_equal(cache_lib.gram(x), cache_lib.gram(x, backend="numpy"))
+    with pytest.raises(ValueError, match="backend must be .* Received: backend='cuda'"):
+        cache_lib.gram(x, backend="cuda")

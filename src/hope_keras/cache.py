@@ -24,6 +24,7 @@ Everything a merge changes is a linear combination of two Gram rows, so
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -48,11 +49,27 @@ SKETCH_WORK = 3e11
 SKETCH_DIM = 256
 
 
-def gram(x: np.ndarray, chunk_rows: int = CHUNK_ROWS * 4, dtype=np.float64) -> np.ndarray:
-    """``x @ x.T`` with TensorFlow (on a GPU when there is one), in ``dtype``.
+#: Where `gram` multiplies: ``"auto"`` (TensorFlow when it sees a GPU, else NumPy),
+#: ``"tensorflow"`` or ``"numpy"``. On these 2 CPU cores NumPy's BLAS computes
+#: ResNet-50's float64 Gram products 2–4× faster than TensorFlow's matmul (and skips
+#: the copies into tensors): docs/benchmarks.md, "Scale".
+GRAM_BACKEND = "auto"
+
+
+@functools.lru_cache(maxsize=None)
+def _tf_has_gpu() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def gram(x: np.ndarray, chunk_rows: int = CHUNK_ROWS * 4, dtype=np.float64,
+         backend: Optional[str] = None) -> np.ndarray:
+    """``x @ x.T`` in ``dtype``, with TensorFlow on a GPU, else with NumPy.
 
     Up to `chunk_rows` rows: one matmul. Wider: the upper triangle in row chunks,
     mirrored (about half the multiply-adds), so temporaries stay bounded.
+    ``backend`` overrides `GRAM_BACKEND` (``"auto"``, ``"tensorflow"``, ``"numpy"``).
 
     Example:
 
@@ -61,21 +78,36 @@ def gram(x: np.ndarray, chunk_rows: int = CHUNK_ROWS * 4, dtype=np.float64) -> n
     >>> np.allclose(gram(x), x @ x.T)
     True
     >>> x = np.random.default_rng(0).normal(size=(50, 7))
-    >>> np.allclose(gram(x, chunk_rows=16), x @ x.T)
+    >>> np.allclose(gram(x, chunk_rows=16, backend="tensorflow"), x @ x.T)
     True
     """
-    import tensorflow as tf
-
+    backend = backend or GRAM_BACKEND
+    if backend not in ("auto", "tensorflow", "numpy"):
+        raise ValueError(f"backend must be 'auto', 'tensorflow' or 'numpy'. "
+                         f"Received: backend={backend!r}")
+    if backend == "auto":
+        backend = "tensorflow" if _tf_has_gpu() else "numpy"
     n = x.shape[0]
-    tf_dtype = tf.float64 if np.dtype(dtype) == np.float64 else tf.float32
-    xt = tf.constant(np.asarray(x, dtype=dtype), dtype=tf_dtype)
+    if backend == "numpy":
+        xn = np.asarray(x, dtype=dtype)
+
+        def matmul(a, b):
+            return a @ b.T
+    else:
+        import tensorflow as tf
+
+        xn = tf.constant(np.asarray(x, dtype=dtype),
+                         dtype=tf.float64 if np.dtype(dtype) == np.float64 else tf.float32)
+
+        def matmul(a, b):
+            return tf.matmul(a, b, transpose_b=True).numpy()
     if n <= chunk_rows:
-        return tf.matmul(xt, xt, transpose_b=True).numpy()
+        return np.asarray(matmul(xn, xn), dtype=dtype)
     out = np.empty((n, n), dtype=dtype)
     step = max(chunk_rows // 2, 1)
     for start in range(0, n, step):
         stop = min(n, start + step)
-        block = tf.matmul(xt[start:stop], xt[start:], transpose_b=True).numpy()
+        block = matmul(xn[start:stop], xn[start:])
         out[start:stop, start:] = block
         out[stop:, start:stop] = block[:, stop - start:].T
     return out
