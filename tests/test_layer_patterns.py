@@ -311,3 +311,22 @@ def test_zero_padded_layer_norm_equals_layer_norm_on_the_padded_input():
     assert again.zero_channels == 3 and again.epsilon == layer.epsilon
     with pytest.raises(ValueError, match="zero_channels must be >= 0. Received: -1"):
         ZeroPaddedLayerNormalization(zero_channels=-1)
+
+
+def test_layer_norm_group_keeps_channels_that_an_activation_makes_non_zero():
+    """A removed channel must be exactly zero at a LayerNormalization's input: after a
+    depthwise convolution with a sigmoid (sigmoid(0) = 0.5) it is not, so `slim`
+    keeps it (and stays exact)."""
+    inputs = keras.Input((6, 6, 3))
+    x = L.Conv2D(5, 1, name="p")(inputs)
+    x = L.DepthwiseConv2D(1, activation="sigmoid")(x)
+    x = L.Conv2D(2, 1)(L.LayerNormalization()(x))
+    model = _randomize(keras.Model(inputs, x), seed=6)
+    graph = hope_keras.walk(model)
+    editor = ModelEditor(model, graph)
+    with editor.step():
+        editor.prune("p", 1)
+    editor.commit()
+    small = hope_keras.slim(model)
+    assert _same(model, small, _x(model))
+    assert small.count_params() == model.count_params()

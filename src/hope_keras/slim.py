@@ -107,15 +107,15 @@ def exactly_zero_channels(get, group, graph) -> np.ndarray:
     for c in group.couplings:
         layer = get(c.layer)
         rule = layer_rules.get(layer)
+        if c.role == "in":
+            continue
+        act = rule.activation(layer)  # fused: f(zero weights · x) = f(0)
+        if act is not None and not _maps_zero_to_zero(act):
+            return np.zeros(n, dtype=bool)
         if c.role == "out":
             weights = rule.out_weights(layer)
-            act = rule.activation(layer)
-            if act is not None and not _maps_zero_to_zero(act):
-                return np.zeros(n, dtype=bool)
-        elif c.role == "channel":
-            weights = [w for w in rule.channel_weights(layer) if w.attr != "moving_variance"]
         else:
-            continue
+            weights = [w for w in rule.channel_weights(layer) if w.attr != "moving_variance"]
         for w in weights:
             arr = np.moveaxis(_np(getattr(layer, w.attr)), w.axis, 0)
             idx = c.positions[:, :1].reshape(-1)
