@@ -250,8 +250,11 @@ class _DepthwiseRule(ChannelwiseRule):
                     "(only 1 is supported)")
         return _channels_last(layer)
 
+    depthwise = True
+    _channel_axis = -2  # of the kernel: DepthwiseConvND's is (*spatial, C, 1)
+
     def channel_weights(self, layer):
-        out = [WeightAxis("kernel", -2)]
+        out = [WeightAxis("kernel", self._channel_axis)]
         if getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
             out.append(WeightAxis("bias", 0))
         return out
@@ -264,12 +267,10 @@ class _DepthwiseRule(ChannelwiseRule):
         k = _shape_prod(layer.kernel.shape[:-2])
         return 2 * _shape_prod(out_shape[1:-1]) * k * out_live
 
-    depthwise = True
-
     def kernel_2d(self, layer) -> np.ndarray:
         """The kernel as ``(spatial positions, channels)``."""
         k = np.asarray(layer.kernel.numpy())
-        return k.reshape(-1, k.shape[-2])
+        return k.reshape(-1, k.shape[self._channel_axis])
 
 
 class _GroupedDepthwiseRule(_DepthwiseRule):
@@ -278,23 +279,15 @@ class _GroupedDepthwiseRule(_DepthwiseRule):
     ``(*spatial, 1, C)``. `get` gives this rule to such a layer instead of the
     convolution's `SourceRule`."""
 
+    _channel_axis = -1
+
     def check(self, layer, rank=None):
         return _channels_last(layer)
-
-    def channel_weights(self, layer):
-        out = [WeightAxis("kernel", -1)]
-        if getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
-            out.append(WeightAxis("bias", 0))
-        return out
 
     def slim_config(self, layer, config, in_live, out_live):
         config = dict(config)
         config["filters"] = config["groups"] = int(in_live)
         return config
-
-    def kernel_2d(self, layer) -> np.ndarray:
-        k = np.asarray(layer.kernel.numpy())
-        return k.reshape(-1, k.shape[-1])
 
 
 def _is_grouped_depthwise(layer) -> bool:
