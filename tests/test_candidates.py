@@ -448,9 +448,10 @@ def test_top_k_refill_prices_a_subset_and_leaves_every_row_partners(monkeypatch)
 
 
 def test_index_helpers_match_numpy():
-    """The table's `_nonzero2` and `_unique` (faster paths) return exactly what
-    `np.nonzero` and `np.unique` return, empty inputs included."""
-    from hope_keras.candidates import _nonzero2, _unique
+    """The table's `_nonzero2` and the cache's `sorted_unique` (faster paths) return
+    exactly what `np.nonzero` and `np.unique` return, empty inputs included."""
+    from hope_keras.cache import sorted_unique as _unique
+    from hope_keras.candidates import _nonzero2
 
     rng = np.random.default_rng(0)
     for shape, p in (((7, 11), 0.3), ((1, 5), 0.0), ((0, 4), 0.5), ((40, 33), 0.9)):
@@ -460,3 +461,77 @@ def test_index_helpers_match_numpy():
             assert got.dtype == want.dtype
     for keys in (rng.integers(0, 50, 200), np.array([], dtype=np.int64), np.array([3])):
         np.testing.assert_array_equal(_unique(keys.astype(np.int64)), np.unique(keys))
+
+
+def _row_min_by_sort(pos, l, dr, J, nrows):
+    """Reference: per row, the pairs sorted by (DR, partner), the first one kept."""
+    best, Jb, part = np.full(nrows, np.inf), np.zeros(nrows), np.full(nrows, -1)
+    for r in range(nrows):
+        at = np.flatnonzero(pos == r)
+        at = at[np.isfinite(dr[at])]
+        if at.size:
+            k = at[np.lexsort((l[at], dr[at]))[0]]
+            best[r], Jb[r], part[r] = dr[k], J[k], l[k]
+    return best, Jb, part
+
+
+def test_row_min_matches_a_sort_with_ties_infinities_and_any_order():
+    """`_row_min` (unbuffered reductions) picks each row's smallest DR, ties → the
+    smallest partner (its first pair), skipping infinite and NaN values, whatever the
+    order of the pairs."""
+    from hope_keras.candidates import _row_min
+
+    rng = np.random.default_rng(0)
+    for nrows, per in ((40, 6), (3, 50), (1, 1), (5, 0)):
+        pos = np.repeat(np.arange(nrows), per)
+        l = rng.integers(0, 30, pos.size)
+        dr = rng.integers(0, 4, pos.size).astype(float)  # many ties
+        dr[rng.random(pos.size) < 0.2] = np.inf
+        dr[rng.random(pos.size) < 0.05] = np.nan
+        J = rng.random(pos.size)
+        perm = rng.permutation(pos.size)
+        got = _row_min(pos[perm], l[perm], dr[perm], J[perm], nrows)
+        want = _row_min_by_sort(pos[perm], l[perm], dr[perm], J[perm], nrows)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatch):
+    """A `SketchCache` estimates a pair the same (to float32 rounding) from whole rows
+    of ``S Sᵀ`` or pair by pair, and `exact_pairs` prices a batch of pairs as
+    `exact_pair_values` prices each one; `leading_pairs` offers the last selection's
+    cheapest pairs not yet re-priced, cheapest first."""
+    from hope_keras import cache as cache_lib
+    from hope_keras.engine import REFINE_BATCH
+
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+    model = clustered_mlp(3)
+    enc = Encoder(model, merge_search="top_k")
+    gs = enc.groups["fc0"]
+    c = gs.cache
+    assert isinstance(c, cache_lib.SketchCache)
+    n = c.size
+    a, b = np.repeat(np.arange(n), n), np.tile(np.arange(n), n)
+    for threshold in (1, 10 ** 9):  # every pair from rows, then every pair alone
+        monkeypatch.setattr(cache_lib, "PRODUCT_ROW_PAIRS", threshold)
+        est = c._products(c.sk_w, a, b)
+        if threshold == 1:
+            by_rows = est
+    np.testing.assert_allclose(est, by_rows, rtol=1e-5, atol=1e-6 * np.abs(by_rows).max())
+    ii, jj = np.array([0, 2, 5, 1]), np.array([3, 7, 9, 4])
+    batch = c.exact_pairs(ii, jj)
+    for (i, j), pv in zip(zip(ii, jj), batch):
+        one = c.exact_pair_values(int(i), int(j))
+        for x, y in zip(pv, one):
+            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-15)
+    table = enc._merge_table(gs)  # fresh: nothing re-priced yet
+    found = table.select(gs.C, gs.n, gs.pair_ok(), lambda A, B, c_rem, nss, P: (
+        costs.j_merge_residual(nss, B, c_rem, 1.0),) * 2)
+    assert found is not None
+    li, lj = table.leading_pairs(REFINE_BATCH)
+    assert 1 <= li.size <= REFINE_BATCH and np.all(li < lj)
+    assert len(set(zip(li.tolist(), lj.tolist()))) == li.size
+    assert (found[2], found[3]) == (li[0], lj[0])  # the selected pair leads
+    table.refine(int(li[0]), int(lj[0]), c.exact_pair_values(int(li[0]), int(lj[0])))
+    li2, lj2 = table.leading_pairs(REFINE_BATCH)
+    assert (li[0], lj[0]) not in set(zip(li2.tolist(), lj2.tolist()))

@@ -47,6 +47,10 @@ SKETCH_WIDTH = 6144
 SKETCH_WORK = 3e11
 #: Columns of the random projections of a `SketchCache`.
 SKETCH_DIM = 256
+#: A `SketchCache` estimates a set of pairs from whole rows of ``S Sᵀ`` (one matrix
+#: product per distinct first neuron) once the pairs average this many per row:
+#: on these CPUs a row of 8192 by BLAS costs about as much as 100 gathered pairs.
+PRODUCT_ROW_PAIRS = 96
 
 
 #: Where `gram` multiplies: ``"auto"`` (TensorFlow when it sees a GPU, else NumPy),
@@ -412,11 +416,12 @@ class SketchCache(GroupCache):
         return self.sk_u if which == "u" else self.sk_w
 
     def _products(self, sk, a, b):
-        """Estimated ``⟨x_a, x_b⟩`` (float64): one pass over the sketch per distinct
-        row when the pairs share few rows (a rescan), else row by row."""
+        """Estimated ``⟨x_a, x_b⟩`` (float64, summed in float32 like the sketch):
+        whole rows of ``S Sᵀ`` by matrix products when the pairs share their rows
+        enough (`PRODUCT_ROW_PAIRS`), else pair by pair."""
         a, b = a.ravel(), b.ravel()
-        first = np.unique(a)
-        if first.size * sk.shape[0] <= a.size:  # whole rows: matrix products
+        first = sorted_unique(a)
+        if first.size * PRODUCT_ROW_PAIRS <= a.size:  # whole rows: matrix products
             out = np.empty(a.size)
             pos = np.searchsorted(first, a)
             step = max(1, (1 << 22) // sk.shape[0])  # (step × n) float32 ≤ 16 MB
@@ -424,7 +429,7 @@ class SketchCache(GroupCache):
                 at = (pos >= s0) & (pos < s0 + step)
                 out[at] = (sk[first[s0:s0 + step]] @ sk.T)[pos[at] - s0, b[at]]
             return out
-        return np.einsum("ij,ij->i", sk[a], sk[b], dtype=np.float64)
+        return np.einsum("ij,ij->i", sk[a], sk[b]).astype(np.float64)
 
     def _gram_pair(self, a, b):
         gw = self.entries("w", a, b)
@@ -471,35 +476,63 @@ class SketchCache(GroupCache):
         model's weights were edited."""
         if self._terms is not None and self._terms[0] == (i, j, self.version):
             return self._terms[1]
-        dv = self.gram_diag("v")
         if self.source is None:
             gw = float(self.entries("w", i, j))
             gu = float(self.entries("u", i, j))
         else:
-            # Cosines of the current weights, norms of the cache: like the dense
-            # tables (the paper's decoupled cache), the cache does not follow the
-            # neighbouring groups' edits, and the values stay consistent with it.
-            w, b, u = self.source(np.array([i, j]))
-            gw, gu = (_cosine(x[0], x[1]) * np.sqrt(max(d[i] * d[j], 0.0))
-                      for x, d in ((w, self.dw), (u, self.du)))
-        gv = gw + float(self.bias[i] * self.bias[j])
-        terms = (float(dv[i]), float(dv[j]), gv, gw, float(self.du[i]), float(self.du[j]), gu)
+            w, _, u = self.source(np.array([i, j]))
+            gw, gu = self._exact_products(i, j, w[0], w[1], u[0], u[1])
+        terms = self._terms_of(i, j, gw, gu)
         self._terms = ((i, j, self.version), terms)
         return terms
 
+    def _exact_products(self, i, j, w_i, w_j, u_i, u_j):
+        # Cosines of the current weights, norms of the cache: like the dense tables
+        # (the paper's decoupled cache), the cache does not follow the neighbouring
+        # groups' edits, and the values stay consistent with it.
+        return (_cosine(x, y) * np.sqrt(max(d[i] * d[j], 0.0))
+                for x, y, d in ((w_i, w_j, self.dw), (u_i, u_j, self.du)))
+
+    def _terms_of(self, i, j, gw, gu):
+        dv = self.gram_diag("v")
+        gv = gw + float(self.bias[i] * self.bias[j])
+        return (float(dv[i]), float(dv[j]), gv, gw, float(self.du[i]), float(self.du[j]), gu)
+
     def exact_pair_values(self, i: int, j: int) -> PairValues:
         """`pair_values` of one pair from exact Gram entries (`merge_terms`)."""
-        gv_ii, gv_jj, gv_ij, gw_ij, gu_ii, gu_jj, gu_ij = self.merge_terms(i, j)
-        a, b = np.array([i]), np.array([j])
-        rho = self._rho(a, b, np.array([gw_ij]))
+        return self._pair_values_of(i, j, self.merge_terms(i, j))
+
+    def exact_pairs(self, i, j) -> list:
+        """`exact_pair_values` of the pairs ``(i[p], j[p])`` (a list), reading each
+        neuron's weights once and pricing the pairs in one vectorised pass (the same
+        values to rounding)."""
+        i, j = np.asarray(i, dtype=np.intp), np.asarray(j, dtype=np.intp)
+        if self.source is None or i.size <= 1:
+            return [self.exact_pair_values(int(a), int(b)) for a, b in zip(i, j)]
+        rows = sorted_unique(np.concatenate([i, j]))
+        w, _, u = self.source(rows)
+        at_i, at_j = np.searchsorted(rows, i), np.searchsorted(rows, j)
+        terms = np.array([self._terms_of(a, b, *self._exact_products(a, b, w[p], w[q], u[p], u[q]))
+                          for a, b, p, q in zip(i.tolist(), j.tolist(), at_i.tolist(),
+                                                at_j.tolist())])
+        pv = self._pair_values_of(i, j, terms.T)
+        return [PairValues(pv.rho[k:k + 1], pv.k_cross[k:k + 1], pv.B[k:k + 1],
+                           pv.gram_u[k:k + 1]) for k in range(i.size)]
+
+    def _pair_values_of(self, i, j, terms) -> PairValues:
+        """PairValues of pairs (scalars or arrays) from their `_terms_of`."""
+        gv_ii, gv_jj, gv_ij, gw_ij, gu_ii, gu_jj, gu_ij = terms
+        a, b = np.atleast_1d(i), np.atleast_1d(j)
+        rho = self._rho(a, b, np.atleast_1d(gw_ij))
         g, be = self.gamma, self.beta
         if self.kernel == "exact":
             kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
         else:
             kc = kernels.cross_kernel_approx(rho, self.k_self[a], self.k_self[b])
         sol = costs.merge_solution(gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij, g[i], be[i],
-                                   g[j], be[j], rho[0], kernel=self.kernel)
-        return PairValues(rho, kc, np.atleast_1d(sol.B), np.array([gu_ij]))
+                                   g[j], be[j], rho if np.ndim(i) else rho[0],
+                                   kernel=self.kernel)
+        return PairValues(rho, kc, np.atleast_1d(sol.B), np.atleast_1d(gu_ij))
 
     def replace_with_parent(self, i: int, j: int, a1, a2, m1, m2, gamma_k, beta_k) -> None:
         _, _, _, gw_ij, _, _, gu_ij = self.merge_terms(i, j)
@@ -556,6 +589,15 @@ class PruneCache:
     def copy(self) -> "PruneCache":
         return PruneCache(self.capacity.copy(), self.k_self.copy(), self.u_norm.copy(),
                           self.gamma.copy())
+
+
+def sorted_unique(keys):
+    """``np.unique`` of a 1-D integer array by sorting (NumPy's hash-based path is
+    several times slower at these sizes)."""
+    keys = np.sort(keys)
+    if keys.size:
+        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+    return keys
 
 
 def _cosine(a, b) -> float:

@@ -47,6 +47,10 @@ DEFAULT_MERGE_CANDIDATES = 16
 #: neurons are 32 MB).
 DENSE_PAIRS_MAX = 1024
 
+#: Sketched groups (`hope_keras.cache.SketchCache`): pairs re-priced from exact Gram
+#: entries per selection (the selected one and the next cheapest rows' pairs).
+REFINE_BATCH = 8
+
 #: Capacity, relative to the layer's initial capacity, below which a neuron only
 #: prunes (`_GroupState.pair_ok`).
 NEGLIGIBLE = 1e-9
@@ -580,13 +584,19 @@ class Encoder:
             found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price, cutoff=cutoff,
                                     scale=scale)
             if isinstance(cache, SketchCache):
-                # Sketched pair values: the pair selected is re-priced from exact
-                # Gram entries until the selection is stable.
+                # Sketched pair values: the pair selected, and the next cheapest rows'
+                # pairs with it, are re-priced from exact Gram entries until the
+                # selection is stable.
                 for _ in range(64):
                     if found is None or gs.table.is_exact(found[2], found[3]):
                         break
-                    gs.table.refine(found[2], found[3],
-                                    cache.exact_pair_values(found[2], found[3]))
+                    ii, jj = gs.table.leading_pairs(REFINE_BATCH)
+                    ii, jj = np.append(found[2], ii), np.append(found[3], jj)
+                    keep = np.ones(ii.size, dtype=bool)
+                    keep[1:] = (ii[1:] != found[2]) | (jj[1:] != found[3])
+                    ii, jj = ii[keep][:REFINE_BATCH], jj[keep][:REFINE_BATCH]
+                    for a, b, pv in zip(ii.tolist(), jj.tolist(), cache.exact_pairs(ii, jj)):
+                        gs.table.refine(a, b, pv)
                     found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price, cutoff=cutoff,
                                             scale=scale)
             if found is not None:
