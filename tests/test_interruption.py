@@ -191,3 +191,26 @@ def test_an_error_in_the_write_back_restores_the_variables_already_written(monke
     # All or nothing: the model is still the original (the replay of zero steps).
     for a, b in zip(model.get_weights(), before):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_editor_edits_its_own_copy_until_commit():
+    """The editor's arrays are its own (Keras hands back a fresh array, kept without a
+    second copy): an edit leaves the model's variables as they were until `commit`."""
+    from hope_keras.graph import walk
+
+    model = small_resnet(seed=1)
+    graph = walk(model)
+    name = next(n for n, g in graph.groups.items() if g.kind == "neurons")
+    producer = graph.groups[name].producer
+    layer = model.get_layer(producer)
+    before = [np.array(w) for w in model.get_weights()]
+    editor = edit.ModelEditor(model, graph)
+    with editor.step():
+        editor.prune(name, 0)
+    assert not np.shares_memory(editor.array(producer, "kernel"), layer.kernel.numpy())
+    assert np.all(editor.array(producer, "kernel")[..., 0] == 0)
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+    editor.commit()
+    assert np.all(layer.kernel.numpy()[..., 0] == 0)
+    assert np.any(layer.kernel.numpy()[..., 1] != 0)

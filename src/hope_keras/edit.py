@@ -168,8 +168,12 @@ class ModelEditor:
         """The current (possibly edited) value of ``layer.attr`` as numpy."""
         key = (layer, attr)
         if key not in self._arrays:
-            var = getattr(self.layer(layer), attr)
-            self._arrays[key] = np.array(var.numpy())
+            arr = getattr(self.layer(layer), attr).numpy()
+            # Keras returns a fresh array: a second copy would only double the peak
+            # memory of a wide layer (256 MB for an 8192 × 8192 kernel).
+            if not (arr.flags.writeable and arr.flags.owndata):
+                arr = np.array(arr)
+            self._arrays[key] = arr
         return self._arrays[key]
 
     def _write(self, layer: str, attr: str, index, values) -> None:
