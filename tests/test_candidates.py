@@ -535,3 +535,37 @@ def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatc
     table.refine(int(li[0]), int(lj[0]), c.exact_pair_values(int(li[0]), int(lj[0])))
     li2, lj2 = table.leading_pairs(REFINE_BATCH)
     assert (li[0], lj[0]) not in set(zip(li2.tolist(), lj2.tolist()))
+
+
+def test_sum_residual_bounds_by_capacity_match_the_scan_over_every_partner():
+    """For the library's cost the bound over a row's partners grows with the
+    partner's capacity, so `_fine_bounds` takes it at the smallest other capacity and
+    a rescan's partners under a cut are a capacity prefix found by bisection: never
+    above the O(n) computation (a bound stays a bound, no partner is missed) and
+    within its rounding margin (1e-7 of the capacities) of it."""
+    model = clustered_mlp(5, widths=(40, 30))
+    enc = Encoder(model, merge_candidates=4)
+    gs = enc.groups["fc0"]
+    table = enc._merge_table(gs)
+    assert table.sum_residual and not table.dense
+    ok = gs.pair_ok()
+    live = np.flatnonzero(ok)
+    rows = live
+    cap2 = gs.cache.capacity ** 2
+    scale = cap2[rows] + cap2[live].max()
+    slow = np.array([min(table._sv_bound(np.array([r]), cap2[live[live != r]][None, :])[0])
+                     for r in rows])
+    fast = table._sum_fine_residual(rows, live)
+    assert np.all(fast <= slow + 1e-12 * scale)
+    assert np.all(fast >= slow - 2e-7 * scale)
+    table.nc[rows] = 0.0  # let the capacity bound decide
+    q = table._q(rows)
+    below = table._below_by_capacity(rows, ok)
+    for cut in np.quantile(q[:, live], [0.2, 0.5, 0.8]) * (1 + 1e-9) + 1e-300:
+        cuts = np.full(rows.size, cut)
+        mask = below(cuts)
+        under = (q < cut) & ok[None, :]
+        assert np.all(mask[under])  # no partner missed
+        over = mask & ~under
+        assert np.all(q[over] < cut + 2e-7 * scale[np.nonzero(over)[0]])
+        assert under.sum() > 0

@@ -346,6 +346,40 @@ class MergeTable:
         Q = Q - 4.0 * _TOL * (x * x + y * y) - 1e-300
         return np.maximum(Q, sv)
 
+    def _below_by_capacity(self, rows, ok):
+        """The sum residual's `_q` as a test: ``below(cut)`` is the (rows × n) mask
+        of live partners whose bound may be under ``cut`` (per row). ``T − λ`` grows
+        with the partner's squared capacity ``b`` (`_nc_residual`), so they are the
+        row's smallest-capacity partners, found by bisection over the sorted
+        capacities (O(log n) bound evaluations per row, not O(n)); the rounding
+        margin ``1e-7·(a + b)``, which shrinks as ``b`` grows, is taken at the
+        largest ``b``: a superset of ``_q < cut``, never a partner less."""
+        live = np.flatnonzero(ok)
+        b_all = self.cache.capacity ** 2
+        order = live[np.argsort(b_all[live], kind="stable")]
+        bs = b_all[order]
+        rank = np.full(self.n, self.n, dtype=np.int64)
+        rank[order] = np.arange(order.size)
+        b_max = float(bs[-1]) if bs.size else 0.0
+        nc = self.nc[rows]
+
+        def below(cut):
+            lo = np.zeros(rows.size, dtype=np.int64)  # first sorted partner at or over cut
+            hi = np.full(rows.size, bs.size, dtype=np.int64)
+            while True:
+                open_ = lo < hi
+                if not open_.any():
+                    break
+                mid = (lo + hi) // 2
+                b = bs[np.minimum(mid, bs.size - 1)]
+                f = self._sv_bound(rows, b[:, None])[:, 0] + 1e-7 * (b - b_max)
+                under = open_ & (f < cut)
+                lo = np.where(under, mid + 1, lo)
+                hi = np.where(open_ & ~under, mid, hi)
+            lo = np.where(nc < cut, lo, 0)  # the row's nc bound rules out every partner
+            return rank[None, :] < lo[:, None]
+        return below
+
     def _sv_bound(self, rows, b):
         """The singular-value bound of R (see `_distance`) for row neurons `rows`
         and partners of squared capacity `b` (broadcast), with κ ≤ nkap and
@@ -378,14 +412,20 @@ class MergeTable:
         is_cand[hp, held[hp, hc]] = True
         # Partners left out whose capacity bound is below the cut; then their pair
         # bound; exact values for those still below.
-        q = self._q(rows)
+        if self.sum_residual:  # the partners under a cut are a prefix by capacity
+            below_cut = self._below_by_capacity(rows, ok)
+        else:
+            q = self._q(rows)
+
+            def below_cut(cut):
+                return q < cut[:, None]
         if headroom > 1.0:
             # Headroom where it is cheap: the cut grows to headroom × the need for the
             # rows where that adds few partners, so the row is not rescanned at every
             # step while the best cost creeps up.
-            more = (valid & ~is_cand & (q < (r_cut * headroom)[:, None])).sum(axis=1)
+            more = (valid & ~is_cand & below_cut(r_cut * headroom)).sum(axis=1)
             r_cut = np.where(more <= 4 * self.preselect, r_cut * headroom, r_cut)
-        sp, sl = _nonzero2(valid & ~is_cand & (q < r_cut[:, None]))
+        sp, sl = _nonzero2(valid & ~is_cand & below_cut(r_cut))
         if sp.size:
             D = self._distance(rows[sp], sl)[0]
             below = D < r_cut[sp]
@@ -875,16 +915,34 @@ class MergeTable:
         is checked against it (`on_merge`), so a row pays for it once."""
         cap = self.cache.capacity
         live = np.flatnonzero(ok)
-        b = cap[None, live] ** 2
-        out = np.empty(rows.size)
-        step = max(1, (1 << 22) // max(live.size, 1))  # (rows × live) temporaries ≤ 32 MB
-        for s0 in range(0, rows.size, step):
-            rr = rows[s0:s0 + step]
-            f = np.where(live[None, :] == rr[:, None], np.inf, self._sv_bound(rr, b))
-            out[s0:s0 + step] = f.min(axis=1)
+        if self.sum_residual:
+            out = self._sum_fine_residual(rows, live)
+        else:
+            b = cap[None, live] ** 2
+            out = np.empty(rows.size)
+            step = max(1, (1 << 22) // max(live.size, 1))  # (rows × live) temporaries ≤ 32 MB
+            for s0 in range(0, rows.size, step):
+                rr = rows[s0:s0 + step]
+                f = np.where(live[None, :] == rr[:, None], np.inf, self._sv_bound(rr, b))
+                out[s0:s0 + step] = f.min(axis=1)
         R = np.maximum(np.maximum(out, self.nc[rows]), 0.0)
         self.nc[rows] = R
         return self._factor(n_live) * self._j_lower(R, self._t_max(C, ok)[rows])
+
+    def _sum_fine_residual(self, rows, live):
+        """`_fine_bounds`' minimum over the live partners for the sum residual, in
+        O(1) per row: ``T − λ`` grows with the partner's squared capacity ``b``
+        (see `_nc_residual`), so its minimum is at the smallest ``b`` other than the
+        row's own; only the rounding margin ``1e-7·(a + b)`` shrinks as ``b`` grows,
+        so it is taken at the largest ``b``."""
+        b = self.cache.capacity[live] ** 2
+        if live.size < 2:
+            return np.full(rows.size, np.inf)
+        two = np.argpartition(b, 1)[:2]
+        two = two[np.argsort(b[two], kind="stable")]
+        b_row = np.where(rows == live[two[0]], b[two[1]], b[two[0]])
+        f = self._sv_bound(rows, b_row[:, None])[:, 0]
+        return f - 1e-7 * (float(b.max()) - b_row)
 
     def _lazy_bounds(self, C, n_live, ok):
         lb = self.row_dr * (self.scale / self.row_g)
