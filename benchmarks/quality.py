@@ -70,6 +70,11 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   calibration images (training images; ResNet-50: the same, padded to 32×32×3). What
   is left after it is what the selection costs; what it restores is what the stale
   BN statistics cost.
+* Stream readers' correction (data-free): every baseline name with ``_syn``: the
+  method, then, at every point, `hope_keras.synthetic.correct_stream_readers` (the
+  part of ``compress(correct_statistics="auto")`` that measures the BNs reading a
+  residual stream on synthetic inputs, recorded once on the uncompressed model), for
+  every stream reader.
 
 HOPE densities are replays of one run to the lowest density, except on models with
 an evictable residual block (demo CNN, ResNet-50): an eviction removes many neurons at
@@ -258,7 +263,10 @@ BASELINES_SC = tuple(b + "_sc" for b in BASELINES)
 # The baselines followed by BN statistics re-estimated on the calibration images (uses
 # data: a diagnostic of what the data-free statistics cost, never a "best baseline").
 BASELINES_RE = tuple(b + "_re" for b in BASELINES)
-ALL_METHODS = HOPE_NAMES + BASELINES + BASELINES_SC + BASELINES_RE
+# The baselines followed by the correction `compress(correct_statistics="auto")` gives
+# the BNs that read residual streams (synthetic inputs; data-free), for models with one.
+BASELINES_SYN = tuple(b + "_syn" for b in BASELINES)
+ALL_METHODS = HOPE_NAMES + BASELINES + BASELINES_SC + BASELINES_RE + BASELINES_SYN
 # The issue's "best baseline": the magnitude baselines global and per layer, and
 # Neuron Merging, all without mean compensation (an option added with this issue).
 PLAIN_BASELINES = tuple(b for b in BASELINES if not b.endswith("_mc"))
@@ -423,6 +431,8 @@ class Bench:
         info["hope_densities"] = "direct runs" if self.direct else "replays of one run"
         self.correct = False  # `point` corrects the BN statistics first (methods *_sc)
         self.reestimate = False  # or re-estimates them on `xc` (methods *_re; uses data)
+        self.synthetic = False  # or corrects the stream readers (methods *_syn)
+        self.stream_reference = None
         self.xc = xc
         self.hope = hope_methods({"mean_params": self.sizes.mean_params,
                                   "mean_flops": self.sizes.mean_flops,
@@ -444,6 +454,10 @@ class Bench:
             hope_keras.correct_statistics(self.model, self.analysis)
         if self.reestimate:
             hope_keras.reestimate_batchnorm_statistics(self.model, self.xc)
+        if self.synthetic and self.stream_reference is not None:
+            from hope_keras.synthetic import correct_stream_readers
+
+            correct_stream_readers(self.stream_reference, set(self.analysis.graph.flat.shapes))
         params, flops = self.sizes(alive, evicted)
         acc, agree = self.ev()
         p = {"target": target, "density": density, "params": params, "flops": flops,
@@ -534,7 +548,7 @@ class Bench:
 
     # -------------------------------------------------------------- baselines
     def _baseline_parts(self, name):
-        parts = name.removesuffix("_sc").removesuffix("_re").split("_")
+        parts = name.removesuffix("_sc").removesuffix("_re").removesuffix("_syn").split("_")
         mc = parts[-1] == "mc"
         if mc:
             parts = parts[:-1]
@@ -650,12 +664,19 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
     for name in methods or ALL_METHODS:
         if name in bench.hope:
             method_axes = [a for a in bench.hope[name][1] if a in axes]
-        elif name in BASELINES + BASELINES_SC + BASELINES_RE:
+        elif name in BASELINES + BASELINES_SC + BASELINES_RE + BASELINES_SYN:
             method_axes = list(axes)
         else:
             raise SystemExit(f"unknown method {name!r}; known: {ALL_METHODS}")
         bench.correct = name.endswith("_sc")
         bench.reestimate = name.endswith("_re")
+        bench.synthetic = name.endswith("_syn")
+        if bench.synthetic and bench.stream_reference is None:
+            from hope_keras import bn_stats
+
+            bench.reset()  # recorded on the original model
+            bench.stream_reference = bn_stats.prepare_correction(
+                bench.model, bench.analysis.graph, "auto")
         for axis in method_axes:
             fn = bench.run_hope if name in bench.hope else bench.run_baseline
             points, note = fn(name, axis)
@@ -664,7 +685,7 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
             print(f"  {name:18s} {axis:7s} {row}  {note}", flush=True)
             save(model_name, bench.info, {name: {axis: points}}, {name: {axis: note}},
                  extra)
-    bench.correct = bench.reestimate = False
+    bench.correct = bench.reestimate = bench.synthetic = False
     bench.reset()
 
 
@@ -733,6 +754,7 @@ for _b in BASELINES:
 for _b in BASELINES:
     LABELS[_b + "_sc"] = LABELS[_b] + " + `correct_statistics`"
     LABELS[_b + "_re"] = LABELS[_b] + " + BN re-estimated (uses data)"
+    LABELS[_b + "_syn"] = LABELS[_b] + " + stream readers corrected (synthetic inputs)"
 SHORT = {"l1_input": "L1in", "l1_joint": "L1j", "bn_scale": "BN", "nm": "NM"}
 
 

@@ -15,7 +15,9 @@ VGG16 analyze ≤ 5 s, compress ≤ 60 s, ≤ 3 GB; MLP compress ≤ 60 s, ≤ 3
 Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K]
 (``--candidates none``: the exhaustive scan; ``--steps N``: stop after N steps;
 ``--compare``: afterwards, rerun with the exhaustive scan on a fresh copy of the model
-and report whether the trajectories are identical: kinds, units, indices, J and DR).
+and report whether the trajectories are identical: kinds, units, indices, J and DR;
+``--correct-statistics auto``: also time the BN-statistics correction `compress` runs
+by default, before and after the run).
 """
 
 import argparse
@@ -74,6 +76,10 @@ def main():
     p.add_argument("--analyze-twice", action="store_true",
                    help="also time a second analyze in the same process (TensorFlow warm)")
     p.add_argument("--profile", action="store_true", help="cProfile analyze and compress")
+    p.add_argument("--correct-statistics", default=None,
+                   help="also time compress's BN-statistics correction with this mode "
+                        "(auto: synthetic inputs for the stream readers, made before the "
+                        "run; surrogate), as compress(correct_statistics=...) runs it")
     p.add_argument("--compare", action="store_true",
                    help="rerun with the exhaustive scan and compare the trajectories")
     args = p.parse_args()
@@ -111,9 +117,25 @@ def main():
     except TypeError:  # an engine without the option
         enc = hope_keras.Encoder(model, analysis=analysis)
     t_init = time.perf_counter() - t
+    reference, mode = None, args.correct_statistics
+    if mode is not None:
+        from hope_keras import bn_stats
+
+        mode = {"true": True, "false": False}.get(mode.lower(), mode)
+        t_prep = time.perf_counter()
+        reference = bn_stats.prepare_correction(model, analysis.graph, mode)
+        t_prep = time.perf_counter() - t_prep
     t = time.perf_counter()
     stopped = enc.run(density=density, steps=args.steps, verbose=False)
     t_run = time.perf_counter() - t
+    if mode is not None:
+        t_fin = time.perf_counter()
+        written = bn_stats.finish_correction(analysis.graph, enc.trajectory.steps, mode,
+                                             analysis.moments, reference)
+        t_fin = time.perf_counter() - t_fin
+        print(f"correct_statistics={mode!r}: before the run {t_prep:.2f} s (synthetic "
+              f"inputs: {'yes' if reference is not None else 'no'}), after it {t_fin:.2f} s; "
+              f"{len(written)} BNs written; peak RSS {peak_rss_gb():.2f} GB")
     c_comp = time.process_time() - c
     load = os.getloadavg()
     if prof is not None:

@@ -281,6 +281,10 @@ def check(seed):
     options = {"merge_scale": str(rng.choice(["sum", "paper"])),
                "cost": str(rng.choice(["hope", "hope_all", "paper"])),
                "mean_compensation": bool(rng.random() < 0.3)}
+    # The stream readers' correction (synthetic inputs, ~1 s a network) on one network
+    # in five, drawn apart so that each seed's network and options stay as they were.
+    options["correct_statistics"] = ("auto" if np.random.default_rng(seed + 10**6).random()
+                                     < 0.2 else "surrogate")
     info["options"] = dict(options)
     # Each cost prices its own groups: the paper's only its neuron layers (producer →
     # BN → ReLU), the default all but the residual streams, "hope_all" every group.

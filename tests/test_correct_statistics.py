@@ -156,9 +156,9 @@ def test_correction_option_and_exclude_are_validated():
         hope_keras.correct_statistics(model, analysis, exclude=["fc9"])
 
 
-def test_auto_skips_what_a_moved_residual_sum_reaches():
+def test_surrogate_skips_what_a_moved_residual_sum_reaches():
     """On a residual net: pruning c2 (after the block) moves fc's BN input, which
-    "auto" corrects; pruning b1a (inside the branch) moves b1b's BN (corrected) and
+    "surrogate" (the surrogate part of "auto") corrects; pruning b1a (inside the branch) moves b1b's BN (corrected) and
     the Add's input, and then every BN after the Add keeps its statistics (the
     propagation adds the branch and the shortcut as if independent). True corrects
     those whose input the propagation predicts to move."""
@@ -181,7 +181,7 @@ def test_auto_skips_what_a_moved_residual_sum_reaches():
     # live channels' input did not move (its pruned channel keeps what the prune wrote).
     for n, moved, kept, true_moves in ((1, {"fc_bn"}, set(), set()),
                                        (2, {"b1b_bn"}, {"c2_bn", "fc_bn"}, {"fc_bn"})):
-        plain, auto, every = replay(False, n), replay("auto", n), replay(True, n)
+        plain, auto, every = replay(False, n), replay("surrogate", n), replay(True, n)
         for name in moved:
             assert not np.allclose(auto[name][0], plain[name][0]), (n, name)
             np.testing.assert_allclose(auto[name][0], every[name][0], rtol=1e-6)

@@ -34,6 +34,7 @@ _EXPORTS = {
     "Coupling": "graph", "ModelGraph": "graph", "NeuronGroup": "graph", "Pinned": "graph",
     "ResidualBlock": "graph", "walk": "graph",
     "slim": "slim",
+    "synthesize_inputs": "synthetic",
     "Step": "trajectory", "Trajectory": "trajectory",
     "export_tflite": "export",
     "Profile": "profile", "profile": "profile",

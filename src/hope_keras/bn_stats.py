@@ -16,6 +16,7 @@ forward pass.
 
 from __future__ import annotations
 
+import collections
 import numbers
 from collections.abc import Iterable, Mapping
 
@@ -351,20 +352,85 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
     return apply_correction(flat, analysis.moments, moments_lib.propagate(flat), skip)
 
 
-CORRECTIONS = (False, True, "auto")
+CORRECTIONS = (False, True, "auto", "surrogate")
 
 
 def check_correction(value):
     """Validates `compress`'s ``correct_statistics`` option."""
     if not any(value is v or (isinstance(v, str) and value == v) for v in CORRECTIONS):
-        raise ValueError(f"correct_statistics must be False, True or 'auto'. "
+        raise ValueError(f"correct_statistics must be False, True, 'auto' or 'surrogate'. "
                          f"Received: correct_statistics={value!r}")
     return value
 
 
+# Synthetic inputs of the last few models (weights digest → inputs): several runs from
+# the same weights (a density sweep, a replay) make them once. ~10 MB each at 224².
+_SYNTHETIC_INPUTS: "collections.OrderedDict[str, np.ndarray]" = collections.OrderedDict()
+_SYNTHETIC_KEEP = 4
+
+
+def prepare_correction(model, graph, mode, verbose=False):
+    """What ``correct_statistics=mode`` needs from the model *before* its edits: for
+    ``"auto"`` on a model with residual streams, synthetic inputs and the stream
+    readers' reference (`hope_keras.synthetic.StreamReference`); None otherwise (or,
+    with a warning, when synthetic inputs cannot be made for this model)."""
+    if mode != "auto":
+        return None
+    from hope_keras import synthetic
+
+    if not synthetic.stream_readers(graph):
+        return None
+    digest = _weights_digest(model)
+    x = _SYNTHETIC_INPUTS.get(digest)
+    if x is not None:
+        _SYNTHETIC_INPUTS.move_to_end(digest)
+    else:
+        try:
+            x = synthetic.synthesize_inputs(model, verbose=verbose)
+        except ValueError as e:
+            import warnings
+
+            warnings.warn(f"correct_statistics='auto': {e} The BatchNormalization layers "
+                          "that read residual streams keep their statistics.", stacklevel=3)
+            return None
+        _SYNTHETIC_INPUTS[digest] = x
+        while len(_SYNTHETIC_INPUTS) > _SYNTHETIC_KEEP:
+            _SYNTHETIC_INPUTS.popitem(last=False)
+    return synthetic.StreamReference(model, graph, x)
+
+
+def _weights_digest(model) -> str:
+    """sha256 of the model's input shape and all of its weights (paths and values)."""
+    import hashlib
+
+    h = hashlib.sha256(repr([tuple(t.shape) for t in model.inputs]).encode())
+    for w in model.weights:
+        h.update(w.path.encode())
+        h.update(np.ascontiguousarray(keras.ops.convert_to_numpy(w)).tobytes())
+    return h.hexdigest()
+
+
+def finish_correction(graph, steps, mode, moments_before, reference=None) -> dict:
+    """Corrects the statistics after `steps` as ``correct_statistics=mode`` says:
+    the surrogate's prediction where it is trusted (`untrusted_tensors`), then the
+    moved stream readers measured on `reference`'s synthetic inputs (``"auto"``).
+    Returns ``{BN name: (mean, variance)}`` written."""
+    from hope_keras import moments as moments_lib
+
+    untrusted = untrusted_tensors(graph, steps, mode)
+    out = apply_correction(graph.flat, moments_before, moments_lib.propagate(graph.flat),
+                           untrusted)
+    if reference is not None:
+        from hope_keras import synthetic
+
+        out.update(synthetic.correct_stream_readers(reference, untrusted))
+    return out
+
+
 def untrusted_tensors(graph, steps, mode) -> set:
     """Tensor keys whose predicted moments ``compress(correct_statistics=mode)`` does
-    not trust after `steps` (a trajectory's): none for True; for ``"auto"``
+    not trust after `steps` (a trajectory's): none for True; for ``"auto"`` and
+    ``"surrogate"``
     everything downstream of a merged group or an evicted block, and of a sum or
     product of tensors (``Add``, ``Multiply``, …) one of whose inputs the edits
     moved. The propagation treats a merged parent's children, and a sum's inputs

@@ -290,10 +290,13 @@ def _parser():
     c.add_argument("--merge-search", choices=("certified", "top_k"), default="certified",
                    help="merge selection: the exhaustive scan's pair (certified, default) "
                         "or the best of each neuron's kept partners (top_k, faster)")
-    c.add_argument("--correct-statistics", choices=("off", "on", "auto"), default="auto",
+    c.add_argument("--correct-statistics", choices=("off", "on", "auto", "surrogate"),
+                   default="auto",
                    help="after the run, correct BatchNorm moving statistics data-free: "
-                        "auto (default: where the prediction is trusted), on (every "
-                        "BN) or off; see docs/deploy.md")
+                        "auto (default: the surrogate where it is trusted, residual-"
+                        "stream readers measured on synthetic inputs), surrogate (the "
+                        "surrogate only), on (the surrogate for every BN) or off; see "
+                        "docs/deploy.md")
     c.add_argument("--latency", action="store_true",
                    help="also time the original and the slimmed model")
     c.set_defaults(fn=_compress)

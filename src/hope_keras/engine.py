@@ -970,13 +970,17 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         merge_search: ``"certified"`` (default: the exhaustive scan's choice) or
             ``"top_k"`` (the best pair among the kept partners). See `Encoder`.
         correct_statistics: After the run, correct the BatchNormalization moving
-            statistics data-free (`hope_keras.correct_statistics`): ``"auto"``
-            (default: only where the prediction's independence assumptions hold,
-            not downstream of a merge, an eviction, or a residual ``Add`` whose
-            input moved; on ReLU networks the default run merges first, so this is
-            mostly a no-op there), True (every BatchNormalization) or False.
-            Recorded in the trajectory, so
-            `Trajectory.replay` applies it too. See docs/deploy.md.
+            statistics data-free. ``"surrogate"``: predict them with the Gaussian
+            surrogate (`hope_keras.correct_statistics`) only where its independence
+            assumptions hold, not downstream of a merge, an eviction, or a residual
+            ``Add`` whose input moved (on ReLU networks the default run merges
+            first, so this is mostly a no-op there). ``"auto"`` (default): the same,
+            and the BNs that read a residual stream the run moved are measured on
+            synthetic inputs (`hope_keras.synthesize_inputs`, made before the run:
+            50 forward and backward passes of 32 inputs; `hope_keras.synthetic`).
+            True: the surrogate's prediction for every BatchNormalization. False:
+            none. Recorded in the trajectory, so `Trajectory.replay` applies it too.
+            See docs/deploy.md.
 
     Returns:
         A `CompressionResult` (``trajectory``, ``density``, ``params_ratio``,
@@ -1035,6 +1039,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
             f"flops={flops} is out of reach: pinned layers keep at least "
             f"{min_flops:.4f} of the FLOPs. Nothing was changed."
         )
+    reference = bn_stats.prepare_correction(model, enc.analysis.graph, correct_statistics,
+                                            verbose=verbose)
     try:
         stopped = enc.run(density=density, params=params, flops=flops, steps=steps,
                           verbose=verbose)
@@ -1042,12 +1048,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         raise CompressionInterrupted(enc.trajectory, enc) from e
     enc.trajectory.meta["options"]["correct_statistics"] = correct_statistics
     if correct_statistics:
-        from hope_keras import moments as moments_lib
-
-        graph = enc.analysis.graph
-        bn_stats.apply_correction(
-            graph.flat, enc.analysis.moments, moments_lib.propagate(graph.flat),
-            bn_stats.untrusted_tensors(graph, enc.trajectory.steps, correct_statistics))
+        bn_stats.finish_correction(enc.analysis.graph, enc.trajectory.steps,
+                                   correct_statistics, enc.analysis.moments, reference)
     return CompressionResult(
         trajectory=enc.trajectory,
         density=enc.active / enc.num_neurons,

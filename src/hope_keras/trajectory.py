@@ -332,16 +332,18 @@ class Trajectory:
             from hope_keras import moments as moments_lib
 
             moments = moments_lib.propagate(g.flat)
+        reference = None
+        if correct:
+            from hope_keras import bn_stats
+
+            reference = bn_stats.prepare_correction(model, g, correct)
         editor = edit.ModelEditor(model, g, mean_compensation=compensate, moments=moments)
         for s in self.steps[:n_steps]:
             with editor.step():
                 apply_step(editor, s)
         editor.commit()
         if correct:  # as `compress(correct_statistics=...)` did after its run
-            from hope_keras import bn_stats
-
-            skip = bn_stats.untrusted_tensors(g, self.steps[:n_steps], correct)
-            bn_stats.apply_correction(g.flat, moments, moments_lib.propagate(g.flat), skip)
+            bn_stats.finish_correction(g, self.steps[:n_steps], correct, moments, reference)
         return model
 
 

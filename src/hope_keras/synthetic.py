@@ -1,0 +1,332 @@
+"""Data-free synthetic inputs, and what they correct: the BN statistics of stream readers.
+
+A residual stream is a sum (``x + branch(x)``) of everything before it. Once the
+branches are merged, pruned or evicted, the stream's distribution moves, and every
+BatchNormalization that reads it (a block's first BN, a projection shortcut's BN; in
+a pre-activation network the block's own BN) normalises with statistics of a stream
+that is gone. The Gaussian surrogate cannot predict that move: the stream's channels
+are correlated sums, not independent ReLU outputs (docs/theory.md §6).
+
+Without data, :func:`synthesize_inputs` makes a small batch of inputs whose
+BatchNormalization batch statistics match the model's moving statistics (the
+"distilled data" of ZeroQ, Cai et al. 2020: gradient descent on the inputs), and
+:func:`correct_stream_readers` measures on that batch how each stream reader's input
+moved between the original and the compressed model: its moving mean is shifted by
+the measured change of the mean and its moving variance scaled by the measured ratio
+of variances, one BN after the other so that each sees the corrected ones before it.
+``compress(correct_statistics="auto")`` (the default) does this for the readers of
+every stream its steps moved.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from hope_keras import _keras_graph as kg
+
+__all__ = ["synthesize_inputs", "stream_readers", "StreamReference",
+           "correct_stream_readers"]
+
+#: Batch size, Adam steps and learning rate of `synthesize_inputs`, chosen on the
+#: selection split of the ResNet-50 fixture (docs/quality.md, "Stream readers").
+SYNTHETIC_INPUTS = 16
+SYNTHETIC_STEPS = 100
+LEARNING_RATE = 0.1
+
+
+def _is_bn(op) -> bool:
+    return isinstance(op, keras.layers.BatchNormalization)
+
+
+def _release_plan(flat) -> dict:
+    """Node index → tensor keys read for the last time there (model outputs kept)."""
+    last = {}
+    for node in flat.nodes:
+        for t in node.inputs:
+            last[t] = node.index
+    plan: dict = {}
+    for t, k in last.items():
+        if not flat.is_output(t):
+            plan.setdefault(k, []).append(t)
+    return plan
+
+
+def _run(flat, x, hook=None, plan=None):
+    """Runs the flattened graph on `x` op by op, every layer in inference mode.
+
+    ``hook(node, args, kwargs)`` may return a node's outputs instead of the call
+    (None: call it). Tensors are dropped after their last reader (`plan`)."""
+    tensors = {}
+    for (key, layer), value in zip(flat.inputs, keras.tree.flatten(x)):
+        tensors[key] = keras.ops.cast(value, layer.dtype)
+    for node in flat.nodes:
+        args, kwargs = node.call_args(tensors)
+        out = hook(node, args, kwargs) if hook is not None else None
+        if out is None:
+            if kg.accepts_training(node.op):
+                kwargs["training"] = False
+            out = node.op(*args, **kwargs)
+        for key, t in zip(node.outputs, keras.tree.flatten(out)):
+            tensors[key] = t
+        for t in (plan or {}).get(node.index, ()):
+            tensors.pop(t, None)
+    return tensors
+
+
+def _moments(x):
+    """Per-channel (last axis) mean and variance, float64 numpy."""
+    x = np.asarray(keras.ops.convert_to_numpy(x), np.float64)
+    axes = tuple(range(x.ndim - 1))
+    return x.mean(axis=axes), x.var(axis=axes)
+
+
+def _single_input(flat, what):
+    if len(flat.inputs) != 1:
+        raise ValueError(f"{what} supports models with one input; model "
+                         f"'{flat.model.name}' has {len(flat.inputs)}.")
+    key, layer = flat.inputs[0]
+    shape = tuple(layer.batch_shape[1:])
+    if any(s is None for s in shape):
+        raise ValueError(f"{what} needs a fully defined input shape; model "
+                         f"'{flat.model.name}' takes {layer.batch_shape}.")
+    return shape, layer.dtype
+
+
+def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC_STEPS,
+                      learning_rate: float = LEARNING_RATE, seed: int = 0,
+                      verbose="auto") -> np.ndarray:
+    """Data-free inputs whose BatchNormalization statistics match the model's.
+
+    Starting from standard normal noise, Adam adjusts a batch of ``num`` inputs so
+    that every BatchNormalization layer's input has, over the batch, the mean and
+    standard deviation its moving statistics record (the summed relative errors
+    ``‖m − μ‖ / ‖μ‖ + ‖s − σ‖ / ‖σ‖`` over the layers; ZeroQ's distilled data). The
+    model runs in inference mode and is not changed. It costs ``steps`` forward and
+    backward passes of the batch.
+
+    Args:
+        model: A Keras model with one input of fully defined shape and at least
+            one BatchNormalization layer (nested models are run through).
+        num: Number of inputs.
+        steps: Adam steps.
+        learning_rate: Adam's learning rate.
+        seed: Seed of the initial noise.
+        verbose: ``"auto"``, True or False: a progress bar.
+
+    Returns:
+        np.ndarray: ``(num,) + input shape``, float32.
+
+    Raises:
+        ValueError: for a model with several inputs, an undefined input shape, no
+            BatchNormalization layer, or ``num``/``steps`` below 1 (0 steps allowed).
+
+    Example:
+
+    >>> import keras, hope_keras
+    >>> inputs = keras.Input((6,))
+    >>> x = keras.layers.BatchNormalization()(keras.layers.Dense(4)(inputs))
+    >>> model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.ReLU()(x)))
+    >>> hope_keras.synthesize_inputs(model, num=8, steps=5, verbose=False).shape
+    (8, 6)
+    """
+    import tensorflow as tf
+
+    from hope_keras.progress import WorkBar
+
+    if isinstance(num, bool) or not isinstance(num, int) or num < 2:
+        raise ValueError(f"num must be an integer ≥ 2 (a batch has statistics). "
+                         f"Received: num={num!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an integer ≥ 0. Received: steps={steps!r}")
+    flat = kg.flatten(model)
+    shape, _ = _single_input(flat, "synthesize_inputs")
+    bns = [node for node in flat.nodes if _is_bn(node.op) and node.inputs]
+    if not bns:
+        raise ValueError(f"synthesize_inputs: model '{model.name}' has no "
+                         "BatchNormalization layer whose statistics inputs could match.")
+    index = {node.index: k for k, node in enumerate(bns)}
+    target_mean = [tf.constant(np.asarray(n.op.moving_mean.numpy(), np.float32)) for n in bns]
+    target_std = [tf.constant(np.sqrt(np.asarray(n.op.moving_variance.numpy(), np.float32)
+                                      + n.op.epsilon)) for n in bns]
+    norm_mean = [tf.norm(m) + 1e-3 for m in target_mean]
+    norm_std = [tf.norm(s) + 1e-3 for s in target_std]
+    x = tf.Variable(tf.random.stateless_normal((num,) + shape, (seed, 0)), name="synthetic")
+    optimizer = keras.optimizers.Adam(learning_rate)
+    plan = _release_plan(flat)
+
+    def loss_fn():
+        terms = []
+
+        def hook(node, args, kwargs):
+            k = index.get(node.index)
+            if k is not None:
+                inp = tf.cast(args[0], tf.float32)
+                m, v = tf.nn.moments(inp, axes=list(range(len(inp.shape) - 1)))
+                terms.append(tf.norm(m - target_mean[k]) / norm_mean[k]
+                             + tf.norm(tf.sqrt(v + 1e-5) - target_std[k]) / norm_std[k])
+            return None
+
+        _run(flat, x, hook, plan)
+        return tf.add_n(terms)
+
+    @tf.function(reduce_retracing=True)
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn()
+        optimizer.apply_gradients([(tape.gradient(loss, x), x)])
+        return loss
+
+    bar = WorkBar(steps, "step", verbose=verbose)
+    try:
+        for k in range(steps):
+            loss = step()
+            bar.update(k + 1, loss=float(loss))
+    finally:
+        bar.close()
+    return x.numpy().astype(np.float32)
+
+
+def stream_readers(graph) -> list:
+    """The BatchNormalization nodes of ``graph.flat`` that read a residual stream.
+
+    A reader's input is computed from the output of a sum or product of tensors
+    (``Add``, ``Multiply``…) without another BatchNormalization on the way: a
+    block's first BN and a projection shortcut's BN in a post-activation ResNet, a
+    pre-activation block's own BN, the BN after a squeeze-and-excitation product.
+
+    Args:
+        graph: `hope_keras.graph.walk(model)` (or ``analysis.graph``).
+
+    Returns:
+        list: The readers' `FlatNode` s, in topological order.
+    """
+    from hope_keras import layers as layer_rules
+
+    flat = graph.flat
+    reach, out = set(), []
+    for node in flat.nodes:
+        if _is_bn(node.op):
+            if node.inputs and node.inputs[0] in reach:
+                out.append(node)
+            continue
+        if (layer_rules.role_of(node.op, node) == "merge"
+                or any(t in reach for t in node.inputs)):
+            reach |= set(node.outputs)
+    return out
+
+
+class StreamReference:
+    """What `correct_stream_readers` compares the compressed model with.
+
+    Taken on the original model before compression: for each stream reader, the
+    input of the single-input layer that feeds it (its convolution, usually; the BN's
+    own input when it reads the sum directly), on the synthetic batch ``x``. After
+    compression that layer, with its edited weights, is applied to both the stored
+    input and the new one, so the reader's own edits (a merged slot's filter) count on
+    both sides and only the stream's move is measured.
+
+    Args:
+        model: The model before compression.
+        graph: ``hope_keras.analyze(model).graph`` (or `hope_keras.graph.walk`).
+        x: Synthetic inputs (`synthesize_inputs`).
+
+    Example:
+
+    >>> import keras, hope_keras
+    >>> from hope_keras.synthetic import StreamReference
+    >>> inputs = keras.Input((6,))
+    >>> h = keras.layers.Dense(6)(inputs)
+    >>> h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+    >>> s = keras.layers.Add()([inputs, h])
+    >>> y = keras.layers.BatchNormalization(name="reader")(keras.layers.Dense(3)(s))
+    >>> model = keras.Model(inputs, y)
+    >>> x = hope_keras.synthesize_inputs(model, num=8, steps=2, verbose=False)
+    >>> ref = StreamReference(model, hope_keras.analyze(model).graph, x)
+    >>> [node.key for node in ref.readers]
+    ['reader']
+    """
+
+    def __init__(self, model, graph, x):
+        self.graph, self.x = graph, x
+        flat = graph.flat
+        self.readers = stream_readers(graph)
+        self.source = {}  # reader index → the node whose input was stored (None: BN's)
+        wanted = {}  # node index → reader index, for the node whose input is stored
+        for node in self.readers:
+            src = flat.producer_node(node.inputs[0])
+            ok = (src is not None and len(src.inputs) == 1 and not _is_bn(src.op)
+                  and flat.calls.get(src.key) == 1 and len(src.outputs) == 1)
+            self.source[node.index] = src.index if ok else None
+            wanted[src.index if ok else node.index] = node.index
+        self.stored = {}
+
+        def hook(node, args, kwargs):
+            r = wanted.get(node.index)
+            if r is not None:
+                self.stored[r] = args[0]
+            return None
+
+        if self.readers:
+            _run(flat, x, hook, _release_plan(flat))
+
+
+def correct_stream_readers(reference: StreamReference, tensors) -> dict:
+    """Corrects the moving statistics of the stream readers whose input moved.
+
+    One pass of the compressed model over the reference's synthetic batch, in
+    topological order: at each reader whose input tensor is in ``tensors``, the
+    layer feeding it runs on the stored original input and on the current one; the
+    BN's moving mean is shifted by the change of the batch mean and its moving
+    variance scaled by the ratio of batch variances, channel by channel, and the BN
+    then normalises with the new statistics, so later readers see the corrected
+    ones. Channels the edits made constant (variance ≈ 0 before or after) keep the
+    statistics the edits wrote.
+
+    Args:
+        reference: The `StreamReference` taken before compression.
+        tensors: Tensor keys (of the reference's graph) whose readers to correct,
+            e.g. `hope_keras.bn_stats.untrusted_tensors` of the steps.
+
+    Returns:
+        dict: ``{BN name: (moving_mean, moving_variance)}`` written (float64).
+    """
+    flat = reference.graph.flat
+    todo = {node.index: node for node in reference.readers if node.inputs[0] in tensors}
+    if not todo:
+        return {}
+    feeds = {}
+    for r in todo:
+        src = reference.source[r]
+        if src is not None:
+            feeds[src] = r
+    before = {}
+    written = {}
+
+    def hook(node, args, kwargs):
+        r = feeds.get(node.index)
+        if r is not None:
+            kw = dict(kwargs)
+            if kg.accepts_training(node.op):
+                kw["training"] = False
+            before[r] = _moments(node.op(reference.stored[r], *args[1:], **kw))
+            return None
+        if node.index not in todo:
+            return None
+        bn = node.op
+        m0, v0 = before[node.index] if node.index in before else _moments(
+            reference.stored[node.index])
+        m1, v1 = _moments(args[0])
+        tiny = 1e-6 * max(float(np.mean(v0)), float(np.mean(v1)), 1e-30)
+        live = (v0 > tiny) & (v1 > tiny)
+        mean = np.asarray(bn.moving_mean.numpy(), np.float64)
+        var = np.asarray(bn.moving_variance.numpy(), np.float64)
+        mean = np.where(live, mean + (m1 - m0), mean)
+        var = np.where(live, var * v1 / np.where(live, v0, 1.0), var)
+        bn.moving_mean.assign(mean.astype(bn.moving_mean.dtype))
+        bn.moving_variance.assign(var.astype(bn.moving_variance.dtype))
+        written[bn.name] = (mean, var)
+        return None  # the BN now runs with the corrected statistics
+
+    _run(flat, reference.x, hook, _release_plan(flat))
+    return written

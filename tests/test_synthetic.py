@@ -1,0 +1,154 @@
+"""Synthetic inputs (`hope_keras.synthesize_inputs`) and the stream readers' correction
+they drive (`compress(correct_statistics="auto")`), checked against re-estimation of the
+statistics on the same inputs, which the correction must reproduce when the reference
+statistics are those inputs' own."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import small_resnet
+
+import hope_keras
+from hope_keras import bn_stats
+from hope_keras.synthetic import StreamReference, correct_stream_readers, stream_readers
+
+L = keras.layers
+
+
+def _bn_input_moments(model, x):
+    """{BN name: (batch mean, batch std) of its input on x}, in inference mode."""
+    bns = [layer for layer in model.layers if isinstance(layer, L.BatchNormalization)]
+    sub = keras.Model(model.inputs, [bn.input for bn in bns])
+    outs = sub([x])
+    out = {}
+    for bn, z in zip(bns, outs):
+        z = np.asarray(z, np.float64).reshape(-1, z.shape[-1])
+        out[bn.name] = (z.mean(axis=0), z.std(axis=0))
+    return out
+
+
+def _mismatch(model, x):
+    """Summed relative error between the BN inputs' batch statistics on x and the
+    moving statistics (the quantity `synthesize_inputs` minimises)."""
+    total = 0.0
+    for name, (m, s) in _bn_input_moments(model, x).items():
+        bn = model.get_layer(name)
+        mu = bn.moving_mean.numpy()
+        sd = np.sqrt(bn.moving_variance.numpy() + bn.epsilon)
+        total += np.linalg.norm(m - mu) / (np.linalg.norm(mu) + 1e-3)
+        total += np.linalg.norm(s - sd) / (np.linalg.norm(sd) + 1e-3)
+    return total
+
+
+def test_synthetic_inputs_match_the_moving_statistics_better_than_their_start():
+    """Statistics of real inputs (uniform on [0, 2], not the normal noise the
+    synthesis starts from) are matched to within a small fraction of the start's
+    mismatch."""
+    model = small_resnet(seed=1)
+    data = np.random.default_rng(0).uniform(0, 2, (64, 10, 10, 3)).astype("float32")
+    bn_stats.reestimate_batchnorm_statistics(model, data)
+    before = [w.numpy().copy() for w in model.weights]
+    start = hope_keras.synthesize_inputs(model, num=16, steps=0, verbose=False)
+    x = hope_keras.synthesize_inputs(model, num=16, steps=60, verbose=False)
+    assert x.shape == (16, 10, 10, 3) and x.dtype == np.float32
+    assert _mismatch(model, data) < 0.05  # attainable: real inputs have them
+    assert _mismatch(model, x) < 0.15 * _mismatch(model, start)
+    for w, v in zip(model.weights, before):  # the model is not changed
+        np.testing.assert_array_equal(w.numpy(), v)
+    again = hope_keras.synthesize_inputs(model, num=16, steps=60, verbose=False)
+    np.testing.assert_allclose(again, x, rtol=1e-5, atol=1e-5)  # seeded
+
+
+def test_synthesize_inputs_rejects_what_it_cannot_do():
+    a, b = keras.Input((3,)), keras.Input((3,))
+    two = keras.Model([a, b], L.Dense(2)(L.Concatenate()([a, b])))
+    with pytest.raises(ValueError, match="one input.*has 2"):
+        hope_keras.synthesize_inputs(two, verbose=False)
+    plain = keras.Model(a, L.Dense(2)(a))
+    with pytest.raises(ValueError, match="no BatchNormalization"):
+        hope_keras.synthesize_inputs(plain, verbose=False)
+    with pytest.raises(ValueError, match="num must be.*Received: num=1"):
+        hope_keras.synthesize_inputs(small_resnet(), num=1, verbose=False)
+
+
+def _stream_net(seed=0):
+    """Stem → one identity block (a → b, BN at its end) → Add → ReLU → reader Dense →
+    BN "r_bn" (reads the stream) → ReLU → head."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,))
+    x = L.ReLU()(L.BatchNormalization(name="s_bn")(L.Dense(5, name="s")(inputs)))
+    y = L.ReLU()(L.BatchNormalization(name="a_bn")(L.Dense(4, name="a")(x)))
+    y = L.BatchNormalization(name="b_bn")(L.Dense(5, name="b")(y))
+    x = L.ReLU(name="out")(L.Add(name="add")([x, y]))
+    x = L.ReLU()(L.BatchNormalization(name="r_bn")(L.Dense(4, name="r")(x)))
+    return keras.Model(inputs, L.Dense(2, name="head")(x))
+
+
+def test_stream_readers_are_the_bns_reading_a_sum_without_a_bn_between():
+    graph = hope_keras.walk(_stream_net())
+    assert [n.key for n in stream_readers(graph)] == ["r_bn"]
+    graph = hope_keras.walk(small_resnet())
+    assert [n.key for n in stream_readers(graph)] == ["c2_bn"]
+
+
+def test_the_correction_equals_re_estimation_when_the_reference_is_exact():
+    """With moving statistics that are the exact statistics of the batch x, the
+    correction measured on x must give the reader exactly what re-estimating on x
+    gives, also when the reader's own filter was edited before the stream moved (a
+    merge writes its slot's statistics for the old stream)."""
+    model = _stream_net(seed=3)
+    x = np.random.default_rng(0).normal(size=(256, 6)).astype("float32")
+    bn_stats.reestimate_batchnorm_statistics(model, x)
+    graph = hope_keras.walk(model)
+    ref = StreamReference(model, graph, x)
+    r = model.get_layer("r")
+    k = r.kernel.numpy()
+    k[:, 0] = 0.7 * k[:, 0] + 0.5 * k[:, 1]  # slot 0 of the reader gets a new filter
+    r.kernel.assign(k)
+    bn_stats.reestimate_batchnorm_statistics(model, x)  # exact for the old stream
+    b_bn = model.get_layer("b_bn")  # the stream moves: the branch end loses half
+    b_bn.gamma.assign(0.5 * b_bn.gamma.numpy())
+    b_bn.beta.assign(b_bn.beta.numpy() - 0.3)
+    r_bn = model.get_layer("r_bn")
+    stale = r_bn.moving_mean.numpy().copy(), r_bn.moving_variance.numpy().copy()
+    written = correct_stream_readers(ref, set(graph.flat.producer) | {"x"})
+    assert set(written) == {"r_bn"}
+    got = r_bn.moving_mean.numpy().copy(), r_bn.moving_variance.numpy().copy()
+    bn_stats.reestimate_batchnorm_statistics(model, x)
+    want = r_bn.moving_mean.numpy(), r_bn.moving_variance.numpy()
+    assert not np.allclose(stale[0], want[0], atol=1e-3)  # the stream did move
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-4, atol=1e-6)
+
+
+def test_auto_corrects_the_readers_of_a_moved_stream_when_replayed_too():
+    """A prune inside the block moves the stream: replaying the trajectory with
+    correct_statistics="auto" (as `compress` records it) gives the stream reader c2_bn
+    new statistics, which "surrogate" leaves; two replays give the same model."""
+    from hope_keras.engine import Action
+
+    enc = hope_keras.Encoder(small_resnet(seed=3), actions=("prune",))
+    enc.execute(Action("prune", "b1a", 1, -1, 0.0, 0.0, 1.0, 1))
+    meta = dict(enc.trajectory.meta)
+
+    def replay(mode):
+        t = hope_keras.Trajectory({**meta, "options": {**meta["options"],
+                                                        "correct_statistics": mode}},
+                                  enc.trajectory.steps)
+        return t.replay(small_resnet(seed=3), step=1)
+
+    plain, auto, surrogate, again = (replay(m) for m in (False, "auto", "surrogate", "auto"))
+    c2 = [m.get_layer("c2_bn").moving_mean.numpy() for m in (plain, auto, surrogate)]
+    np.testing.assert_array_equal(c2[2], c2[0])
+    assert not np.allclose(c2[1], c2[0])
+    x = np.random.default_rng(1).normal(size=(4, 10, 10, 3)).astype("float32")
+    np.testing.assert_allclose(again(x), auto(x), rtol=1e-4, atol=1e-5)
+
+
+def test_compress_auto_on_a_residual_net_runs_end_to_end():
+    model = small_resnet(seed=5)
+    result = hope_keras.compress(model, density=0.6, verbose=False)
+    assert result.trajectory.meta["options"]["correct_statistics"] == "auto"
+    small = hope_keras.slim(model)
+    x = np.random.default_rng(2).normal(size=(4, 10, 10, 3)).astype("float32")
+    np.testing.assert_allclose(small(x), model(x), rtol=1e-4, atol=1e-5)
