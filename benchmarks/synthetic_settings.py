@@ -1,0 +1,151 @@
+"""How the stream readers' correction was chosen: synthetic-input settings on ResNet-50.
+
+`compress(correct_statistics="auto")` measures the BNs that read a residual stream on
+synthetic inputs (`hope_keras.synthesize_inputs`). This script compresses the
+ResNet-50 fixture (`.cache/resnet50_fmnist.keras`, from
+scripts/make_benchmark_fixtures.py) to densities 0.55, 0.5 and 0.45 of every
+compressible neuron (the benchmark's densities: the cost leaves the 3840 stream
+channels whole) with `correct_statistics="surrogate"`, then, for each setting, makes
+the synthetic inputs from the uncompressed model and corrects the stream readers of
+each compressed model with them (`mode="readers"`, what `compress` does), or
+re-estimates every BN's statistics on them outright (`mode="reestimate"`). Accuracy on
+the selection split (the first 1000 bundled test images) and the held-out split (1000
+other test images); the library's setting was chosen on the selection split.
+
+Run: .venv/bin/python benchmarks/synthetic_settings.py  (~15 min on 2 cores)
+Writes benchmarks/results/synthetic_settings.json.
+
+``--which-bns`` (uses data; a diagnostic): which BNs' stale statistics cost the
+accuracy. The same compressed models (densities 0.6 and 0.5, "surrogate"), then the
+moving statistics of one subset of BNs re-estimated on 256 calibration images, the
+others kept (three passes, so that each subset sees its own corrected upstream):
+every BN; the stream readers (``*_0_bn``, ``*_1_bn``); the BNs inside the branches
+(``*_2_bn``, ``*_3_bn``); one stage. Writes
+benchmarks/results/synthetic_which_bns.json.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import quality as Q  # noqa: E402
+
+import hope_keras  # noqa: E402
+from hope_keras import bn_stats, synthetic  # noqa: E402
+
+DENSITIES = (0.55, 0.5, 0.45)
+# (inputs, Adam steps, learning rate, seed, mode); steps 0: standard normal noise.
+SETTINGS = [
+    (16, 0, 0.1, 0, "readers"),
+    (32, 50, 0.05, 0, "readers"),
+    (32, 50, 0.05, 1, "readers"),
+    (32, 50, 0.1, 0, "readers"),
+    (32, 100, 0.05, 0, "readers"),
+    (32, 100, 0.1, 0, "readers"),
+    (32, 100, 0.1, 1, "readers"),
+    (32, 100, 0.2, 0, "readers"),
+    (32, 200, 0.05, 0, "readers"),
+    (64, 50, 0.05, 0, "readers"),
+    (16, 100, 0.1, 0, "readers"),
+    (16, 100, 0.1, 1, "readers"),
+    (16, 100, 0.1, 0, "reestimate"),
+]
+OUT = os.path.join(os.path.dirname(__file__), "results", "synthetic_settings.json")
+
+
+def which_bns():
+    import keras
+
+    b = Q.Bench("resnet50", 1000, 1000, (0.6, 0.5))
+    a = b.analysis
+    n, nc = a.num_neurons, 7616
+    bns = [layer for layer in b.model.layers
+           if isinstance(layer, keras.layers.BatchNormalization)]
+    subsets = {
+        "none": None,
+        "every BN": lambda name: True,
+        "stream readers (*_0_bn, *_1_bn)": lambda name: name.endswith(("_0_bn", "_1_bn")),
+        "inside the branches (*_2_bn, *_3_bn)": lambda name: name.endswith(("_2_bn", "_3_bn")),
+        "stage conv4": lambda name: name.startswith("conv4"),
+        "stage conv5": lambda name: name.startswith("conv5"),
+    }
+    out = {}
+    for d in (0.6, 0.5):
+        b.reset()
+        hope_keras.compress(b.model, density=(math.floor(d * n + 1e-9) - (n - nc)) / nc,
+                            analysis=a, verbose=False, correct_statistics="surrogate")
+        weights = [w.numpy().copy() for w in b.model.weights]
+        for label, keep in subsets.items():
+            for v, w in zip(b.model.weights, weights):
+                v.assign(w)
+            for _ in range(0 if keep is None else 3):
+                old = {x.name: (x.moving_mean.numpy(), x.moving_variance.numpy()) for x in bns}
+                hope_keras.reestimate_batchnorm_statistics(b.model, b.xc[:256])
+                for x in bns:
+                    if not keep(x.name):
+                        x.moving_mean.assign(old[x.name][0])
+                        x.moving_variance.assign(old[x.name][1])
+            out.setdefault(label, {})[str(d)] = b.ev()[0]
+            print(d, label, out[label][str(d)], flush=True)
+    with open(OUT.replace("synthetic_settings", "synthetic_which_bns"), "w") as f:
+        json.dump(out, f, indent=1)
+    print("| BNs re-estimated | density 0.6 sel / held-out | 0.5 sel / held-out |")
+    print("|---|---|---|")
+    for label, acc in out.items():
+        print(f"| {label} | " + " | ".join(
+            f"{100 * acc[str(d)]['sel']:.1f} / {100 * acc[str(d)]['heldout']:.1f}"
+            for d in (0.6, 0.5)) + " |")
+
+
+def main():
+    if "--which-bns" in sys.argv:
+        return which_bns()
+    b = Q.Bench("resnet50", 1000, 1000, DENSITIES)
+    a = b.analysis
+    n, nc = a.num_neurons, 7616  # 3840 stream channels are not priced by the default
+    compressed = {}
+    for d in DENSITIES:
+        b.reset()
+        r = hope_keras.compress(b.model, density=(math.floor(d * n + 1e-9) - (n - nc)) / nc,
+                                analysis=a, verbose=False, correct_statistics="surrogate")
+        compressed[d] = ([w.numpy().copy() for w in b.model.weights], r.trajectory.steps)
+        print(f"density {d}: surrogate only {b.ev()[0]}", flush=True)
+    rows = []
+    for num, steps, lr, seed, mode in SETTINGS:
+        b.reset()
+        t = time.perf_counter()
+        x = synthetic.synthesize_inputs(b.model, num=num, steps=steps, learning_rate=lr,
+                                        seed=seed, verbose=False)
+        ref = synthetic.StreamReference(b.model, a.graph, x)
+        seconds = time.perf_counter() - t
+        acc = {}
+        for d, (weights, trajectory) in compressed.items():
+            for v, w in zip(b.model.weights, weights):
+                v.assign(w)
+            if mode == "readers":
+                synthetic.correct_stream_readers(
+                    ref, bn_stats.untrusted_tensors(a.graph, trajectory, "auto"))
+            else:
+                hope_keras.reestimate_batchnorm_statistics(b.model, x)
+            acc[str(d)] = b.ev()[0]
+        row = dict(num=num, steps=steps, learning_rate=lr, seed=seed, mode=mode,
+                   seconds=round(seconds, 1), acc=acc)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    with open(OUT, "w") as f:
+        json.dump({"densities": DENSITIES, "rows": rows}, f, indent=1)
+    print("| inputs | steps | lr | seed | mode | s | " + " | ".join(
+        f"{d} sel / held-out" for d in DENSITIES) + " |")
+    print("|---" * (6 + len(DENSITIES)) + "|")
+    for r in rows:
+        cells = " | ".join(f"{100 * r['acc'][str(d)]['sel']:.1f} / "
+                           f"{100 * r['acc'][str(d)]['heldout']:.1f}" for d in DENSITIES)
+        print(f"| {r['num']} | {r['steps']} | {r['learning_rate']} | {r['seed']} | "
+              f"{r['mode']} | {r['seconds']} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
