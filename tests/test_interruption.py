@@ -179,7 +179,8 @@ def test_interrupting_the_write_back_still_writes_every_step(how, reference, mon
     _assert_same_run(enc.trajectory, model, reference)
 
 
-def test_an_error_in_the_write_back_restores_the_variables_already_written(monkeypatch):
+def test_an_error_in_the_write_back_restores_the_variables_already_written(monkeypatch,
+                                                                         reference):
     model = _model()
     before = [w.copy() for w in model.get_weights()]
     var_class = _variable_class(model)
@@ -191,6 +192,10 @@ def test_an_error_in_the_write_back_restores_the_variables_already_written(monke
     # All or nothing: the model is still the original (the replay of zero steps).
     for a, b in zip(model.get_weights(), before):
         np.testing.assert_array_equal(a, b)
+    # The editor kept its edits (also those of the variables it had written and put
+    # back): committing again gives the uninterrupted run.
+    enc.editor.commit()
+    _assert_same_run(enc.trajectory, model, reference)
 
 
 def test_the_editor_edits_its_own_copy_until_commit():

@@ -152,3 +152,21 @@ def test_compress_auto_on_a_residual_net_runs_end_to_end():
     small = hope_keras.slim(model)
     x = np.random.default_rng(2).normal(size=(4, 10, 10, 3)).astype("float32")
     np.testing.assert_allclose(small(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_inputs_that_cannot_be_made_leave_the_readers_with_a_warning(monkeypatch):
+    """If the synthesis fails (here: it diverges), compress warns, keeps the stream
+    readers' statistics and still corrects the rest as the surrogate does."""
+    from hope_keras import synthetic
+
+    def diverged(model, **kwargs):
+        raise ValueError("synthesize_inputs: the optimisation diverged (test).")
+
+    monkeypatch.setattr(synthetic, "synthesize_inputs", diverged)
+    bn_stats._SYNTHETIC_INPUTS.clear()
+    model, plain = small_resnet(seed=7), small_resnet(seed=7)
+    with pytest.warns(UserWarning, match="diverged.*keep their statistics"):
+        hope_keras.compress(model, density=0.6, verbose=False)
+    hope_keras.compress(plain, density=0.6, verbose=False, correct_statistics="surrogate")
+    for a, b in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_array_equal(a, b)

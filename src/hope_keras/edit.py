@@ -205,27 +205,34 @@ class ModelEditor:
 
         A KeyboardInterrupt (Ctrl-C) during the write-back is raised once every
         variable is written; any other error puts back the variables already written
-        (the model then holds the previous commit) and propagates.
+        (the model then holds the previous commit; the editor keeps its edits) and
+        propagates. Written arrays leave the mirror (`array` reads them again).
         """
-        items = [(getattr(self.layer(layer), attr), self._arrays[(layer, attr)])
-                 for layer, attr in sorted(self._dirty)]
+        keys = sorted(self._dirty)
         interrupted = None
         with defer_keyboard_interrupt():
             written = []
             try:
-                for var, value in items:
+                for key in keys:
+                    var = getattr(self.layer(key[0]), key[1])
                     before = var.numpy()
                     while True:
                         try:
-                            var.assign(value)
+                            var.assign(self._arrays[key])
                             break
                         except KeyboardInterrupt as e:  # finish the write-back first
                             if interrupted is not None:
                                 raise
                             interrupted = e
-                    written.append((var, before))
+                    written.append((var, before, key))
+                    # The variable holds the edits now: the mirror is read again on
+                    # demand, so the previous values kept for a rollback take the
+                    # mirror's place instead of adding to it (an 8192-wide MLP: 1 GB).
+                    del self._arrays[key]
             except BaseException:
-                for var, before in reversed(written):
+                for var, before, key in reversed(written):
+                    if key not in self._arrays:  # the editor keeps its edits
+                        self._arrays[key] = np.array(var.numpy())
                     var.assign(before)
                 raise
         self._dirty.clear()

@@ -184,7 +184,12 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
             bar.update(k + 1, loss=float(loss))
     finally:
         bar.close()
-    return x.numpy().astype(np.float32)
+    out = x.numpy().astype(np.float32)
+    if not np.all(np.isfinite(out)):
+        raise ValueError(f"synthesize_inputs: the optimisation diverged on model "
+                         f"'{model.name}' (non-finite inputs after {steps} steps at "
+                         f"learning_rate={learning_rate}); try a smaller learning_rate.")
+    return out
 
 
 def stream_readers(graph) -> list:
@@ -281,7 +286,7 @@ def correct_stream_readers(reference: StreamReference, tensors) -> dict:
     variance scaled by the ratio of batch variances, channel by channel, and the BN
     then normalises with the new statistics, so later readers see the corrected
     ones. Channels the edits made constant (variance ≈ 0 before or after) keep the
-    statistics the edits wrote.
+    statistics the edits wrote, and so do channels whose measurement is not finite.
 
     Args:
         reference: The `StreamReference` taken before compression.
@@ -317,8 +322,10 @@ def correct_stream_readers(reference: StreamReference, tensors) -> dict:
         m0, v0 = before[node.index] if node.index in before else _moments(
             reference.stored[node.index])
         m1, v1 = _moments(args[0])
-        tiny = 1e-6 * max(float(np.mean(v0)), float(np.mean(v1)), 1e-30)
-        live = (v0 > tiny) & (v1 > tiny)
+        finite = np.isfinite(m0) & np.isfinite(v0) & np.isfinite(m1) & np.isfinite(v1)
+        scale = [float(np.mean(v[finite])) if finite.any() else 0.0 for v in (v0, v1)]
+        tiny = 1e-6 * max(*scale, 1e-30)
+        live = finite & (v0 > tiny) & (v1 > tiny)
         mean = np.asarray(bn.moving_mean.numpy(), np.float64)
         var = np.asarray(bn.moving_variance.numpy(), np.float64)
         mean = np.where(live, mean + (m1 - m0), mean)
