@@ -977,7 +977,7 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
             first, so this is mostly a no-op there). ``"auto"`` (default): the same,
             and the BNs that read a residual stream the run moved are measured on
             synthetic inputs (`hope_keras.synthesize_inputs`, made before the run:
-            50 forward and backward passes of 32 inputs; `hope_keras.synthetic`).
+            100 forward and backward passes of 16 inputs; `hope_keras.synthetic`).
             True: the surrogate's prediction for every BatchNormalization. False:
             none. Recorded in the trajectory, so `Trajectory.replay` applies it too.
             See docs/deploy.md.

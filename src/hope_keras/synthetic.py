@@ -29,7 +29,7 @@ __all__ = ["synthesize_inputs", "stream_readers", "StreamReference",
            "correct_stream_readers"]
 
 #: Batch size, Adam steps and learning rate of `synthesize_inputs`, chosen on the
-#: selection split of the ResNet-50 fixture (docs/quality.md, "Stream readers").
+#: selection split of the ResNet-50 fixture (docs/quality.md, "Decision 6").
 SYNTHETIC_INPUTS = 16
 SYNTHETIC_STEPS = 100
 LEARNING_RATE = 0.1
@@ -119,7 +119,8 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
 
     Raises:
         ValueError: for a model with several inputs, an undefined input shape, no
-            BatchNormalization layer, or ``num``/``steps`` below 1 (0 steps allowed).
+            BatchNormalization layer, ``num`` below 2 or negative ``steps``, or when
+            the optimisation diverges.
 
     Example:
 
