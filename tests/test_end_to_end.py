@@ -23,7 +23,7 @@ def test_resnet50_compress_half_density_then_slim():
     x = keras.applications.resnet50.preprocess_input(
         rng.uniform(0, 255, (2, 224, 224, 3)).astype("float32"))
     # "surrogate": the synthetic inputs of the default's stream-reader correction take
-    # ~90 s at 224×224 (benchmarks/scale.py --correct-statistics auto); they are
+    # ~110 s at 224×224 (benchmarks/scale.py --correct-statistics auto); they are
     # tested on small networks (test_synthetic.py) and every family (make test-apps).
     result = hope_keras.compress(model, density=0.5, verbose=False,
                                  correct_statistics="surrogate")

@@ -84,11 +84,45 @@ def _stream_net(seed=0):
     return keras.Model(inputs, L.Dense(2, name="head")(x))
 
 
+def _preact_net(seed=0):
+    """A pre-activation block: the stream is a raw sum that the next BN ("p_bn")
+    reads directly, with no layer in between."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,))
+    x = L.Dense(5, name="s")(inputs)
+    y = L.ReLU()(L.BatchNormalization(name="a_bn")(x))
+    y = L.ReLU()(L.BatchNormalization(name="b_bn")(L.Dense(4, name="a")(y)))
+    x = L.Add(name="add")([x, L.Dense(5, name="b")(y)])
+    x = L.ReLU()(L.BatchNormalization(name="p_bn")(x))
+    return keras.Model(inputs, L.Dense(2, name="head")(x))
+
+
 def test_stream_readers_are_the_bns_reading_a_sum_without_a_bn_between():
     graph = hope_keras.walk(_stream_net())
     assert [n.key for n in stream_readers(graph)] == ["r_bn"]
     graph = hope_keras.walk(small_resnet())
     assert [n.key for n in stream_readers(graph)] == ["c2_bn"]
+    graph = hope_keras.walk(_preact_net())
+    assert [n.key for n in stream_readers(graph)] == ["p_bn"]
+
+
+def test_a_reader_of_the_raw_sum_is_corrected_like_re_estimation():
+    """Pre-activation: the reader reads the sum itself (its own input is what the
+    reference stores); the branch's last layer halves, the stream moves."""
+    model = _preact_net(seed=4)
+    x = np.random.default_rng(1).normal(size=(256, 6)).astype("float32")
+    bn_stats.reestimate_batchnorm_statistics(model, x)
+    graph = hope_keras.walk(model)
+    ref = StreamReference(model, graph, x)
+    assert ref.source[graph.flat.node_of("p_bn").index] is None
+    b = model.get_layer("b")
+    b.kernel.assign(0.5 * b.kernel.numpy())
+    assert set(correct_stream_readers(ref, set(graph.flat.shapes))) == {"p_bn"}
+    p_bn = model.get_layer("p_bn")
+    got = p_bn.moving_mean.numpy().copy(), p_bn.moving_variance.numpy().copy()
+    bn_stats.reestimate_batchnorm_statistics(model, x)
+    np.testing.assert_allclose(got[0], p_bn.moving_mean.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[1], p_bn.moving_variance.numpy(), rtol=1e-4, atol=1e-6)
 
 
 def test_the_correction_equals_re_estimation_when_the_reference_is_exact():
@@ -111,7 +145,7 @@ def test_the_correction_equals_re_estimation_when_the_reference_is_exact():
     b_bn.beta.assign(b_bn.beta.numpy() - 0.3)
     r_bn = model.get_layer("r_bn")
     stale = r_bn.moving_mean.numpy().copy(), r_bn.moving_variance.numpy().copy()
-    written = correct_stream_readers(ref, set(graph.flat.producer) | {"x"})
+    written = correct_stream_readers(ref, set(graph.flat.shapes))
     assert set(written) == {"r_bn"}
     got = r_bn.moving_mean.numpy().copy(), r_bn.moving_variance.numpy().copy()
     bn_stats.reestimate_batchnorm_statistics(model, x)
