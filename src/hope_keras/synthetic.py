@@ -133,7 +133,7 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
     """
     import tensorflow as tf
 
-    from hope_keras.progress import WorkBar
+    from hope_keras.progress import WorkBar, resolve_verbose
 
     if isinstance(num, bool) or not isinstance(num, int) or num < 2:
         raise ValueError(f"num must be an integer ≥ 2 (a batch has statistics). "
@@ -178,6 +178,9 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         optimizer.apply_gradients([(tape.gradient(loss, x), x)])
         return loss
 
+    if resolve_verbose(verbose):
+        print(f"synthesize_inputs: {num} inputs matched to the BatchNormalization "
+              f"statistics of '{model.name}' ({steps} Adam steps)")
     bar = WorkBar(steps, "step", verbose=verbose)
     try:
         for k in range(steps):
