@@ -32,7 +32,9 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   prices only the paper's neuron layers, so its own density counts fewer neurons:
   the benchmark converts, see `Bench.run_hope`), ``hope_neurons`` (the default cost
   on the paper's neuron layers only, as ``cost="paper"``: residual streams and other
-  coupled groups stay whole),
+  coupled groups stay whole), ``hope_nostreams`` (``HopeCost(groups="no_streams")``:
+  the residual streams whole, the default before decision 7), ``hope_one_reader``
+  (streams priced, every group ranked as if one layer read it: no factor ``R``),
   ``hope_neighbors`` (``refresh="neighbors"``), ``hope_prune`` (prune only),
   ``hope_noevict`` (no evictions: ``actions=("prune", "merge")``), ``hope_prune_sc``
   (prune only + statistics correction, below),
@@ -145,7 +147,7 @@ def _costs():
         the capacity). Merges, evictions and the ranking are the default's."""
 
         def __init__(self, score):
-            super().__init__()  # the default's scope (residual streams whole)
+            super().__init__(groups="no_streams")  # the default's scope when measured
             self.score = score
             self.name = f"hope_rank_{score}"
 
@@ -162,7 +164,7 @@ def _costs():
         parent (``J_merge`` without ``n``), as the default did before this benchmark."""
 
         def __init__(self, alpha, mean_params, mean_flops, alpha_merge=False):
-            super().__init__()  # the default's scope (residual streams whole)
+            super().__init__(groups="no_streams")  # the default's scope when measured
             self.alpha, self.m = alpha, {"params": mean_params, "flops": mean_flops}
             self.alpha_merge = alpha_merge
             self.name = f"hope_order_a{alpha:g}" + ("_alpha_merge" if alpha_merge else "")
@@ -186,7 +188,7 @@ def _costs():
         log-capacity model), β = 1 keeps equal fractions per layer."""
 
         def __init__(self, beta, mean_n0):
-            super().__init__()  # the default's scope (residual streams whole)
+            super().__init__(groups="no_streams")  # the default's scope when measured
             self.beta, self.mean_n0 = beta, mean_n0
             self.name = f"hope_width_b{beta:g}"
 
@@ -203,12 +205,22 @@ def _costs():
         name = "hope_neurons_only"
         groups = "neurons"
 
-    return ScoreRankCost, OrderCost, WidthWeightedCost, NeuronsOnlyCost
+    class OneReaderCost(costs.HopeCost):
+        """The default cost with every group ranked as if one layer read it (no
+        factor ``R``): residual stream channels priced like a layer's channel."""
+
+        name = "hope_one_reader"
+
+        def rank(self, J, info):
+            return super().rank(J, info._replace(readers=1.0))
+
+    return ScoreRankCost, OrderCost, WidthWeightedCost, NeuronsOnlyCost, OneReaderCost
 
 
 def hope_methods(ctx):
     """{name: (compress options, axes)}; `ctx` holds the model's mean savings."""
-    ScoreRankCost, OrderCost, WidthWeightedCost, NeuronsOnlyCost = _costs()
+    ScoreRankCost, OrderCost, WidthWeightedCost, NeuronsOnlyCost, OneReaderCost = _costs()
+    from hope_keras import costs
 
     def order(alpha, alpha_merge=False):
         return OrderCost(alpha, ctx["mean_params"], ctx["mean_flops"], alpha_merge)
@@ -220,6 +232,11 @@ def hope_methods(ctx):
         "hope_re": (dict(), AXES),  # + BN statistics re-estimated on data (Bench.point)
         "hope_auto": (dict(correct_statistics="auto"), AXES),
         "hope_nocorr": (dict(correct_statistics=False), AXES),
+        # decision 7: the previous default (streams whole), and streams priced as one
+        # reader's channel
+        "hope_nostreams": (dict(cost=costs.HopeCost(groups="no_streams"),
+                                correct_statistics="auto"), AXES),
+        "hope_one_reader": (dict(cost=OneReaderCost(), correct_statistics="auto"), AXES),
         "hope_prune_auto": (dict(actions=("prune",), correct_statistics="auto"), ("density",)),
         "hope_alpha_merge": (dict(cost=order(0.0, alpha_merge=True)), ("density",)),
         "hope_prev": (dict(cost=order(0.0, alpha_merge=True)), AXES),
@@ -249,7 +266,8 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_sc", "hope_re", "hope_auto", "hope_nocorr", "hope_topk",
+HOPE_NAMES = ("hope", "hope_sc", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
+              "hope_one_reader", "hope_topk",
               "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc",
               "hope_neighbors", "hope_prune", "hope_noevict", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
               "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
@@ -717,6 +735,8 @@ LABELS = {
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
     "hope_prune_auto": "HOPE prune-only, `correct_statistics=\"auto\"`",
     "hope_nocorr": "HOPE `correct_statistics=False`",
+    "hope_nostreams": "HOPE `HopeCost(groups=\"no_streams\")` (streams whole; default before decision 7)",
+    "hope_one_reader": "exp: HOPE, streams priced as one reader's channel (no factor R)",
     "hope_noevict": "exp: HOPE without evictions (`actions=(\"prune\", \"merge\")`)",
     "hope_alpha_merge": "HOPE, merges priced by α* (default before 2d3a04b)",
     "hope_prev": "HOPE cost of 864cb63 (α* merge cost, J per neuron)",
@@ -909,6 +929,11 @@ def decisions(results):
               dens if axis == "density" else "Mean accuracy % over the FLOPs ratios "
               "0.9…0.3 every listed method reached on that model.",
               needs=["hope_neurons"])
+    for axis in AXES:
+        block(f"Decision 7: every reader counted, one reader, or streams whole ({axis} axis)",
+              ["hope", "hope_one_reader", "hope_nostreams", "hope_paper"], axis,
+              dens if axis == "density" else f"Mean accuracy % over the {axis} ratios "
+              "0.9…0.3 every listed method reached.", needs=["hope_nostreams"])
     ranks = ["rank_k", "rank_gamma", "rank_u", "rank_k_prune", "rank_gamma_prune",
              "rank_u_prune"]
     block("Within-layer ranking (density axis)",

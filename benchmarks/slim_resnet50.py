@@ -25,9 +25,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--flops", action="store_true",
                     help="budget in FLOPs ratios (compress(flops=...)) instead of density")
-    ap.add_argument("--groups", default="no_streams", choices=("no_streams", "all"),
-                    help="the default cost's scope: 'all' prunes residual-stream "
-                         "channels too (HopeCost(groups='all'))")
+    ap.add_argument("--groups", default="all", choices=("no_streams", "all"),
+                    help="the default cost's scope: 'all' (the default) prices "
+                         "residual-stream channels too, 'no_streams' leaves them whole")
     ap.add_argument("--points", type=float, nargs="*",
                     help="budgets to profile (default: 0.9 … 0.4 or 0.3)")
     args = ap.parse_args()

@@ -279,7 +279,7 @@ def check(seed):
     original = model.get_weights()  # (a clone costs as much as the whole check)
     count0 = model.count_params()
     options = {"merge_scale": str(rng.choice(["sum", "paper"])),
-               "cost": str(rng.choice(["hope", "hope_all", "paper"])),
+               "cost": str(rng.choice(["hope", "hope_nostreams", "paper"])),
                "mean_compensation": bool(rng.random() < 0.3)}
     # The stream readers' correction (synthetic inputs, ~1 s a network) on one network
     # in five, drawn apart so that each seed's network and options stay as they were.
@@ -287,15 +287,15 @@ def check(seed):
                                      < 0.2 else "surrogate")
     info["options"] = dict(options)
     # Each cost prices its own groups: the paper's only its neuron layers (producer →
-    # BN → ReLU), the default all but the residual streams, "hope_all" every group.
+    # BN → ReLU), the default every group, "hope_nostreams" all but the residual streams.
     costs = hope_keras.costs
-    cost = (costs.HopeCost(groups="all") if options["cost"] == "hope_all"
+    cost = (costs.HopeCost(groups="no_streams") if options["cost"] == "hope_nostreams"
             else costs.get(options["cost"]))
     groups = hope_keras.walk(model).groups.values()
     sizes = [grp.size for grp in groups if costs.in_scope(cost.groups, grp)]
     if not sizes:
         cost = costs.HopeCost(groups="all")
-        info["options"]["cost"] = "hope_all"
+        info["options"]["cost"] = "hope"
         sizes = [grp.size for grp in groups]
     options["cost"] = cost
     n, g = sum(sizes), len(sizes)

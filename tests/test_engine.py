@@ -308,9 +308,13 @@ def test_hope_cost_ranks_width_free_distortion_per_neuron():
     model = small_resnet(seed=4)
     enc = Encoder(model)  # the default cost
     assert enc.cost.name == "hope"
+    # The residual stream (stem + b1b, through the Add) is read by b1a and c2; every
+    # other group by one layer. One neuron removed: DR = J × readers.
+    readers = {"stem": 2, "b1a": 1, "c2": 1, "fc": 1}
+    assert set(enc.groups) == set(readers)
     for name, gs in enc.groups.items():
         a = enc.best_group_action(name)
-        assert a.DR == pytest.approx(a.J)  # one neuron removed: DR = J
+        assert a.DR == pytest.approx(a.J * readers[name])
         cap = gs.cache.capacity
         prunes = cap / (gs.C - cap)  # no width factor n
         if a.kind == "prune":
@@ -482,11 +486,12 @@ def test_hope_cost_ranks_a_flops_budget_by_the_geometric_mean_of_neurons_and_flo
         return base - _flops(hope_keras.slim(m))
 
     enc = Encoder(model, budget="flops")
+    readers = {"stem": 2, "b1a": 1, "c2": 1, "fc": 1}  # as in the test above
     drs = []
     for name in enc.groups:
         a = enc.best_group_action(name)
         S = saved(lambda e: e.prune(name, 0))
-        assert S > 0 and a.DR == pytest.approx(a.J / np.sqrt(S), rel=1e-9)
+        assert S > 0 and a.DR == pytest.approx(readers[name] * a.J / np.sqrt(S), rel=1e-9)
         drs.append(a.DR)
     a = enc.eviction_action("b1_add")
     S = saved(lambda e: e.evict("b1_add"))
@@ -531,26 +536,28 @@ def test_hope_cost_prices_the_sum_scale_parent_it_builds():
     assert outputs_equal(model, before, x, rtol=1e-5, atol=1e-5)
 
 
-def test_default_cost_leaves_residual_streams_whole_and_all_opts_in():
-    """The default prices every group but the residual streams (measured in
-    docs/quality.md: pruning stream channels collapses residual networks);
-    ``HopeCost(groups="all")`` prices them too, and both runs slim exactly."""
+def test_default_cost_prices_residual_streams_and_no_streams_leaves_them_whole():
+    """The default prices every group, the residual streams included (ranked once
+    per reader, docs/quality.md decision 7); ``HopeCost(groups="no_streams")``
+    leaves them whole, and both runs slim exactly."""
     model = small_resnet(seed=3)
     analysis = hope_keras.analyze(model)
     streams = [n for n, g in analysis.graph.groups.items() if g.stream]
     assert streams == ["stem"]  # stem, b1b and b1_add share the stream's channels
     assert not any(g.stream for n, g in analysis.graph.groups.items() if n != "stem")
     x = _x(model)
-    for cost, stream_kept in ((None, True), (hope_keras.costs.HopeCost(groups="all"), False)):
+    no_streams = hope_keras.costs.HopeCost(groups="no_streams")
+    for cost, stream_kept in ((None, False), (no_streams, True)):
         m = copy_model(model)
         kw = {} if cost is None else {"cost": cost}
         result = hope_keras.compress(m, density=0.3, verbose=False, **kw)
         touched = {s.unit for s in result.trajectory.steps if s.kind != "evict"}
         assert ("stem" not in touched) == stream_kept, touched
+        assert result.trajectory.meta["options"]["cost"] == {
+            "name": "hope", "groups": "no_streams" if stream_kept else "all"}
         assert outputs_equal(hope_keras.slim(m), m, x, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="groups must be one of"):
         hope_keras.costs.HopeCost(groups="streams")
-
 
 
 def test_dead_neurons_are_pruned_not_merged_into_an_overflowing_parent():

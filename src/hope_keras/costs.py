@@ -480,6 +480,9 @@ class RankInfo(NamedTuple):
         flops: FLOPs per example the slimmed model loses.
         budget: what the run's budget counts: ``"density"``, ``"params"``,
             ``"flops"`` or ``"steps"``.
+        readers: the number of layers that read the group's channels (a residual
+            stream's: every block of its stage and the next stage's first; 1 for
+            an eviction).
     """
 
     kind: str
@@ -488,6 +491,7 @@ class RankInfo(NamedTuple):
     params: np.ndarray
     flops: np.ndarray
     budget: str
+    readers: float = 1.0
 
 
 class Cost:
@@ -604,20 +608,23 @@ class HopeCost(Cost):
       (``C_stream``: the summed RMS of the block input under the propagated
       moments, which grows along a stage as branches add to it; the paper's
       ``C_identity``, one BN's, where the moments do not reach the block input);
-    * rank: ``J`` per neuron removed (an eviction removes every live neuron of its
-      block) under a density or a params budget; under a FLOPs budget ``J`` per
-      geometric mean of the neurons ``k`` and the FLOPs ``S`` the action removes,
-      ``J / sqrt(k·S)``. Per neuron, a FLOPs budget is bought without looking at
-      what it counts (FLOPs per neuron differ ~100× between an early convolution
-      and a Dense layer); per FLOP (``J / S``), the layers with the costliest
-      neurons are thinned until they break. See docs/theory.md for the
+    * rank: ``J`` times the number of layers ``R`` that read the group's
+      channels, per neuron removed (an eviction removes every live neuron of its
+      block, ``R = 1``) under a density or a params budget; under a FLOPs budget
+      per geometric mean of the neurons ``k`` and the FLOPs ``S`` the action
+      removes, ``R·J / sqrt(k·S)``. ``J`` is the relative capacity the group's
+      readers lose together (their capacities pooled); removing a channel takes
+      that share from each of them, so the loss counts once per reader: a
+      residual stream's channel, read by every block of its stage, costs ``R``
+      (3–7 on ResNet-50) times a layer's channel of the same share; a layer with
+      one consumer is unchanged. Per neuron, a FLOPs budget is bought without
+      looking at what it counts (FLOPs per neuron differ ~100× between an early
+      convolution and a Dense layer); per FLOP (``J / S``), the layers with the
+      costliest neurons are thinned until they break. See docs/theory.md for the
       derivation and docs/quality.md for the measurements behind the choice;
-    * scope: every group but the residual streams (``groups="no_streams"``): a
-      stream channel is read by every block of its stage, and pricing it like a
-      layer's channel cut residual networks down (ResNet-50 @32 on held-out
-      images: 31.9% at density 0.7 with the streams, 70.1% without). Pass
-      ``HopeCost(groups="all")`` to prune stream channels too (what makes a
-      residual network's slimmed convolutions narrower on both sides).
+    * scope: every group (``groups="all"``), the residual streams included.
+      ``HopeCost(groups="no_streams")`` leaves the streams whole (the default
+      until decision 7 of docs/quality.md).
 
     Args:
         groups: The scope, see `Cost` (``"no_streams"``, ``"all"``, ``"neurons"``).
@@ -625,13 +632,13 @@ class HopeCost(Cost):
     Example:
 
     >>> from hope_keras import costs
-    >>> costs.get("hope").groups, costs.HopeCost(groups="all").groups
-    ('no_streams', 'all')
+    >>> costs.get("hope").groups, costs.HopeCost(groups="no_streams").groups
+    ('all', 'no_streams')
     """
 
     name = "hope"
 
-    def __init__(self, groups: str = "no_streams"):
+    def __init__(self, groups: str = "all"):
         if groups not in SCOPES:
             raise ValueError(f"groups must be one of {SCOPES}. Received: groups={groups!r}")
         self.groups = groups
@@ -650,9 +657,13 @@ class HopeCost(Cost):
 
     def rank(self, J, info):
         k = np.maximum(info.neurons, 1)
+        J = J * info.readers
         if info.budget == "flops":
             return J / np.sqrt(k * np.maximum(info.flops, 1.0))
         return J / k
+
+    def get_config(self) -> dict:
+        return {"name": self.name, "groups": self.groups}
 
 
 _COSTS = {"paper": PaperCost, "hope": HopeCost}

@@ -522,8 +522,8 @@ class Encoder:
             nb |= {other for other, h in self.graph.groups.items()
                    if any(c.layer == g.producer for c in h.consumers)}
             out[name] = nb - {name}
-        # Only the groups the run prices have caches to rebuild (the default cost
-        # leaves residual streams out).
+        # Only the groups the run prices have caches to rebuild (a cost may leave
+        # some out: "paper" all but its neuron layers, "no_streams" the streams).
         priced = set(self.groups)
         return {name: nb & priced for name, nb in out.items() if name in priced}
 
@@ -534,9 +534,11 @@ class Encoder:
             dp, df = self.sizes.marginal(group, 1)
         else:
             dp, df = self._eviction_savings(unit)
+        readers = 1.0 if kind == "evict" else float(self.graph.groups[unit].num_readers)
         return costs.RankInfo(kind, np.asarray(neurons, dtype=np.float64),
                               np.asarray(p_init, dtype=np.float64),
-                              np.asarray(float(dp)), np.asarray(float(df)), self.budget)
+                              np.asarray(float(dp)), np.asarray(float(df)), self.budget,
+                              readers)
 
     def _merge_table(self, gs: "_GroupState") -> MergeTable:
         k = self.merge_candidates

@@ -119,6 +119,11 @@ class NeuronGroup:
         return self.kind == "neurons"
 
     @property
+    def num_readers(self) -> int:
+        """How many layers read the channels (distinct ``"in"`` couplings; ≥ 1)."""
+        return max(1, len({c.layer for c in self.couplings if c.role == "in"}))
+
+    @property
     def writers(self) -> Tuple[str, ...]:
         return tuple(c.layer for c in self.couplings if c.role == "out")
 
