@@ -80,6 +80,8 @@ def run(model_name, cases):
     reset()
 
 def hope(**kw):
+    # The default when this diagnostic was written: residual streams whole.
+    kw.setdefault("cost", hope_keras.costs.HopeCost(groups="no_streams"))
     return lambda m, a: hope_keras.compress(m, analysis=a, verbose=False, **kw)
 def bl(d, method="bn_scale", scope="layer"):
     return lambda m, a: baselines.prune(m, d, method=method, scope=scope, analysis=a)

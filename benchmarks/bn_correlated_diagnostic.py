@@ -245,7 +245,9 @@ def main(argv):
         own = (math.floor(d * 11456 + 1e-9) - (11456 - 7616)) / 7616
         reset()
         t0 = time.time()
-        hope_keras.compress(model, density=own, analysis=a0, verbose=False, correct_statistics=False)
+        # The default when this diagnostic was written: the 3840 stream channels whole.
+        hope_keras.compress(model, density=own, analysis=a0, verbose=False, correct_statistics=False,
+                            cost=hope_keras.costs.HopeCost(groups="no_streams"))
         t_c = time.time() - t0
         mom1 = M.propagate(flat0)
         a1 = hope_keras.analyze(model)

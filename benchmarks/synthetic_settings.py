@@ -4,8 +4,9 @@
 synthetic inputs (`hope_keras.synthesize_inputs`). This script compresses the
 ResNet-50 fixture (`.cache/resnet50_fmnist.keras`, from
 scripts/make_benchmark_fixtures.py) to densities 0.55, 0.5 and 0.45 of every
-compressible neuron (the benchmark's densities: the cost leaves the 3840 stream
-channels whole) with `correct_statistics="surrogate"`, then, for each setting, makes
+compressible neuron (the benchmark's densities) with the cost that was the default
+when these settings were chosen, `HopeCost(groups="no_streams")` (the 3840 stream
+channels whole), and `correct_statistics="surrogate"`, then, for each setting, makes
 the synthetic inputs from the uncompressed model and corrects the stream readers of
 each compressed model with them (`mode="readers"`, what `compress` does), or
 re-estimates every BN's statistics on them outright (`mode="reestimate"`). Accuracy on
@@ -22,6 +23,11 @@ others kept (three passes, so that each subset sees its own corrected upstream):
 every BN; the stream readers (``*_0_bn``, ``*_1_bn``); the BNs inside the branches
 (``*_2_bn``, ``*_3_bn``); one stage. Writes
 benchmarks/results/synthetic_which_bns.json.
+
+``--which-bns --flops``: the same diagnostic for today's default under a FLOPs budget
+(``compress(flops=r)`` with every default, the stream readers' correction included,
+at FLOPs ratios 0.5 and 0.4), with every stage as a subset. Writes
+benchmarks/results/synthetic_which_bns_flops.json.
 """
 
 import json
@@ -34,7 +40,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import quality as Q  # noqa: E402
 
 import hope_keras  # noqa: E402
-from hope_keras import bn_stats, synthetic  # noqa: E402
+from hope_keras import bn_stats, costs, synthetic  # noqa: E402
 
 DENSITIES = (0.55, 0.5, 0.45)
 # (inputs, Adam steps, learning rate, seed, mode); steps 0: standard normal noise.
@@ -56,10 +62,11 @@ SETTINGS = [
 OUT = os.path.join(os.path.dirname(__file__), "results", "synthetic_settings.json")
 
 
-def which_bns():
+def which_bns(flops=False):
     import keras
 
-    b = Q.Bench("resnet50", 1000, 1000, (0.6, 0.5))
+    points = (0.5, 0.4) if flops else (0.6, 0.5)
+    b = Q.Bench("resnet50", 1000, 1000, points)
     a = b.analysis
     n, nc = a.num_neurons, 7616
     bns = [layer for layer in b.model.layers
@@ -72,11 +79,19 @@ def which_bns():
         "stage conv4": lambda name: name.startswith("conv4"),
         "stage conv5": lambda name: name.startswith("conv5"),
     }
+    if flops:
+        subsets.update({"stem (conv1_bn)": lambda name: name.startswith("conv1"),
+                        "stage conv2": lambda name: name.startswith("conv2"),
+                        "stage conv3": lambda name: name.startswith("conv3")})
     out = {}
-    for d in (0.6, 0.5):
+    for d in points:
         b.reset()
-        hope_keras.compress(b.model, density=(math.floor(d * n + 1e-9) - (n - nc)) / nc,
-                            analysis=a, verbose=False, correct_statistics="surrogate")
+        if flops:
+            hope_keras.compress(b.model, flops=d, analysis=a, verbose=False)
+        else:
+            hope_keras.compress(b.model, density=(math.floor(d * n + 1e-9) - (n - nc)) / nc,
+                                analysis=a, verbose=False, correct_statistics="surrogate",
+                                cost=costs.HopeCost(groups="no_streams"))
         weights = [w.numpy().copy() for w in b.model.weights]
         for label, keep in subsets.items():
             for v, w in zip(b.model.weights, weights):
@@ -90,19 +105,22 @@ def which_bns():
                         x.moving_variance.assign(old[x.name][1])
             out.setdefault(label, {})[str(d)] = b.ev()[0]
             print(d, label, out[label][str(d)], flush=True)
-    with open(OUT.replace("synthetic_settings", "synthetic_which_bns"), "w") as f:
+    name = "synthetic_which_bns_flops" if flops else "synthetic_which_bns"
+    with open(OUT.replace("synthetic_settings", name), "w") as f:
         json.dump(out, f, indent=1)
-    print("| BNs re-estimated | density 0.6 sel / held-out | 0.5 sel / held-out |")
+    axis = "FLOPs" if flops else "density"
+    print("| BNs re-estimated | " + " | ".join(
+        f"{axis} {d} sel / held-out" for d in points) + " |")
     print("|---|---|---|")
     for label, acc in out.items():
         print(f"| {label} | " + " | ".join(
             f"{100 * acc[str(d)]['sel']:.1f} / {100 * acc[str(d)]['heldout']:.1f}"
-            for d in (0.6, 0.5)) + " |")
+            for d in points) + " |")
 
 
 def main():
     if "--which-bns" in sys.argv:
-        return which_bns()
+        return which_bns(flops="--flops" in sys.argv)
     b = Q.Bench("resnet50", 1000, 1000, DENSITIES)
     a = b.analysis
     n, nc = a.num_neurons, 7616  # 3840 stream channels are not priced by the default
@@ -110,7 +128,8 @@ def main():
     for d in DENSITIES:
         b.reset()
         r = hope_keras.compress(b.model, density=(math.floor(d * n + 1e-9) - (n - nc)) / nc,
-                                analysis=a, verbose=False, correct_statistics="surrogate")
+                                analysis=a, verbose=False, correct_statistics="surrogate",
+                                cost=costs.HopeCost(groups="no_streams"))
         compressed[d] = ([w.numpy().copy() for w in b.model.weights], r.trajectory.steps)
         print(f"density {d}: surrogate only {b.ev()[0]}", flush=True)
     rows = []
