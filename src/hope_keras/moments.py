@@ -76,6 +76,10 @@ def _gaussian_spec(activation):
         return None
 
 
+# Rows of a Dense kernel converted to float64 at a time (`_linear_source`).
+_DENSE_ROWS = 1024
+
+
 def _linear_source(layer, rule, mean, var):
     """Moments of a source's (pre-activation) output from independent inputs."""
     kind = getattr(rule, "kind", "conv")
@@ -88,20 +92,31 @@ def _linear_source(layer, rule, mean, var):
         mean, var = dm, dv
         w_sum, w_sq = pk, pk ** 2
         del m_
+    elif kind == "dense":
+        # Row blocks of the float32 kernel in float64: a wide Dense's float64 kernel
+        # and its square would be 16 bytes per weight at once (1 GB at 8192²).
+        kernel = keras.ops.convert_to_numpy(layer.kernel)
+        w = kernel.reshape(-1, kernel.shape[-1])
+        if w.shape[0] != mean.shape[0]:  # a shape we cannot map: unknown
+            return np.zeros(w.shape[1]), np.ones(w.shape[1])
+        m, v = np.zeros(w.shape[1]), np.zeros(w.shape[1])
+        for s in range(0, w.shape[0], _DENSE_ROWS):
+            block = np.asarray(w[s:s + _DENSE_ROWS], dtype=np.float64)
+            m += mean[s:s + _DENSE_ROWS] @ block
+            v += var[s:s + _DENSE_ROWS] @ (block * block)
+        return _with_bias(layer, m, v)
     else:
         kernel = _np(layer.kernel)
         n_out = kernel.shape[-1]
-        if kind == "dense":
-            w_sum = kernel.reshape(-1, n_out)
-            w_sq = w_sum ** 2
-        else:
-            k = kernel.reshape(-1, kernel.shape[-2], n_out)
-            w_sum, w_sq = k.sum(0), (k ** 2).sum(0)
+        k = kernel.reshape(-1, kernel.shape[-2], n_out)
+        w_sum, w_sq = k.sum(0), (k ** 2).sum(0)
     if w_sum.shape[0] != mean.shape[0]:  # a shape we cannot map: unknown
         n = w_sum.shape[1]
         return np.zeros(n), np.ones(n)
-    m = mean @ w_sum
-    v = var @ w_sq
+    return _with_bias(layer, mean @ w_sum, var @ w_sq)
+
+
+def _with_bias(layer, m, v):
     if getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
         m = m + _np(layer.bias)
     return m, np.maximum(v, 0.0)
