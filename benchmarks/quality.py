@@ -331,11 +331,15 @@ def load_splits(model_name: str, n_sel: int, n_heldout: int):
     xc = data.x_calib
     if model_name == "demo":
         return load_demo_model(), splits, xc
-    if model_name == "resnet50":
-        path = REPO / ".cache" / "resnet50_fmnist.keras"
+    if model_name in ("resnet50", "resnet50_64"):
+        # The fixture's input: 32×32×3, grey repeated; "resnet50_64" (not in MODELS:
+        # synthetic_settings.py only) each pixel doubled, 64×64×3.
+        k = 2 if model_name == "resnet50_64" else 1
+        path = REPO / ".cache" / f"resnet50_fmnist{'64' if k == 2 else ''}.keras"
 
-        def rgb(a):  # the fixture's input: 32×32×3, grey repeated
-            a = np.pad(a[..., 0], ((0, 0), (2, 2), (2, 2)))
+        def rgb(a):
+            a = np.repeat(np.repeat(a[..., 0], k, axis=1), k, axis=2)
+            a = np.pad(a, ((0, 0), (2 * k, 2 * k), (2 * k, 2 * k)))
             return np.repeat(a[..., None], 3, axis=-1)
 
         splits = {k: (rgb(x), y) for k, (x, y) in splits.items()}

@@ -28,6 +28,11 @@ benchmarks/results/synthetic_which_bns.json.
 (``compress(flops=r)`` with every default, the stream readers' correction included,
 at FLOPs ratios 0.5 and 0.4), with every stage as a subset. Writes
 benchmarks/results/synthetic_which_bns_flops.json.
+
+``--inputs resnet50`` / ``--inputs resnet50_64``: how many synthetic inputs a
+resolution needs (16, 8, 4, 2 inputs, two seeds each; the 64×64 fixture from
+``scripts/make_benchmark_fixtures.py --only resnet50 --resnet-size 64``). Writes
+benchmarks/results/synthetic_inputs_<model>.json.
 """
 
 import json
@@ -35,6 +40,8 @@ import math
 import os
 import sys
 import time
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import quality as Q  # noqa: E402
@@ -118,9 +125,60 @@ def which_bns(flops=False):
             for d in points) + " |")
 
 
+def inputs_study(model_name):
+    """How many synthetic inputs a resolution needs: the default's compressed models
+    ("surrogate") corrected with 16, 8, 4 and 2 inputs (100 steps, lr 0.1, seeds 0
+    and 1) on `model_name` (resnet50: 32×32, its last stage 1×1 per image;
+    resnet50_64: 64×64, 2×2)."""
+    b = Q.Bench(model_name, 1000, 1000, (0.5,))
+    a = b.analysis
+    points = {"density 0.5": dict(density=0.5), "density 0.45": dict(density=0.45),
+              "density 0.4": dict(density=0.4), "FLOPs 0.5": dict(flops=0.5),
+              "FLOPs 0.4": dict(flops=0.4)}
+    compressed = {}
+    for label, kw in points.items():
+        b.reset()
+        r = hope_keras.compress(b.model, analysis=a, verbose=False,
+                                correct_statistics="surrogate", **kw)
+        compressed[label] = ([w.numpy().copy() for w in b.model.weights], r.trajectory.steps)
+        print(f"{label}: surrogate only {b.ev()[0]}", flush=True)
+    rows = []
+    for num in (16, 8, 4, 2):
+        for seed in (0, 1):
+            b.reset()
+            t = time.perf_counter()
+            x = synthetic.synthesize_inputs(b.model, num=num, seed=seed, verbose=False)
+            ref = synthetic.StreamReference(b.model, a.graph, x)
+            seconds = time.perf_counter() - t
+            acc = {}
+            for label, (weights, trajectory) in compressed.items():
+                for v, w in zip(b.model.weights, weights):
+                    v.assign(w)
+                synthetic.correct_stream_readers(
+                    ref, bn_stats.untrusted_tensors(a.graph, trajectory, "auto"))
+                acc[label] = b.ev()[0]
+            row = dict(num=num, seed=seed, seconds=round(seconds, 1), acc=acc)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    with open(OUT.replace("synthetic_settings", f"synthetic_inputs_{model_name}"), "w") as f:
+        json.dump({"points": list(points), "rows": rows}, f, indent=1)
+    print("| inputs | s (mean) | " + " | ".join(f"{p} sel / held-out" for p in points)
+          + " | mean sel |")
+    print("|---" * (len(points) + 3) + "|")
+    for num in (16, 8, 4, 2):
+        rs = [r for r in rows if r["num"] == num]
+        cells = [f"{100 * np.mean([r['acc'][p]['sel'] for r in rs]):.1f} / "
+                 f"{100 * np.mean([r['acc'][p]['heldout'] for r in rs]):.1f}" for p in points]
+        mean = 100 * np.mean([r["acc"][p]["sel"] for r in rs for p in points])
+        print(f"| {num} | {np.mean([r['seconds'] for r in rs]):.1f} | " + " | ".join(cells)
+              + f" | {mean:.1f} |")
+
+
 def main():
     if "--which-bns" in sys.argv:
         return which_bns(flops="--flops" in sys.argv)
+    if "--inputs" in sys.argv:
+        return inputs_study(sys.argv[sys.argv.index("--inputs") + 1])
     b = Q.Bench("resnet50", 1000, 1000, DENSITIES)
     a = b.analysis
     n, nc = a.num_neurons, 7616  # 3840 stream channels are not priced by the default

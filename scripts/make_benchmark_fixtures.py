@@ -32,12 +32,16 @@ set is written beside each model in ``<name>.json``.
 ``resnet50``  (``.cache/resnet50_fmnist.keras``, ~95 MB, git-ignored, NOT committed)
     ``keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)``
     on Fashion-MNIST zero-padded to 32×32 and repeated on 3 channels.
-    Adam 1e-3, ``--resnet-steps`` (default 400) batches of 64.
+    Adam 1e-3, ``--resnet-steps`` (default 400) batches of 64. ``--resnet-size 64``
+    trains the same network on 64×64 inputs (each pixel doubled, padded by 4:
+    ``.cache/resnet50_fmnist64.keras``), where the last stage sees 2×2 positions per
+    image instead of 1 (the synthetic inputs' batch size, docs/quality.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -62,9 +66,12 @@ def gray(x_uint8):
     return (x_uint8.astype(np.float32) / 255.0)[..., None]
 
 
-def rgb32(x_uint8):
-    """(N, 28, 28) uint8 → (N, 32, 32, 3) float32 in [0, 1], zero-padded by 2."""
-    x = np.pad(x_uint8, ((0, 0), (2, 2), (2, 2))).astype(np.float32) / 255.0
+def rgb32(x_uint8, size=32):
+    """(N, 28, 28) uint8 → (N, size, size, 3) float32 in [0, 1]: each pixel repeated
+    ``size // 32`` times along both axes, then zero-padded (32: padded by 2)."""
+    k = size // 32
+    x = np.repeat(np.repeat(x_uint8, k, axis=1), k, axis=2) if k > 1 else x_uint8
+    x = np.pad(x, ((0, 0), (2 * k, 2 * k), (2 * k, 2 * k))).astype(np.float32) / 255.0
     return np.repeat(x[..., None], 3, axis=-1)
 
 
@@ -121,11 +128,11 @@ def build_swish_cnn(widths=(16, 32, 64, 64, 64, 64), dense=64):
     return keras.Model(inputs, outputs, name="swish_cnn")
 
 
-def build_resnet50():
+def build_resnet50(size=32):
     import keras
 
     return keras.applications.ResNet50(
-        weights=None, input_shape=(32, 32, 3), classes=10, name="resnet50"
+        weights=None, input_shape=(size, size, 3), classes=10, name="resnet50"
     )
 
 
@@ -174,11 +181,12 @@ def train_vgg(data, seed, epochs=2, build=None):
     return model, info
 
 
-def train_resnet(data, seed, steps=400, batch=64):
+def train_resnet(data, seed, steps=400, batch=64, size=32):
     import keras
 
     keras.utils.set_random_seed(seed)
-    model = build_resnet50()
+    model = build_resnet50(size)
+    convert = functools.partial(rgb32, size=size)
     model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy",
                   metrics=["accuracy"])
     rng = np.random.default_rng(seed)
@@ -191,16 +199,16 @@ def train_resnet(data, seed, steps=400, batch=64):
 
         def __getitem__(self, k):
             s = slice(k * batch, (k + 1) * batch)
-            return rgb32(x[s]), y[s]
+            return convert(x[s]), y[s]
 
     t0 = time.time()
     model.fit(Batches(), epochs=1, verbose=2)
     info = {"train_s": round(time.time() - t0, 1),
             "recipe": f"Adam 1e-3, {steps} steps of batch {batch} (one pass over "
                       f"{steps * batch} training images)"}
-    x_te, y_te = rgb32(data["x_test"][:2000]), data["y_test"][:2000]
+    x_te, y_te = convert(data["x_test"][:2000]), data["y_test"][:2000]
     info["test_acc_2000_stale_bn"] = accuracy(model, x_te, y_te)
-    reestimate(model, data["x_train"], rgb32, np.random.default_rng(seed + 1))
+    reestimate(model, data["x_train"], convert, np.random.default_rng(seed + 1))
     return model, info
 
 
@@ -211,6 +219,9 @@ def main(argv=None) -> int:
     parser.add_argument("--vgg-epochs", type=int, default=3)
     parser.add_argument("--swish-epochs", type=int, default=4)
     parser.add_argument("--resnet-steps", type=int, default=400)
+    parser.add_argument("--resnet-size", type=int, default=32, choices=(32, 64),
+                        help="input resolution of the ResNet-50 fixture (64: "
+                             ".cache/resnet50_fmnist64.keras, each pixel doubled)")
     args = parser.parse_args(argv)
     import keras
 
@@ -223,8 +234,11 @@ def main(argv=None) -> int:
         "swish": ("swish_cnn", FIXTURES,
                   lambda: train_vgg(data, args.seed, args.swish_epochs, build_swish_cnn),
                   gray),
-        "resnet50": ("resnet50_fmnist", CACHE,
-                     lambda: train_resnet(data, args.seed, args.resnet_steps), rgb32),
+        "resnet50": ("resnet50_fmnist" + ("" if args.resnet_size == 32 else
+                                          str(args.resnet_size)), CACHE,
+                     lambda: train_resnet(data, args.seed, args.resnet_steps,
+                                          size=args.resnet_size),
+                     functools.partial(rgb32, size=args.resnet_size)),
     }
     for key in args.only:
         name, folder, train, convert = jobs[key]
