@@ -14,9 +14,9 @@ from conftest import small_resnet
 from hope_keras import deft
 
 
-def _setup(seed=0, percentile=50):
+def _setup(seed=0, percentile=50, cost="paper"):
     model = small_resnet(seed=seed)
-    p = deft.plan(model, percentile=percentile)
+    p = deft.plan(model, percentile=percentile, cost=cost)
     p.apply(model)
     retention = deft.SourceRetention(model, plan=p)
     target = deft.replace_head(model, 5, seed=seed)
@@ -63,11 +63,22 @@ def test_frozen_and_masked_weights_stay_bit_identical(inner):
         assert np.all(slot.numpy()[mask] == 0), slot.path
 
 
-def test_dynamic_decoupling_core_activations_do_not_move():
-    model, p, retention, target, x, y = _setup(seed=2, percentile=60)
+@pytest.mark.parametrize("cost", ["paper", "hope"])
+def test_dynamic_decoupling_core_activations_do_not_move(cost):
+    """With ``cost="hope"`` the plan also covers the residual stream ("stem": stem,
+    b1b and the Add), a coupled group without a BN of its own: its channels are
+    probed at every BN that writes them (stem_bn, and b1b_bn, the branch's share)."""
+    from hope_keras.graph import walk
+
+    model, p, retention, target, x, y = _setup(seed=2, percentile=60, cost=cost)
+    assert ("stem" in p.groups) == (cost == "hope")
+    groups = walk(model).groups
     # The activations of every group (BN output; ReLU is applied channel-wise).
-    probe = keras.Model(target.input, [target.get_layer(p.options["bn_of"][g]).output
-                                       for g in p.groups])
+    probed = [(g, name) for g in p.groups
+              for name in ([p.options["bn_of"][g]] if p.options["bn_of"].get(g) else
+                           [c.layer for c in groups[g].couplings if c.role == "channel"])]
+    assert {g for g, _ in probed} == set(p.groups)
+    probe = keras.Model(target.input, [target.get_layer(name).output for _, name in probed])
     with retention.source_statistics(target):
         before = [np.asarray(a) for a in probe(x, training=False)]
     src_before = retention.evaluate(target, x, y)
@@ -77,7 +88,7 @@ def test_dynamic_decoupling_core_activations_do_not_move():
     with retention.source_statistics(target):
         after = [np.asarray(a) for a in probe(x, training=False)]
     slack_moved = False
-    for g, b, a in zip(p.groups, before, after):
+    for (g, _), b, a in zip(probed, before, after):
         core = p.elasticity[g] == 0
         np.testing.assert_allclose(a[..., core], b[..., core], rtol=0, atol=1e-6,
                                    err_msg=g)

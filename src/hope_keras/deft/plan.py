@@ -435,7 +435,8 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
         verbose: Show the encoder's progress bar.
         cost: The encoder's cost (`hope_keras.costs.get`): ``"paper"`` (default:
             the spec's ``J_prune`` over the paper's neuron layers; residual streams
-            stay core) or ``"hope"`` (every group, width-free costs).
+            stay core) or ``"hope"`` (every group, residual streams included,
+            width-free costs).
         threshold: ``"layer"`` (default: eq. 26's ``τ_p`` within each group, so
             about ``percentile`` % of every group becomes slack; `layer_threshold`)
             or ``"global"`` (the
@@ -488,7 +489,7 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     traj = result.trajectory
     graph = result.analysis.graph
     scope = getattr(costs.get(cost), "groups", "all")
-    if scope != "all":  # the groups the cost priced (paper: neuron layers; hope: no streams)
+    if scope != "all":  # the groups the cost priced (paper: its neuron layers)
         graph = graph.with_groups({k: v for k, v in graph.groups.items()
                                    if costs.in_scope(scope, v)}, blocks=())
     sizes = {g: grp.size for g, grp in graph.groups.items()}
