@@ -454,6 +454,9 @@ class Encoder:
                          if b in self.blocks}
         self.evicted: set = set()
         self.num_neurons = int(sum(gs.size0 for gs in self.groups.values()))
+        # Layers reading each group: its actions' J counts once per reader (costs).
+        self._readers = {name: float(self.graph.groups[name].num_readers)
+                         for name in self.groups}
         if self.num_neurons == 0:
             what = ("no compressible neuron group" if not a.groups else
                     f"no neuron group the cost {self.cost.name!r} can price")
@@ -534,7 +537,7 @@ class Encoder:
             dp, df = self.sizes.marginal(group, 1)
         else:
             dp, df = self._eviction_savings(unit)
-        readers = 1.0 if kind == "evict" else float(self.graph.groups[unit].num_readers)
+        readers = 1.0 if kind == "evict" else self._readers[unit]
         return costs.RankInfo(kind, np.asarray(neurons, dtype=np.float64),
                               np.asarray(p_init, dtype=np.float64),
                               np.asarray(float(dp)), np.asarray(float(df)), self.budget,
