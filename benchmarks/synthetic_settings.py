@@ -125,6 +125,31 @@ def which_bns(flops=False):
             for d in points) + " |")
 
 
+def corrected(b, compressed, mode="readers", **synthesis):
+    """(seconds, {key: accuracy}): synthetic inputs made from the uncompressed model
+    (`synthesize_inputs(**synthesis)`; seconds with the readers' reference), then each
+    compressed model of `compressed` (key → (weights, trajectory steps)) corrected with
+    them: its stream readers (``"readers"``, what `compress` does) or every BN's
+    statistics re-estimated on them (``"reestimate"``)."""
+    a = b.analysis
+    b.reset()
+    t = time.perf_counter()
+    x = synthetic.synthesize_inputs(b.model, verbose=False, **synthesis)
+    ref = synthetic.StreamReference(b.model, a.graph, x)
+    seconds = time.perf_counter() - t
+    acc = {}
+    for key, (weights, trajectory) in compressed.items():
+        for v, w in zip(b.model.weights, weights):
+            v.assign(w)
+        if mode == "readers":
+            synthetic.correct_stream_readers(
+                ref, bn_stats.untrusted_tensors(a.graph, trajectory, "auto"))
+        else:
+            hope_keras.reestimate_batchnorm_statistics(b.model, x)
+        acc[key] = b.ev()[0]
+    return seconds, acc
+
+
 def inputs_study(model_name):
     """How many synthetic inputs a resolution needs: the default's compressed models
     ("surrogate") corrected with 16, 8, 4 and 2 inputs (100 steps, lr 0.1, seeds 0
@@ -145,18 +170,7 @@ def inputs_study(model_name):
     rows = []
     for num in (16, 8, 4, 2):
         for seed in (0, 1):
-            b.reset()
-            t = time.perf_counter()
-            x = synthetic.synthesize_inputs(b.model, num=num, seed=seed, verbose=False)
-            ref = synthetic.StreamReference(b.model, a.graph, x)
-            seconds = time.perf_counter() - t
-            acc = {}
-            for label, (weights, trajectory) in compressed.items():
-                for v, w in zip(b.model.weights, weights):
-                    v.assign(w)
-                synthetic.correct_stream_readers(
-                    ref, bn_stats.untrusted_tensors(a.graph, trajectory, "auto"))
-                acc[label] = b.ev()[0]
+            seconds, acc = corrected(b, compressed, num=num, seed=seed)
             row = dict(num=num, seed=seed, seconds=round(seconds, 1), acc=acc)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -188,26 +202,13 @@ def main():
         r = hope_keras.compress(b.model, density=(math.floor(d * n + 1e-9) - (n - nc)) / nc,
                                 analysis=a, verbose=False, correct_statistics="surrogate",
                                 cost=costs.HopeCost(groups="no_streams"))
-        compressed[d] = ([w.numpy().copy() for w in b.model.weights], r.trajectory.steps)
+        compressed[str(d)] = ([w.numpy().copy() for w in b.model.weights],
+                              r.trajectory.steps)
         print(f"density {d}: surrogate only {b.ev()[0]}", flush=True)
     rows = []
     for num, steps, lr, seed, mode in SETTINGS:
-        b.reset()
-        t = time.perf_counter()
-        x = synthetic.synthesize_inputs(b.model, num=num, steps=steps, learning_rate=lr,
-                                        seed=seed, verbose=False)
-        ref = synthetic.StreamReference(b.model, a.graph, x)
-        seconds = time.perf_counter() - t
-        acc = {}
-        for d, (weights, trajectory) in compressed.items():
-            for v, w in zip(b.model.weights, weights):
-                v.assign(w)
-            if mode == "readers":
-                synthetic.correct_stream_readers(
-                    ref, bn_stats.untrusted_tensors(a.graph, trajectory, "auto"))
-            else:
-                hope_keras.reestimate_batchnorm_statistics(b.model, x)
-            acc[str(d)] = b.ev()[0]
+        seconds, acc = corrected(b, compressed, mode, num=num, steps=steps,
+                                 learning_rate=lr, seed=seed)
         row = dict(num=num, steps=steps, learning_rate=lr, seed=seed, mode=mode,
                    seconds=round(seconds, 1), acc=acc)
         rows.append(row)
