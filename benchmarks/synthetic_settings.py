@@ -33,6 +33,9 @@ benchmarks/results/synthetic_which_bns_flops.json.
 resolution needs (16, 8, 4, 2 inputs, two seeds each; the 64×64 fixture from
 ``scripts/make_benchmark_fixtures.py --only resnet50 --resnet-size 64``). Writes
 benchmarks/results/synthetic_inputs_<model>.json.
+
+``--steps resnet50``: 100 or 200 Adam steps, three seeds each (16 inputs). Writes
+benchmarks/results/synthetic_steps_resnet50.json.
 """
 
 import json
@@ -150,16 +153,27 @@ def corrected(b, compressed, mode="readers", **synthesis):
     return seconds, acc
 
 
-def inputs_study(model_name):
-    """How many synthetic inputs a resolution needs: the default's compressed models
-    ("surrogate") corrected with 16, 8, 4 and 2 inputs (100 steps, lr 0.1, seeds 0
-    and 1) on `model_name` (resnet50: 32×32, its last stage 1×1 per image;
-    resnet50_64: 64×64, 2×2)."""
+def study(model_name, vary="inputs"):
+    """One setting of the synthetic inputs varied on the default's compressed models
+    ("surrogate" during the run, then the stream readers corrected):
+
+    * ``"inputs"``: how many a resolution needs, 16, 8, 4 and 2 inputs (100 steps,
+      lr 0.1, seeds 0 and 1) on `model_name` (resnet50: 32×32, its last stage 1×1
+      per image; resnet50_64: 64×64, 2×2);
+    * ``"steps"``: 100 or 200 Adam steps (16 inputs, seeds 0, 1 and 2), density 0.3
+      added to the points.
+    """
     b = Q.Bench(model_name, 1000, 1000, (0.5,))
     a = b.analysis
     points = {"density 0.5": dict(density=0.5), "density 0.45": dict(density=0.45),
               "density 0.4": dict(density=0.4), "FLOPs 0.5": dict(flops=0.5),
               "FLOPs 0.4": dict(flops=0.4)}
+    if vary == "steps":
+        points["density 0.3"] = dict(density=0.3)
+        values, seeds = (100, 200), (0, 1, 2)
+    else:
+        values, seeds = (16, 8, 4, 2), (0, 1)
+    key = "steps" if vary == "steps" else "num"
     compressed = {}
     for label, kw in points.items():
         b.reset()
@@ -168,31 +182,33 @@ def inputs_study(model_name):
         compressed[label] = ([w.numpy().copy() for w in b.model.weights], r.trajectory.steps)
         print(f"{label}: surrogate only {b.ev()[0]}", flush=True)
     rows = []
-    for num in (16, 8, 4, 2):
-        for seed in (0, 1):
-            seconds, acc = corrected(b, compressed, num=num, seed=seed)
-            row = dict(num=num, seed=seed, seconds=round(seconds, 1), acc=acc)
+    for value in values:
+        for seed in seeds:
+            seconds, acc = corrected(b, compressed, seed=seed, **{key: value})
+            row = {key: value, "seed": seed, "seconds": round(seconds, 1), "acc": acc}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    with open(OUT.replace("synthetic_settings", f"synthetic_inputs_{model_name}"), "w") as f:
+    name = f"synthetic_{vary}_{model_name}"
+    with open(OUT.replace("synthetic_settings", name), "w") as f:
         json.dump({"points": list(points), "rows": rows}, f, indent=1)
-    print("| inputs | s (mean) | " + " | ".join(f"{p} sel / held-out" for p in points)
+    print(f"| {vary} | s (mean) | " + " | ".join(f"{p} sel / held-out" for p in points)
           + " | mean sel |")
     print("|---" * (len(points) + 3) + "|")
-    for num in (16, 8, 4, 2):
-        rs = [r for r in rows if r["num"] == num]
+    for value in values:
+        rs = [r for r in rows if r[key] == value]
         cells = [f"{100 * np.mean([r['acc'][p]['sel'] for r in rs]):.1f} / "
                  f"{100 * np.mean([r['acc'][p]['heldout'] for r in rs]):.1f}" for p in points]
         mean = 100 * np.mean([r["acc"][p]["sel"] for r in rs for p in points])
-        print(f"| {num} | {np.mean([r['seconds'] for r in rs]):.1f} | " + " | ".join(cells)
+        print(f"| {value} | {np.mean([r['seconds'] for r in rs]):.1f} | " + " | ".join(cells)
               + f" | {mean:.1f} |")
 
 
 def main():
     if "--which-bns" in sys.argv:
         return which_bns(flops="--flops" in sys.argv)
-    if "--inputs" in sys.argv:
-        return inputs_study(sys.argv[sys.argv.index("--inputs") + 1])
+    for vary in ("inputs", "steps"):
+        if f"--{vary}" in sys.argv:
+            return study(sys.argv[sys.argv.index(f"--{vary}") + 1], vary)
     b = Q.Bench("resnet50", 1000, 1000, DENSITIES)
     a = b.analysis
     n, nc = a.num_neurons, 7616  # 3840 stream channels are not priced by the default
