@@ -36,6 +36,11 @@ benchmarks/results/synthetic_inputs_<model>.json.
 
 ``--steps resnet50``: 100 or 200 Adam steps, three seeds each (16 inputs). Writes
 benchmarks/results/synthetic_steps_resnet50.json.
+
+``--size resnet50`` / ``--size resnet50_64``: the spatial size the inputs are made at
+(`synthesize_inputs(size=...)`; the network runs at that size): the fixture's own, a
+half and a quarter of it (16 inputs, two seeds each). Writes
+benchmarks/results/synthetic_size_<model>.json.
 """
 
 import json
@@ -161,7 +166,9 @@ def study(model_name, vary="inputs"):
       lr 0.1, seeds 0 and 1) on `model_name` (resnet50: 32×32, its last stage 1×1
       per image; resnet50_64: 64×64, 2×2);
     * ``"steps"``: 100 or 200 Adam steps (16 inputs, seeds 0, 1 and 2), density 0.3
-      added to the points.
+      added to the points;
+    * ``"size"``: the inputs' side, the fixture's own, a half and a quarter of it
+      (16 inputs, seeds 0 and 1).
     """
     b = Q.Bench(model_name, 1000, 1000, (0.5,))
     a = b.analysis
@@ -171,9 +178,12 @@ def study(model_name, vary="inputs"):
     if vary == "steps":
         points["density 0.3"] = dict(density=0.3)
         values, seeds = (100, 200), (0, 1, 2)
+    elif vary == "size":
+        side = int(b.model.inputs[0].shape[1])
+        values, seeds = (side, side // 2, side // 4), (0, 1)
     else:
         values, seeds = (16, 8, 4, 2), (0, 1)
-    key = "steps" if vary == "steps" else "num"
+    key = {"steps": "steps", "size": "size"}.get(vary, "num")
     compressed = {}
     for label, kw in points.items():
         b.reset()
@@ -206,7 +216,7 @@ def study(model_name, vary="inputs"):
 def main():
     if "--which-bns" in sys.argv:
         return which_bns(flops="--flops" in sys.argv)
-    for vary in ("inputs", "steps"):
+    for vary in ("inputs", "steps", "size"):
         if f"--{vary}" in sys.argv:
             return study(sys.argv[sys.argv.index(f"--{vary}") + 1], vary)
     b = Q.Bench("resnet50", 1000, 1000, DENSITIES)

@@ -14,6 +14,7 @@ from hope_keras.costs import (
     j_merge_residual,
     j_prune,
     merge_solution,
+    merge_solution_one,
     parent_coefficients,
 )
 
@@ -253,6 +254,44 @@ def test_merge_solution_vectorised_matches_scalar():
     # broadcasting to a 2-D batch
     out = merge_solution(*(a.reshape(5, 1) for a in arr[:6]), *(a.reshape(1, 5) for a in arr[6:]))
     assert out.B.shape == (5, 5) and np.all(np.isfinite(out.B))
+
+
+def _one_pair_cases():
+    """Arguments of `merge_solution` (approx kernel): random pairs and the degenerate
+    ones of the tests below (collinear, anti-parallel, zero and dead neurons)."""
+    rng = np.random.default_rng(11)
+    vi, vj, ui, uj = (rng.normal(size=5), rng.normal(size=5), rng.normal(size=4),
+                      rng.normal(size=4))
+    cases = [(*_grams(c[0], c[1], c[2], c[3]), *c[4:]) for c in map(_random_pair, range(8))]
+    cases += [
+        (*_grams(vi, 2 * vi, ui, uj), 0.9, 0.3, 1.8, 0.6, 1.0),
+        (*_grams(vi, -vi, ui, uj), 0.9, 0.3, 0.9, -0.3, -1.0),
+        (*_grams(vi, 1.5 * vi + 1e-7 * vj, ui, uj), 0.8, 0.2, 1.2, 0.3, 0.99),
+        (*_grams(vi, vj, ui, uj), 1.1, 0.2, 0.0, -0.5, 0.5),
+        (*_grams(vi, vj, ui, uj), 1.1, 0.2, 0.0, 0.7, 0.5),
+        (*_grams(vi, 0 * vj, ui, uj), 1.0, 0.1, 1.0, 0.0, 0.0),
+        (0.0, 0.0, 0.0, *_grams(vi, vj, ui, uj)[3:], 1.0, 0.1, 1.0, 0.0, 0.3),
+        (*_grams(vi, vj, 0 * ui, 0 * uj), 1.0, 0.1, 1.0, 0.0, 0.3),
+        (*_grams(vi, vi, ui, ui), 1e-3, -5.0, 1e-3, -5.0, 1.0),
+        (*_grams(vi, vj, ui, uj), -0.7, 2.0, 1e-9, -3.0, -0.2),
+    ]
+    return cases
+
+
+def test_merge_solution_of_one_pair_matches_the_vectorised_one():
+    """The engine solves the merge it executes in Python floats (`merge_solution_one`):
+    the same values as `merge_solution`, to rounding, degenerate pairs included."""
+    from hope_keras.kernels import self_kernel
+
+    for c in _one_pair_cases():
+        gi, bi, gj, bj = c[6:10]
+        k_ii, k_jj = (float(self_kernel(g, b)) for g, b in ((gi, bi), (gj, bj)))
+        ref = merge_solution(*c, k_ii=k_ii, k_jj=k_jj)
+        one = merge_solution_one(*c, k_ii, k_jj)
+        for f in ref._fields:
+            assert isinstance(getattr(one, f), float)
+            assert getattr(one, f) == pytest.approx(float(getattr(ref, f)), rel=1e-12,
+                                                    abs=1e-14), (f, c)
 
 
 @pytest.mark.parametrize("kernel", ["approx", "exact"])

@@ -71,6 +71,62 @@ def test_synthesize_inputs_rejects_what_it_cannot_do():
         hope_keras.synthesize_inputs(small_resnet(), num=1, verbose=False)
 
 
+def _gap_resnet(side=24, seed=0, height=None):
+    """Stem → one identity block → global average pooling → head: runs at any size."""
+    keras.utils.set_random_seed(seed)
+    height = side if height is None else height
+    inputs = keras.Input((height, side, 3))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(8, 3, padding="same")(inputs)))
+    y = L.ReLU()(L.BatchNormalization()(L.Conv2D(6, 3, padding="same")(x)))
+    y = L.BatchNormalization()(L.Conv2D(8, 1)(y))
+    x = L.ReLU()(L.Add()([x, y]))
+    outputs = L.Dense(3)(L.GlobalAveragePooling2D()(x))
+    model = keras.Model(inputs, outputs)
+    data = np.random.default_rng(seed).uniform(0, 2, (32, height, side, 3)).astype("float32")
+    bn_stats.reestimate_batchnorm_statistics(model, data)
+    return model
+
+
+def _mismatch_at(model, x):
+    """`_mismatch` on inputs of any size (the flattened graph run op by op)."""
+    from hope_keras import _keras_graph as kg
+    from hope_keras import synthetic
+
+    total = []
+
+    def hook(node, args, kwargs):
+        if isinstance(node.op, L.BatchNormalization):
+            z = np.asarray(args[0], np.float64).reshape(-1, args[0].shape[-1])
+            mu = node.op.moving_mean.numpy()
+            sd = np.sqrt(node.op.moving_variance.numpy() + node.op.epsilon)
+            total.append(np.linalg.norm(z.mean(0) - mu) / (np.linalg.norm(mu) + 1e-3)
+                         + np.linalg.norm(z.std(0) - sd) / (np.linalg.norm(sd) + 1e-3))
+
+    synthetic._run(kg.flatten(model), x, hook)
+    return sum(total)
+
+
+def test_synthetic_inputs_at_a_smaller_size():
+    """A network that runs at any size gets inputs made at a smaller one, matched to
+    its statistics there; a network whose Flatten fixes the size is refused."""
+    model = _gap_resnet(side=24)
+    before = [w.numpy().copy() for w in model.weights]
+    start = hope_keras.synthesize_inputs(model, num=16, steps=0, size=12, verbose=False)
+    x = hope_keras.synthesize_inputs(model, num=16, steps=60, size=(12, 12), verbose=False)
+    assert x.shape == (16, 12, 12, 3)
+    assert _mismatch_at(model, x) < 0.3 * _mismatch_at(model, start)
+    for w, v in zip(model.weights, before):
+        np.testing.assert_array_equal(w.numpy(), v)
+    wide = _gap_resnet(side=20, height=10)
+    assert hope_keras.synthesize_inputs(wide, num=2, steps=1, size=(5, 10),
+                                        verbose=False).shape == (2, 5, 10, 3)
+    fixed = small_resnet()  # Flatten → Dense
+    with pytest.raises(ValueError, match=r"does not run on inputs of shape \(5, 5, 3\)"):
+        hope_keras.synthesize_inputs(fixed, size=5, verbose=False)
+    with pytest.raises(ValueError, match="size must be.*Received: size=0"):
+        hope_keras.synthesize_inputs(model, size=0, verbose=False)
+
+
 def _stream_net(seed=0):
     """Stem → one identity block (a → b, BN at its end) → Add → ReLU → reader Dense →
     BN "r_bn" (reads the stream) → ReLU → head."""

@@ -324,6 +324,10 @@ class GroupCache:
         (from exact Gram entries, `merge_terms`)."""
         gv_ii, gv_jj, gv_ij, gw_ij, gu_ii, gu_jj, gu_ij = self.merge_terms(i, j)
         rho = self._rho(np.array([i]), np.array([j]), np.array([gw_ij]))[0]
+        if self.kernel == "approx":  # one pair: the same formulas in Python floats
+            return costs.merge_solution_one(
+                gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij, self.gamma[i], self.beta[i],
+                self.gamma[j], self.beta[j], rho, self.k_self[i], self.k_self[j])
         return costs.merge_solution(
             gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij,
             self.gamma[i], self.beta[i], self.gamma[j], self.beta[j], rho,

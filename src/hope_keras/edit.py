@@ -153,6 +153,7 @@ class ModelEditor:
         self._dirty: set = set()
         self._undo: List = None
         self._blocks = {b.name: b for b in graph.blocks}
+        self._plans: Dict[Coupling, list] = {}
         # Cached lookups (a step must not cost O(number of layers)); nested layers too.
         if graph.flat is not None:
             self._layers = dict(graph.flat.layers)
@@ -248,36 +249,45 @@ class ModelEditor:
                 f"No neuron group named '{name}'. Known groups: {list(self.graph.groups)}"
             ) from None
 
-    def _in_indices(self, c: Coupling, i: int):
-        """(attr, index) of every weight slice reader `c.layer` applies to channel i."""
-        layer = self.layer(c.layer)
+    def _plan(self, c: Coupling) -> list:
+        """``(attr, axis, ndim, expand, by_position)`` of each weight coupling `c`
+        gives a channel, built once per coupling (a prune of a residual stream's
+        channel zeroes a dozen couplings: their lookups must not cost every step)."""
+        plan = self._plans.get(c)
+        if plan is None:
+            layer = self.layer(c.layer)
+            rule = layer_rules.get(layer)
+            if c.role == "out":
+                ws, by_pos = rule.out_weights(layer), False
+            elif c.role == "channel":
+                ws = [w for w in rule.channel_weights(layer) if w.attr != "moving_variance"]
+                by_pos = True
+            else:
+                ws = [w for w in rule.in_weights(layer)
+                      if getattr(layer, w.attr, None) is not None]
+                by_pos = True
+            plan = [(w.attr, w.axis, self.array(c.layer, w.attr).ndim,
+                     w.expand if c.role == "in" else 1, by_pos) for w in ws]
+            self._plans[c] = plan
+        return plan
+
+    def _slices(self, c: Coupling, i: int) -> list:
+        """(attr, index) of every weight slice of `c.layer` that channel i owns."""
         out = []
-        for w in layer_rules.get(layer).in_weights(layer):
-            if getattr(layer, w.attr, None) is None:
-                continue
-            pos = c.positions[i]
-            if w.expand != 1:
-                pos = (pos[:, None] * w.expand + np.arange(w.expand)).reshape(-1)
-            out.append((w.attr, _axis_index(self.array(c.layer, w.attr).ndim, w.axis, pos)))
+        for attr, axis, ndim, expand, by_pos in self._plan(c):
+            pos = c.positions[i] if by_pos else i
+            if expand != 1:
+                pos = (pos[:, None] * expand + np.arange(expand)).reshape(-1)
+            out.append((attr, _axis_index(ndim, axis, pos)))
         return out
 
+    def _in_indices(self, c: Coupling, i: int):
+        """(attr, index) of every weight slice reader `c.layer` applies to channel i."""
+        return self._slices(c, i)
+
     def _zero_coupling(self, c: Coupling, i: int) -> None:
-        layer = self.layer(c.layer)
-        rule = layer_rules.get(layer)
-        if c.role == "out":
-            for w in rule.out_weights(layer):
-                arr = self.array(c.layer, w.attr)
-                self._write(c.layer, w.attr, _axis_index(arr.ndim, w.axis, i), 0.0)
-        elif c.role == "channel":
-            for w in rule.channel_weights(layer):
-                if w.attr == "moving_variance":
-                    continue
-                arr = self.array(c.layer, w.attr)
-                self._write(c.layer, w.attr, _axis_index(arr.ndim, w.axis, c.positions[i]),
-                            0.0)
-        else:
-            for attr, index in self._in_indices(c, i):
-                self._write(c.layer, attr, index, 0.0)
+        for attr, index in self._slices(c, i):
+            self._write(c.layer, attr, index, 0.0)
 
     def prune(self, group: str, i: int, compensate: Optional[bool] = None) -> None:
         """Channel `i` of `group` is removed: every coupled slice is zeroed.

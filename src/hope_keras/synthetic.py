@@ -93,9 +93,27 @@ def _single_input(flat, what):
     return shape, layer.dtype
 
 
+def _resized(shape, size, model) -> tuple:
+    """`shape` (an image input's, without the batch) with its spatial size `size`."""
+    received = size
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = (size, size)
+    ok = (isinstance(size, (tuple, list)) and len(size) == 2
+          and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size))
+    if not ok:
+        raise ValueError(f"size must be a positive int or a pair (height, width) of "
+                         f"them. Received: size={received!r}")
+    if len(shape) != 3:
+        raise ValueError(f"size applies to image inputs (height, width, channels); model "
+                         f"'{model.name}' takes inputs of shape {shape}.")
+    if keras.config.image_data_format() == "channels_first":
+        return (shape[0],) + tuple(size)
+    return tuple(size) + (shape[2],)
+
+
 def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC_STEPS,
                       learning_rate: float = LEARNING_RATE, seed: int = 0,
-                      verbose="auto") -> np.ndarray:
+                      verbose="auto", size=None) -> np.ndarray:
     """Data-free inputs whose BatchNormalization statistics match the model's.
 
     Starting from standard normal noise, Adam adjusts a batch of ``num`` inputs so
@@ -113,14 +131,22 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         learning_rate: Adam's learning rate.
         seed: Seed of the initial noise.
         verbose: ``"auto"``, True or False: a progress bar.
+        size: For an image input, the spatial size ``(height, width)`` (or one int)
+            of the inputs to make, when it is not the model's own (a convolutional
+            network runs at any size; its BN statistics are then matched at that
+            size). Cheaper, but the stream readers' correction measured on such
+            inputs is worse: on a ResNet-50 trained at 64 × 64, inputs made at
+            32 × 32 lost 20–37 points (docs/quality.md, "Decision 6"), so
+            `compress` makes them at the model's size. None: the model's size.
 
     Returns:
-        np.ndarray: ``(num,) + input shape``, float32.
+        np.ndarray: ``(num,) + input shape`` (with `size`, the input shape at that
+        size), float32.
 
     Raises:
         ValueError: for a model with several inputs, an undefined input shape, no
-            BatchNormalization layer, ``num`` below 2 or negative ``steps``, or when
-            the optimisation diverges.
+            BatchNormalization layer, ``num`` below 2 or negative ``steps``, a `size`
+            the model does not run at, or when the optimisation diverges.
 
     Example:
 
@@ -142,6 +168,13 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         raise ValueError(f"steps must be an integer ≥ 0. Received: steps={steps!r}")
     flat = kg.flatten(model)
     shape, _ = _single_input(flat, "synthesize_inputs")
+    if size is not None:
+        shape = _resized(shape, size, model)
+        try:
+            _run(flat, np.zeros((2,) + shape, np.float32), plan=_release_plan(flat))
+        except Exception as e:  # noqa: BLE001 - name the size and the cause
+            raise ValueError(f"synthesize_inputs: model '{model.name}' does not run on "
+                             f"inputs of shape {shape} (size={size!r}): {e}") from e
     bns = [node for node in flat.nodes if _is_bn(node.op) and node.inputs]
     if not bns:
         raise ValueError(f"synthesize_inputs: model '{model.name}' has no "
