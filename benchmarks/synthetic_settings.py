@@ -32,7 +32,9 @@ benchmarks/results/synthetic_which_bns_flops.json.
 ``--inputs resnet50`` / ``--inputs resnet50_64``: how many synthetic inputs a
 resolution needs (16, 8, 4, 2 inputs, two seeds each; the 64×64 fixture from
 ``scripts/make_benchmark_fixtures.py --only resnet50 --resnet-size 64``). Writes
-benchmarks/results/synthetic_inputs_<model>.json.
+benchmarks/results/synthetic_inputs_<model>.json. Values after the model replace
+those varied (``--inputs resnet50 64 32 16``: 64, 32 and 16 inputs; written to
+``synthetic_inputs_resnet50_64_32_16.json``); the same for ``--steps`` and ``--size``.
 
 ``--steps resnet50``: 100 or 200 Adam steps, three seeds each (16 inputs). Writes
 benchmarks/results/synthetic_steps_resnet50.json.
@@ -158,7 +160,7 @@ def corrected(b, compressed, mode="readers", **synthesis):
     return seconds, acc
 
 
-def study(model_name, vary="inputs"):
+def study(model_name, vary="inputs", override=None):
     """One setting of the synthetic inputs varied on the default's compressed models
     ("surrogate" during the run, then the stream readers corrected):
 
@@ -169,6 +171,8 @@ def study(model_name, vary="inputs"):
       added to the points;
     * ``"size"``: the inputs' side, the fixture's own, a half and a quarter of it
       (16 inputs, seeds 0 and 1).
+
+    `override` replaces the values varied (the JSON's name then lists them).
     """
     b = Q.Bench(model_name, 1000, 1000, (0.5,))
     a = b.analysis
@@ -183,6 +187,9 @@ def study(model_name, vary="inputs"):
         values, seeds = (side, side // 2, side // 4), (0, 1)
     else:
         values, seeds = (16, 8, 4, 2), (0, 1)
+    custom = bool(override)
+    if custom:
+        values = tuple(override)
     key = {"steps": "steps", "size": "size"}.get(vary, "num")
     compressed = {}
     for label, kw in points.items():
@@ -199,6 +206,8 @@ def study(model_name, vary="inputs"):
             rows.append(row)
             print(json.dumps(row), flush=True)
     name = f"synthetic_{vary}_{model_name}"
+    if custom:
+        name += "_" + "_".join(map(str, values))
     with open(OUT.replace("synthetic_settings", name), "w") as f:
         json.dump({"points": list(points), "rows": rows}, f, indent=1)
     print(f"| {vary} | s (mean) | " + " | ".join(f"{p} sel / held-out" for p in points)
@@ -218,7 +227,8 @@ def main():
         return which_bns(flops="--flops" in sys.argv)
     for vary in ("inputs", "steps", "size"):
         if f"--{vary}" in sys.argv:
-            return study(sys.argv[sys.argv.index(f"--{vary}") + 1], vary)
+            at = sys.argv.index(f"--{vary}")
+            return study(sys.argv[at + 1], vary, [int(v) for v in sys.argv[at + 2:]])
     b = Q.Bench("resnet50", 1000, 1000, DENSITIES)
     a = b.analysis
     n, nc = a.num_neurons, 7616  # 3840 stream channels are not priced by the default
