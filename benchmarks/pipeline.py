@@ -174,6 +174,16 @@ def run(args):
     suffix = "" if args.budget == "density" else "_flops"
     path = Path(args.out or RESULTS / f"pipeline_{args.model}{suffix}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
+    if args.keep and path.exists():  # the other methods' points of the previous run
+        old = json.loads(path.read_text())
+        same = {k: old.get(k) for k in ("budget", "images", "epochs", "seed", "recover")}
+        if same != {k: out[k] for k in same}:
+            raise SystemExit(f"--keep: {path} was run with other settings {same}")
+        kept = [q for q in old["points"] if q["method"] not in args.methods]
+        out["points"] = sorted(kept + out["points"], key=lambda q: (
+            -q[args.budget], METHODS.index(q["method"]) if q["method"] in METHODS else 99))
+        out["rerun"] = {**old.get("rerun", {}), **{m: hope_keras.__version__
+                                                   for m in args.methods}}
     path.write_text(json.dumps(out, indent=1))
     print(f"Wrote {path}")
 
@@ -241,6 +251,8 @@ def main(argv=None):
     ap.add_argument("--hope", nargs="*", default=[], help="key=value for compress")
     ap.add_argument("--recover", nargs="*", default=[], help="key=value for recover")
     ap.add_argument("--out", help="JSON path (default benchmarks/results/pipeline_<model>.json)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the other methods' points of the JSON (re-run --methods only)")
     ap.add_argument("--report", action="store_true", help="plot every pipeline_*.json")
     ap.add_argument("--table", action="store_true",
                     help="print every pipeline_*.json as a markdown table")
