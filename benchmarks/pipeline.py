@@ -176,7 +176,8 @@ def run(args):
     path.parent.mkdir(parents=True, exist_ok=True)
     if args.keep and path.exists():  # the other methods' points of the previous run
         old = json.loads(path.read_text())
-        same = {k: old.get(k) for k in ("budget", "images", "epochs", "seed", "recover")}
+        same = {k: old.get(k) for k in ("images", "epochs", "seed", "recover")}
+        same["budget"] = old.get("budget", "density")  # older files: density only
         if same != {k: out[k] for k in same}:
             raise SystemExit(f"--keep: {path} was run with other settings {same}")
         kept = [q for q in old["points"] if q["method"] not in args.methods]
