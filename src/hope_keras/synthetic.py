@@ -136,8 +136,9 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
             network runs at any size; its BN statistics are then matched at that
             size). Cheaper, but the stream readers' correction measured on such
             inputs is worse: on a ResNet-50 trained at 64 × 64, inputs made at
-            32 × 32 lost 20–37 points (docs/quality.md, "Decision 6"), so
-            `compress` makes them at the model's size. None: the model's size.
+            32 × 32 cost 16–38 points of accuracy at five compressions
+            (docs/benchmarks.md, "Stream readers' correction"), so `compress`
+            makes them at the model's size. None: the model's size.
 
     Returns:
         np.ndarray: ``(num,) + input shape`` (with `size`, the input shape at that
