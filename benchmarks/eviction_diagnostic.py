@@ -1,0 +1,80 @@
+"""Below density 0.5 on ResNet-50: do the late evictions cost the accuracy?
+
+The default (`compress(density=d)`, every default, the stream readers' correction
+included) against the same run with its evictions stopped at density `--stop`
+(default 0.5): the encoder runs to `--stop` as usual, then continues with prunes and
+merges only (`Encoder.next_action(max_removed=0)` skips every eviction), and the BN
+statistics are corrected as `compress` does. Both start from the same steps, so the
+difference is what the evictions after `--stop` (and the prunes and merges they
+replace) do. A diagnostic, not a setting of the library: accuracy on the selection
+split (the first 1000 bundled test images) and the held-out split (1000 others).
+
+Run: .venv/bin/python benchmarks/eviction_diagnostic.py [--model resnet50] [--stop 0.5]
+(~3 min for ResNet-50 on 2 cores). Writes benchmarks/results/eviction_diagnostic_<model>.json.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import quality as Q  # noqa: E402
+
+import hope_keras  # noqa: E402
+from hope_keras import bn_stats  # noqa: E402
+
+DENSITIES = (0.5, 0.45, 0.4, 0.35, 0.3)
+OUT = os.path.join(os.path.dirname(__file__), "results", "eviction_diagnostic_{}.json")
+
+
+def compressed(b, density, stop=None):
+    """`compress(density=density)` on the bench's model, its evictions stopped at
+    density `stop` (None: not stopped). Returns (accuracy, evictions, params ratio,
+    FLOPs ratio)."""
+    a = b.analysis
+    b.reset()
+    reference = bn_stats.prepare_correction(b.model, a.graph, "auto")
+    enc = hope_keras.Encoder(b.model, analysis=a)
+    if stop is None or stop <= density:
+        enc.run(density=density, verbose=False)
+    else:
+        enc.run(density=stop, verbose=False)
+        target = math.floor(density * enc.num_neurons + 1e-9)
+        while enc.active > target:
+            action = enc.next_action(max_removed=0)  # prunes and merges only
+            if action is None:
+                break
+            enc.execute(action)
+        enc.run(steps=len(enc.trajectory), verbose=False)  # writes the edits back
+    bn_stats.finish_correction(a.graph, enc.trajectory.steps, "auto", a.moments, reference)
+    return (b.ev()[0], len(enc.evicted), round(enc.sizes.params_ratio, 3),
+            round(enc.sizes.flops_ratio, 3))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--stop", type=float, default=0.5)
+    args = p.parse_args()
+    b = Q.Bench(args.model, 1000, 1000, (0.5,))
+    rows = []
+    for d in DENSITIES:
+        for label, stop in (("default", None), (f"evictions stop at {args.stop}", args.stop)):
+            acc, ev, pr, fr = compressed(b, d, stop)
+            rows.append(dict(density=d, variant=label, acc=acc, evictions=ev,
+                             params_ratio=pr, flops_ratio=fr))
+            print(json.dumps(rows[-1]), flush=True)
+    with open(OUT.format(args.model), "w") as f:
+        json.dump({"model": args.model, "stop": args.stop, "rows": rows}, f, indent=1)
+    print("| density | variant | evictions | params | FLOPs | sel / held-out |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['density']} | {r['variant']} | {r['evictions']} | "
+              f"{r['params_ratio']:.3f} | {r['flops_ratio']:.3f} | "
+              f"{100 * r['acc']['sel']:.1f} / {100 * r['acc']['heldout']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
