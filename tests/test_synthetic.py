@@ -260,3 +260,53 @@ def test_inputs_that_cannot_be_made_leave_the_readers_with_a_warning(monkeypatch
     hope_keras.compress(plain, density=0.6, verbose=False, correct_statistics="surrogate")
     for a, b in zip(model.get_weights(), plain.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_synthetic_inputs_are_kept_on_disk_between_sessions(monkeypatch, tmp_path):
+    """With HOPE_KERAS_CACHE set, `compress` writes the synthetic inputs once and a
+    later session (the in-memory cache emptied) reads them instead of making them:
+    the same compressed model. A file that cannot be read back is made again, with a
+    warning; "off" writes nothing."""
+    from hope_keras import synthetic
+
+    monkeypatch.setenv("HOPE_KERAS_CACHE", str(tmp_path))
+    bn_stats._SYNTHETIC_INPUTS.clear()
+    first = small_resnet(seed=8)
+    hope_keras.compress(first, density=0.6, verbose=False)
+    files = list(tmp_path.glob("synthetic-*.npy"))
+    assert len(files) == 1 and not list(tmp_path.glob("*.tmp"))
+
+    made = []
+    real = synthetic.synthesize_inputs
+
+    def counting(model, **kwargs):
+        made.append(model.name)
+        return real(model, **kwargs)
+
+    monkeypatch.setattr(synthetic, "synthesize_inputs", counting)
+    bn_stats._SYNTHETIC_INPUTS.clear()  # a new session
+    again = small_resnet(seed=8)
+    hope_keras.compress(again, density=0.6, verbose=False)
+    assert made == []
+    for a, b in zip(first.get_weights(), again.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+    files[0].write_bytes(b"not an array")
+    bn_stats._SYNTHETIC_INPUTS.clear()
+    third = small_resnet(seed=8)
+    with pytest.warns(UserWarning, match="ignoring the cached synthetic inputs"):
+        hope_keras.compress(third, density=0.6, verbose=False)
+    assert len(made) == 1
+    for a, b in zip(first.get_weights(), third.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert np.load(files[0]).shape[0] == synthetic.SYNTHETIC_INPUTS  # written again
+
+    cwd = tmp_path / "cwd"  # "off" is not a directory name
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("HOPE_KERAS_CACHE", "off")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    bn_stats._SYNTHETIC_INPUTS.clear()
+    hope_keras.compress(small_resnet(seed=9), density=0.6, verbose=False)
+    assert not any(cwd.iterdir()) and not (tmp_path / "xdg").exists()
+    assert len(list(tmp_path.glob("synthetic-*.npy"))) == 1

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import collections
 import numbers
+import os
+import pathlib
 from collections.abc import Iterable, Mapping
 
 import keras
@@ -26,7 +28,7 @@ from keras import ops
 
 from hope_keras import _keras_graph as kg
 
-__all__ = ["correct_statistics", "reestimate_batchnorm_statistics"]
+__all__ = ["correct_statistics", "reestimate_batchnorm_statistics", "synthetic_cache_dir"]
 
 
 def _batchnorm_layers(model):
@@ -367,6 +369,91 @@ def check_correction(value):
 # the same weights (a density sweep, a replay) make them once. ~10 MB each at 224².
 _SYNTHETIC_INPUTS: "collections.OrderedDict[str, np.ndarray]" = collections.OrderedDict()
 _SYNTHETIC_KEEP = 4
+_OFF = ("", "0", "off", "false", "no")
+
+
+def synthetic_cache_dir():
+    """Where `compress` keeps synthetic inputs between sessions, or None (not kept).
+
+    ``HOPE_KERAS_CACHE``: a directory, or ``off`` (also ``0``, ``false``, ``no``, empty);
+    unset: ``$XDG_CACHE_HOME/hope_keras``, else ``~/.cache/hope_keras``. One ``.npy``
+    file per model weights and synthesis settings (16 × 224 × 224 × 3 float32: 9.6 MB);
+    a file that cannot be read back is ignored with a warning and made again.
+
+    Example:
+
+    >>> import os
+    >>> from hope_keras.bn_stats import synthetic_cache_dir
+    >>> saved = os.environ.get("HOPE_KERAS_CACHE")
+    >>> os.environ["HOPE_KERAS_CACHE"] = "/tmp/hk"
+    >>> str(synthetic_cache_dir())
+    '/tmp/hk'
+    >>> os.environ["HOPE_KERAS_CACHE"] = "off"
+    >>> synthetic_cache_dir() is None
+    True
+    >>> os.environ["HOPE_KERAS_CACHE"] = saved or "off"
+    """
+    value = os.environ.get("HOPE_KERAS_CACHE")
+    if value is not None:
+        return None if value.strip().lower() in _OFF else pathlib.Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "hope_keras"
+
+
+def _synthetic_file(digest):
+    """The cache file of a weights digest under the current synthesis settings."""
+    import hashlib
+
+    from hope_keras import synthetic
+
+    folder = synthetic_cache_dir()
+    if folder is None:
+        return None
+    settings = repr((1, synthetic.SYNTHETIC_INPUTS, synthetic.SYNTHETIC_STEPS,
+                     synthetic.LEARNING_RATE, 0)).encode()
+    return folder / f"synthetic-{digest[:40]}-{hashlib.sha256(settings).hexdigest()[:12]}.npy"
+
+
+def _load_synthetic(path, model):
+    """The inputs cached at `path` (None when absent; a warning when unreadable)."""
+    import warnings
+
+    from hope_keras import synthetic
+
+    if path is None or not path.exists():
+        return None
+    try:
+        x = np.load(path, allow_pickle=False)
+        shape = tuple(model.inputs[0].shape[1:])
+        if (x.dtype != np.float32 or x.shape != (synthetic.SYNTHETIC_INPUTS,) + shape
+                or not np.all(np.isfinite(x))):
+            raise ValueError(f"{x.dtype} array of shape {x.shape}, expected float32 "
+                             f"{(synthetic.SYNTHETIC_INPUTS,) + shape}, finite")
+        return x
+    except Exception as e:  # noqa: BLE001 - any unreadable file is made again
+        warnings.warn(f"correct_statistics='auto': ignoring the cached synthetic inputs "
+                      f"{path} ({e}); making them again.", stacklevel=4)
+        return None
+
+
+def _save_synthetic(path, x) -> None:
+    """Writes the inputs to `path` atomically; a cache that cannot be written is
+    skipped with a warning."""
+    import tempfile
+    import warnings
+
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, x, allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError as e:
+        warnings.warn(f"correct_statistics='auto': could not keep the synthetic inputs "
+                      f"in {path.parent} ({e}); set HOPE_KERAS_CACHE to a writable "
+                      f"directory, or to 'off'.", stacklevel=4)
 
 
 def prepare_correction(model, graph, mode, verbose=False):
@@ -385,14 +472,19 @@ def prepare_correction(model, graph, mode, verbose=False):
     if x is not None:
         _SYNTHETIC_INPUTS.move_to_end(digest)
     else:
-        try:
-            x = synthetic.synthesize_inputs(model, verbose=verbose)
-        except ValueError as e:
-            import warnings
+        path = _synthetic_file(digest)
+        x = _load_synthetic(path, model)
+        if x is None:
+            try:
+                x = synthetic.synthesize_inputs(model, verbose=verbose)
+            except ValueError as e:
+                import warnings
 
-            warnings.warn(f"correct_statistics='auto': {e} The BatchNormalization layers "
-                          "that read residual streams keep their statistics.", stacklevel=3)
-            return None
+                warnings.warn(f"correct_statistics='auto': {e} The BatchNormalization "
+                              "layers that read residual streams keep their statistics.",
+                              stacklevel=3)
+                return None
+            _save_synthetic(path, x)
         _SYNTHETIC_INPUTS[digest] = x
         while len(_SYNTHETIC_INPUTS) > _SYNTHETIC_KEEP:
             _SYNTHETIC_INPUTS.popitem(last=False)

@@ -982,7 +982,9 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
             first, so this is mostly a no-op there). ``"auto"`` (default): the same,
             and the BNs that read a residual stream the run moved are measured on
             synthetic inputs (`hope_keras.synthesize_inputs`, made before the run:
-            100 forward and backward passes of 16 inputs; `hope_keras.synthetic`).
+            100 forward and backward passes of 16 inputs; `hope_keras.synthetic`;
+            made once per weights and kept on disk: `HOPE_KERAS_CACHE`,
+            `hope_keras.bn_stats.synthetic_cache_dir`).
             True: the surrogate's prediction for every BatchNormalization. False:
             none. Recorded in the trajectory, so `Trajectory.replay` applies it too.
             See docs/deploy.md.
