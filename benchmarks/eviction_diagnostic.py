@@ -10,7 +10,8 @@ replace) do. A diagnostic, not a setting of the library: accuracy on the selecti
 split (the first 1000 bundled test images) and the held-out split (1000 others).
 
 Run: .venv/bin/python benchmarks/eviction_diagnostic.py [--model resnet50] [--stop 0.5]
-(~3 min for ResNet-50 on 2 cores). Writes benchmarks/results/eviction_diagnostic_<model>.json.
+(~3 min for ResNet-50 on 2 cores). Writes
+benchmarks/results/eviction_diagnostic_<model>_stop<stop>.json.
 """
 
 import argparse
@@ -26,7 +27,7 @@ import hope_keras  # noqa: E402
 from hope_keras import bn_stats  # noqa: E402
 
 DENSITIES = (0.5, 0.45, 0.4, 0.35, 0.3)
-OUT = os.path.join(os.path.dirname(__file__), "results", "eviction_diagnostic_{}.json")
+OUT = os.path.join(os.path.dirname(__file__), "results", "eviction_diagnostic_{}_stop{}.json")
 
 
 def compressed(b, density, stop=None):
@@ -66,7 +67,7 @@ def main():
             rows.append(dict(density=d, variant=label, acc=acc, evictions=ev,
                              params_ratio=pr, flops_ratio=fr))
             print(json.dumps(rows[-1]), flush=True)
-    with open(OUT.format(args.model), "w") as f:
+    with open(OUT.format(args.model, args.stop), "w") as f:
         json.dump({"model": args.model, "stop": args.stop, "rows": rows}, f, indent=1)
     print("| density | variant | evictions | params | FLOPs | sel / held-out |")
     print("|---|---|---|---|---|---|")
