@@ -334,11 +334,12 @@ def load_splits(model_name: str, n_sel: int, n_heldout: int):
     xc = data.x_calib
     if model_name == "demo":
         return load_demo_model(), splits, xc
-    if model_name in ("resnet50", "resnet50_64"):
-        # The fixture's input: 32×32×3, grey repeated; "resnet50_64" (not in MODELS:
-        # synthetic_settings.py only) each pixel doubled, 64×64×3.
-        k = 2 if model_name == "resnet50_64" else 1
-        path = REPO / ".cache" / f"resnet50_fmnist{'64' if k == 2 else ''}.keras"
+    if model_name in ("resnet50", "resnet50_64", "resnet50_128"):
+        # The fixture's input: 32×32×3, grey repeated; "resnet50_64" / "resnet50_128"
+        # (not in MODELS: synthetic_settings.py only) each pixel repeated 2 / 4 times
+        # along both axes, 64×64×3 / 128×128×3.
+        k = 1 if model_name == "resnet50" else int(model_name.split("_")[1]) // 32
+        path = REPO / ".cache" / f"resnet50_fmnist{'' if k == 1 else 32 * k}.keras"
 
         def rgb(a):
             a = np.repeat(np.repeat(a[..., 0], k, axis=1), k, axis=2)

@@ -35,7 +35,9 @@ set is written beside each model in ``<name>.json``.
     Adam 1e-3, ``--resnet-steps`` (default 400) batches of 64. ``--resnet-size 64``
     trains the same network on 64×64 inputs (each pixel doubled, padded by 4:
     ``.cache/resnet50_fmnist64.keras``), where the last stage sees 2×2 positions per
-    image instead of 1 (the synthetic inputs' batch size, docs/quality.md).
+    image instead of 1 (the synthetic inputs' batch size, docs/quality.md);
+    ``--resnet-size 128`` on 128×128 (each pixel 4 times, padded by 8:
+    ``.cache/resnet50_fmnist128.keras``, 4×4 positions at the last stage).
 """
 
 from __future__ import annotations
@@ -219,9 +221,10 @@ def main(argv=None) -> int:
     parser.add_argument("--vgg-epochs", type=int, default=3)
     parser.add_argument("--swish-epochs", type=int, default=4)
     parser.add_argument("--resnet-steps", type=int, default=400)
-    parser.add_argument("--resnet-size", type=int, default=32, choices=(32, 64),
-                        help="input resolution of the ResNet-50 fixture (64: "
-                             ".cache/resnet50_fmnist64.keras, each pixel doubled)")
+    parser.add_argument("--resnet-size", type=int, default=32, choices=(32, 64, 128),
+                        help="input resolution of the ResNet-50 fixture (64, 128: "
+                             ".cache/resnet50_fmnist<size>.keras, each pixel repeated "
+                             "size / 32 times along both axes)")
     args = parser.parse_args(argv)
     import keras
 
