@@ -29,9 +29,10 @@ benchmarks/results/synthetic_which_bns.json.
 at FLOPs ratios 0.5 and 0.4), with every stage as a subset. Writes
 benchmarks/results/synthetic_which_bns_flops.json.
 
-``--inputs resnet50`` / ``--inputs resnet50_64``: how many synthetic inputs a
-resolution needs (16, 8, 4, 2 inputs, two seeds each; the 64×64 fixture from
-``scripts/make_benchmark_fixtures.py --only resnet50 --resnet-size 64``). Writes
+``--inputs resnet50`` / ``--inputs resnet50_64`` / ``--inputs resnet50_128``: how many
+synthetic inputs a resolution needs (16, 8, 4, 2 inputs, two seeds each; the 64×64 and
+128×128 fixtures from ``scripts/make_benchmark_fixtures.py --only resnet50
+--resnet-size 64`` / ``128``). Writes
 benchmarks/results/synthetic_inputs_<model>.json. Values after the model replace
 those varied (``--inputs resnet50 64 32 16``: 64, 32 and 16 inputs; written to
 ``synthetic_inputs_resnet50_64_32_16.json``); the same for ``--steps`` and ``--size``.
