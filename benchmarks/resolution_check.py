@@ -1,0 +1,60 @@
+"""The default on the ResNet-50 fixtures trained at other resolutions (a check, not a setting).
+
+`compress(density=d)` with every default (the stream readers' correction included)
+on a ResNet-50 fixture (`--model resnet50 | resnet50_64 | resnet50_128`, from
+scripts/make_benchmark_fixtures.py), then, as a diagnostic that uses data, the same
+compressed model with every BN's statistics re-estimated on the 512 calibration images:
+does the selection hold, or the statistics? Accuracy on the selection split (the first
+1000 bundled test images) and the held-out split (1000 others).
+
+Run: .venv/bin/python benchmarks/resolution_check.py --model resnet50_128  (~10 min)
+Writes benchmarks/results/resolution_check_<model>.json.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import quality as Q  # noqa: E402
+
+import hope_keras  # noqa: E402
+
+DENSITIES = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
+OUT = os.path.join(os.path.dirname(__file__), "results", "resolution_check_{}.json")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="resnet50_128")
+    args = p.parse_args()
+    b = Q.Bench(args.model, 1000, 1000, (0.5,))
+    rows = [dict(density=1.0, default=b.ev()[0])]
+    for d in DENSITIES:
+        b.reset()
+        r = hope_keras.compress(b.model, density=d, analysis=b.analysis, verbose=False)
+        row = dict(density=d, default=b.ev()[0], params_ratio=round(r.params_ratio, 3),
+                   flops_ratio=round(r.flops_ratio, 3),
+                   evictions=sum(1 for s in r.trajectory.steps if s.kind == "evict"))
+        hope_keras.reestimate_batchnorm_statistics(b.model, b.xc)
+        row["bn_reestimated"] = b.ev()[0]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    with open(OUT.format(args.model), "w") as f:
+        json.dump({"model": args.model, "rows": rows}, f, indent=1)
+    print(f"uncompressed: {100 * rows[0]['default']['sel']:.1f} / "
+          f"{100 * rows[0]['default']['heldout']:.1f}")
+    print("| density | params | FLOPs | evictions | default sel / held-out | "
+          "BN re-estimated (uses data) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows[1:]:
+        print(f"| {r['density']} | {r['params_ratio']:.3f} | {r['flops_ratio']:.3f} | "
+              f"{r['evictions']} | {100 * r['default']['sel']:.1f} / "
+              f"{100 * r['default']['heldout']:.1f} | "
+              f"{100 * r['bn_reestimated']['sel']:.1f} / "
+              f"{100 * r['bn_reestimated']['heldout']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
