@@ -37,6 +37,11 @@ benchmarks/results/synthetic_inputs_<model>.json. Values after the model replace
 those varied (``--inputs resnet50 64 32 16``: 64, 32 and 16 inputs; written to
 ``synthetic_inputs_resnet50_64_32_16.json``); the same for ``--steps`` and ``--size``.
 
+``--prior resnet50`` / ``resnet50_64`` / ``resnet50_128``: how the inputs are
+parameterised (`synthesize_inputs(prior=...)`): ``"spectrum"`` (1/f Fourier
+amplitudes) or ``"pixels"`` (16 inputs, two seeds each; density 0.6 added to the
+points). Writes benchmarks/results/synthetic_prior_<model>.json.
+
 ``--steps resnet50``: 100 or 200 Adam steps, three seeds each (16 inputs). Writes
 benchmarks/results/synthetic_steps_resnet50.json.
 
@@ -171,7 +176,9 @@ def study(model_name, vary="inputs", override=None):
     * ``"steps"``: 100 or 200 Adam steps (16 inputs, seeds 0, 1 and 2), density 0.3
       added to the points;
     * ``"size"``: the inputs' side, the fixture's own, a half and a quarter of it
-      (16 inputs, seeds 0 and 1).
+      (16 inputs, seeds 0 and 1);
+    * ``"prior"``: the image parameterisation, 1/f Fourier amplitudes or free pixels
+      (16 inputs, 100 steps, seeds 0 and 1), density 0.6 added to the points.
 
     `override` replaces the values varied (the JSON's name then lists them).
     """
@@ -186,12 +193,15 @@ def study(model_name, vary="inputs", override=None):
     elif vary == "size":
         side = int(b.model.inputs[0].shape[1])
         values, seeds = (side, side // 2, side // 4), (0, 1)
+    elif vary == "prior":
+        points = {"density 0.6": dict(density=0.6), **points}
+        values, seeds = ("spectrum", "pixels"), (0, 1)
     else:
         values, seeds = (16, 8, 4, 2), (0, 1)
     custom = bool(override)
     if custom:
         values = tuple(override)
-    key = {"steps": "steps", "size": "size"}.get(vary, "num")
+    key = {"steps": "steps", "size": "size", "prior": "prior"}.get(vary, "num")
     compressed = {}
     for label, kw in points.items():
         b.reset()
@@ -226,10 +236,12 @@ def study(model_name, vary="inputs", override=None):
 def main():
     if "--which-bns" in sys.argv:
         return which_bns(flops="--flops" in sys.argv)
-    for vary in ("inputs", "steps", "size"):
+    for vary in ("inputs", "steps", "size", "prior"):
         if f"--{vary}" in sys.argv:
             at = sys.argv.index(f"--{vary}")
-            return study(sys.argv[at + 1], vary, [int(v) for v in sys.argv[at + 2:]])
+            values = sys.argv[at + 2:]
+            return study(sys.argv[at + 1], vary,
+                         values if vary == "prior" else [int(v) for v in values])
     b = Q.Bench("resnet50", 1000, 1000, DENSITIES)
     a = b.analysis
     n, nc = a.num_neurons, 7616  # 3840 stream channels are not priced by the default

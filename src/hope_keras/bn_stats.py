@@ -409,8 +409,8 @@ def _synthetic_file(digest):
     folder = synthetic_cache_dir()
     if folder is None:
         return None
-    settings = repr((1, synthetic.SYNTHETIC_INPUTS, synthetic.SYNTHETIC_STEPS,
-                     synthetic.LEARNING_RATE, 0)).encode()
+    settings = repr((2, synthetic.SYNTHETIC_INPUTS, synthetic.SYNTHETIC_STEPS,
+                     synthetic.LEARNING_RATE, 0, synthetic.PRIOR)).encode()
     return folder / f"synthetic-{digest[:40]}-{hashlib.sha256(settings).hexdigest()[:12]}.npy"
 
 
