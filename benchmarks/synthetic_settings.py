@@ -42,6 +42,11 @@ parameterised (`synthesize_inputs(prior=...)`): ``"spectrum"`` (1/f Fourier
 amplitudes) or ``"pixels"`` (16 inputs, two seeds each; density 0.6 added to the
 points). Writes benchmarks/results/synthetic_prior_<model>.json.
 
+``--prior-cost``: what each prior costs at 224 × 224: ``synthesize_inputs`` on
+``keras.applications.ResNet50(weights=None)`` (the cost does not depend on the
+weights), 16 inputs, 20 steps, the two priors alternated twice; seconds per step
+after the first call's tracing. Writes benchmarks/results/synthetic_prior_cost.json.
+
 ``--steps resnet50``: 100 or 200 Adam steps, three seeds each (16 inputs). Writes
 benchmarks/results/synthetic_steps_resnet50.json.
 
@@ -233,7 +238,30 @@ def study(model_name, vary="inputs", override=None):
               + f" | {mean:.1f} |")
 
 
+def prior_cost(steps=20, repeats=2):
+    """Seconds per Adam step of `synthesize_inputs` at 224 x 224, per prior."""
+    import keras
+    model = keras.applications.ResNet50(weights=None)
+    hope_keras.synthesize_inputs(model, num=16, steps=1, verbose=False)  # warm-up
+    rows = []
+    for rep in range(repeats):
+        for prior in synthetic.PRIORS:
+            t = time.perf_counter()
+            hope_keras.synthesize_inputs(model, num=16, steps=1, verbose=False, prior=prior)
+            first = time.perf_counter() - t
+            t = time.perf_counter()
+            hope_keras.synthesize_inputs(model, num=16, steps=steps + 1, verbose=False,
+                                         prior=prior)
+            per_step = (time.perf_counter() - t - first) / steps
+            rows.append(dict(prior=prior, repeat=rep, s_per_step=round(per_step, 3)))
+            print(json.dumps(rows[-1]), flush=True)
+    with open(os.path.join(os.path.dirname(OUT), "synthetic_prior_cost.json"), "w") as f:
+        json.dump({"steps": steps, "num": 16, "size": 224, "rows": rows}, f, indent=1)
+
+
 def main():
+    if "--prior-cost" in sys.argv:
+        return prior_cost()
     if "--which-bns" in sys.argv:
         return which_bns(flops="--flops" in sys.argv)
     for vary in ("inputs", "steps", "size", "prior"):
