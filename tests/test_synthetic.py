@@ -164,6 +164,26 @@ def test_spectrum_prior_makes_images_whose_amplitudes_fall_as_one_over_f():
         hope_keras.synthesize_inputs(model, prior="fourier", verbose=False)
 
 
+def test_spectrum_prior_channels_first():
+    """Under ``channels_first`` the image is (channels, height, width): the 1/f
+    spectrum lies along the last two axes, and a non-square image works."""
+    previous = keras.config.image_data_format()
+    keras.config.set_image_data_format("channels_first")
+    try:
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((3, 16, 24))
+        x = L.BatchNormalization(axis=1)(inputs)
+        x = L.ReLU()(L.BatchNormalization()(L.Dense(5)(L.Flatten()(x))))
+        model = keras.Model(inputs, L.Dense(2)(x))
+        spec = hope_keras.synthesize_inputs(model, num=8, steps=0, verbose=False)
+        moved = hope_keras.synthesize_inputs(model, num=8, steps=3, verbose=False)
+    finally:
+        keras.config.set_image_data_format(previous)
+    assert spec.shape == moved.shape == (8, 3, 16, 24)
+    assert abs(_spectrum_slope(np.moveaxis(spec, 1, -1)) + 1.0) < 0.2
+    assert np.all(np.isfinite(moved)) and not np.allclose(moved, spec)
+
+
 def _stream_net(seed=0):
     """Stem → one identity block (a → b, BN at its end) → Add → ReLU → reader Dense →
     BN "r_bn" (reads the stream) → ReLU → head."""

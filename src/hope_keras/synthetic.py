@@ -78,10 +78,19 @@ def _run(flat, x, hook=None, plan=None):
     return tensors
 
 
-def _moments(x):
-    """Per-channel (last axis) mean and variance, float64 numpy."""
+def _reduced_axes(bn, rank: int) -> list:
+    """The axes a BatchNormalization layer averages over: all but its ``axis``
+    (the channels: the last one under ``channels_last``, 1 under ``channels_first``)."""
+    kept = bn.axis if isinstance(bn.axis, (list, tuple)) else [bn.axis]
+    kept = {a % rank for a in kept}
+    return [a for a in range(rank) if a not in kept]
+
+
+def _moments(x, bn):
+    """Per-channel mean and variance of `x`, as the BN layer `bn` counts channels,
+    float64 numpy."""
     x = np.asarray(keras.ops.convert_to_numpy(x), np.float64)
-    axes = tuple(range(x.ndim - 1))
+    axes = tuple(_reduced_axes(bn, x.ndim))
     return x.mean(axis=axes), x.var(axis=axes)
 
 
@@ -239,7 +248,7 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
             k = index.get(node.index)
             if k is not None:
                 inp = tf.cast(args[0], tf.float32)
-                m, v = tf.nn.moments(inp, axes=list(range(len(inp.shape) - 1)))
+                m, v = tf.nn.moments(inp, axes=_reduced_axes(node.op, len(inp.shape)))
                 terms.append(tf.norm(m - target_mean[k]) / norm_mean[k]
                              + tf.norm(tf.sqrt(v + 1e-5) - target_std[k]) / norm_std[k])
             return None
@@ -394,14 +403,14 @@ def correct_stream_readers(reference: StreamReference, tensors) -> dict:
             kw = dict(kwargs)
             if kg.accepts_training(node.op):
                 kw["training"] = False
-            before[r] = _moments(node.op(reference.stored[r], *args[1:], **kw))
+            before[r] = _moments(node.op(reference.stored[r], *args[1:], **kw), todo[r].op)
             return None
         if node.index not in todo:
             return None
         bn = node.op
         m0, v0 = before[node.index] if node.index in before else _moments(
-            reference.stored[node.index])
-        m1, v1 = _moments(args[0])
+            reference.stored[node.index], bn)
+        m1, v1 = _moments(args[0], bn)
         finite = np.isfinite(m0) & np.isfinite(v0) & np.isfinite(m1) & np.isfinite(v1)
         scale = [float(np.mean(v[finite])) if finite.any() else 0.0 for v in (v0, v1)]
         tiny = 1e-6 * max(*scale, 1e-30)
