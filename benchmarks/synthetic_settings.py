@@ -48,7 +48,9 @@ weights), 16 inputs, 20 steps, the two priors alternated twice; seconds per step
 after the first call's tracing. Writes benchmarks/results/synthetic_prior_cost.json.
 
 ``--steps resnet50``: 100 or 200 Adam steps, three seeds each (16 inputs). Writes
-benchmarks/results/synthetic_steps_resnet50.json.
+benchmarks/results/synthetic_steps_resnet50.json. With values (``--steps
+resnet50_128 100 200``) density 0.6 is added to the points and the JSON's name lists
+them (``synthetic_steps_resnet50_128_100_200.json``).
 
 ``--size resnet50`` / ``--size resnet50_64``: the spatial size the inputs are made at
 (`synthesize_inputs(size=...)`; the network runs at that size): the fixture's own, a
@@ -179,7 +181,7 @@ def study(model_name, vary="inputs", override=None):
       lr 0.1, seeds 0 and 1) on `model_name` (resnet50: 32×32, its last stage 1×1
       per image; resnet50_64: 64×64, 2×2);
     * ``"steps"``: 100 or 200 Adam steps (16 inputs, seeds 0, 1 and 2), density 0.3
-      added to the points;
+      added to the points (and density 0.6 when the values are given);
     * ``"size"``: the inputs' side, the fixture's own, a half and a quarter of it
       (16 inputs, seeds 0 and 1);
     * ``"prior"``: the image parameterisation, 1/f Fourier amplitudes or free pixels
@@ -189,10 +191,13 @@ def study(model_name, vary="inputs", override=None):
     """
     b = Q.Bench(model_name, 1000, 1000, (0.5,))
     a = b.analysis
+    custom_points = bool(override)
     points = {"density 0.5": dict(density=0.5), "density 0.45": dict(density=0.45),
               "density 0.4": dict(density=0.4), "FLOPs 0.5": dict(flops=0.5),
               "FLOPs 0.4": dict(flops=0.4)}
     if vary == "steps":
+        if custom_points:  # since stop 27: the point where the 128 x 128 fixture falls
+            points = {"density 0.6": dict(density=0.6), **points}
         points["density 0.3"] = dict(density=0.3)
         values, seeds = (100, 200), (0, 1, 2)
     elif vary == "size":
