@@ -42,6 +42,12 @@ parameterised (`synthesize_inputs(prior=...)`): ``"spectrum"`` (1/f Fourier
 amplitudes) or ``"pixels"`` (16 inputs, two seeds each; density 0.6 added to the
 points). Writes benchmarks/results/synthetic_prior_<model>.json.
 
+``--real-reference resnet50_128`` (uses data; a diagnostic): the same readers'
+correction measured on 16 or 256 real calibration images instead of the synthetic
+inputs, and the readers' statistics re-estimated outright on 256 of them, at
+densities 0.6, 0.5 and FLOPs 0.5, 0.4. Writes
+benchmarks/results/synthetic_real_reference_<model>.json.
+
 ``--prior-cost``: what each prior costs at 224 × 224: ``synthesize_inputs`` on
 ``keras.applications.ResNet50(weights=None)`` (the cost does not depend on the
 weights), 16 inputs, 20 steps, the two priors alternated twice; seconds per step
@@ -148,16 +154,17 @@ def which_bns(flops=False):
             for d in points) + " |")
 
 
-def corrected(b, compressed, mode="readers", **synthesis):
+def corrected(b, compressed, mode="readers", x=None, **synthesis):
     """(seconds, {key: accuracy}): synthetic inputs made from the uncompressed model
-    (`synthesize_inputs(**synthesis)`; seconds with the readers' reference), then each
-    compressed model of `compressed` (key → (weights, trajectory steps)) corrected with
-    them: its stream readers (``"readers"``, what `compress` does) or every BN's
-    statistics re-estimated on them (``"reestimate"``)."""
+    (`synthesize_inputs(**synthesis)`; seconds with the readers' reference), or the
+    inputs `x` when given, then each compressed model of `compressed` (key → (weights,
+    trajectory steps)) corrected with them: its stream readers (``"readers"``, what
+    `compress` does) or every BN's statistics re-estimated on them (``"reestimate"``)."""
     a = b.analysis
     b.reset()
     t = time.perf_counter()
-    x = synthetic.synthesize_inputs(b.model, verbose=False, **synthesis)
+    if x is None:
+        x = synthetic.synthesize_inputs(b.model, verbose=False, **synthesis)
     ref = synthetic.StreamReference(b.model, a.graph, x)
     seconds = time.perf_counter() - t
     acc = {}
@@ -264,9 +271,70 @@ def prior_cost(steps=20, repeats=2):
         json.dump({"steps": steps, "num": 16, "size": 224, "rows": rows}, f, indent=1)
 
 
+def real_reference(model_name):
+    """Uses data (a diagnostic): the stream readers' correction `compress` makes
+    (shift of the mean, ratio of the variances, measured through each reader's
+    feeding layer) measured on real calibration images instead of synthetic ones,
+    16 and 256 of them, against the synthetic inputs (seed 0), every BN re-estimated
+    on the 512 calibration images, and only the stream readers re-estimated outright
+    on 256 of them (the other BNs as the run left them). Tells whether the
+    measurement or the batch it is made on falls short."""
+    import keras
+
+    b = Q.Bench(model_name, 1000, 1000, (0.5,))
+    a = b.analysis
+    points = {"density 0.6": dict(density=0.6), "density 0.5": dict(density=0.5),
+              "FLOPs 0.5": dict(flops=0.5), "FLOPs 0.4": dict(flops=0.4)}
+    compressed, reest = {}, {}
+    for label, kw in points.items():
+        b.reset()
+        r = hope_keras.compress(b.model, analysis=a, verbose=False,
+                                correct_statistics="surrogate", **kw)
+        compressed[label] = ([w.numpy().copy() for w in b.model.weights], r.trajectory.steps)
+        hope_keras.reestimate_batchnorm_statistics(b.model, b.xc)
+        reest[label] = b.ev()[0]
+    rows = [dict(batch="every BN re-estimated on 512 real (uses data)", acc=reest)]
+    readers = {node.op.name for node in synthetic.stream_readers(a.graph)}
+    bns = [node.op for node in a.graph.flat.nodes
+           if isinstance(node.op, keras.layers.BatchNormalization)]
+    acc = {}
+    for label, (weights, _) in compressed.items():
+        for v, w in zip(b.model.weights, weights):
+            v.assign(w)
+        for _ in range(3):  # each reader sees its re-estimated upstream readers
+            old = {bn.name: (bn.moving_mean.numpy(), bn.moving_variance.numpy())
+                   for bn in bns if bn.name not in readers}
+            hope_keras.reestimate_batchnorm_statistics(b.model, b.xc[:256])
+            for bn in bns:
+                if bn.name in old:
+                    bn.moving_mean.assign(old[bn.name][0])
+                    bn.moving_variance.assign(old[bn.name][1])
+        acc[label] = b.ev()[0]
+    rows.append(dict(batch="stream readers re-estimated outright on 256 real (uses data)",
+                     acc=acc))
+    print(json.dumps(rows[-1]), flush=True)
+    for label, x in (("synthetic, 16 (the default)", None), ("real, 16", b.xc[:16]),
+                     ("real, 256", b.xc[:256])):
+        _, acc = corrected(b, compressed, x=x, seed=0)
+        rows.append(dict(batch=label, acc=acc))
+        print(json.dumps(rows[-1]), flush=True)
+    with open(OUT.replace("synthetic_settings", f"synthetic_real_reference_{model_name}"),
+              "w") as f:
+        json.dump({"points": list(points), "rows": rows}, f, indent=1)
+    print("| readers measured on | " + " | ".join(f"{p} sel / held-out" for p in points)
+          + " |")
+    print("|---" * (len(points) + 1) + "|")
+    for r in rows:
+        print(f"| {r['batch']} | " + " | ".join(
+            f"{100 * r['acc'][p]['sel']:.1f} / {100 * r['acc'][p]['heldout']:.1f}"
+            for p in points) + " |")
+
+
 def main():
     if "--prior-cost" in sys.argv:
         return prior_cost()
+    if "--real-reference" in sys.argv:
+        return real_reference(sys.argv[sys.argv.index("--real-reference") + 1])
     if "--which-bns" in sys.argv:
         return which_bns(flops="--flops" in sys.argv)
     for vary in ("inputs", "steps", "size", "prior"):
