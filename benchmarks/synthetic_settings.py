@@ -271,6 +271,56 @@ def prior_cost(steps=20, repeats=2):
         json.dump({"steps": steps, "num": 16, "size": 224, "rows": rows}, f, indent=1)
 
 
+def relative_correction(b, compressed, x, tensors_of):
+    """{key: accuracy}: an experiment, not the library's correction. Each stream
+    reader whose input moved gets ``μ ← μ₀ + (m_new − m₀)``, ``σ² ← σ₀² · v_new / v₀``
+    with ``μ₀, σ₀²`` its moving statistics *before* the run and ``m₀, v₀`` its input's
+    batch moments on the uncompressed model: the reader's own edits (a merged
+    channel) are measured on the batch too, instead of kept as the edits wrote them."""
+    from hope_keras import _keras_graph as kg
+
+    a = b.analysis
+    b.reset()
+    flat = kg.flatten(b.model)
+    readers = {node.index for node in synthetic.stream_readers(a.graph)}
+    before = {}
+
+    def record(node, args, kwargs):
+        if node.index in readers:
+            bn = node.op
+            before[node.index] = (synthetic._moments(args[0], bn),
+                                  np.asarray(bn.moving_mean.numpy(), np.float64),
+                                  np.asarray(bn.moving_variance.numpy(), np.float64))
+        return None
+
+    synthetic._run(flat, x, record, synthetic._release_plan(flat))
+    acc = {}
+    for key, (weights, trajectory) in compressed.items():
+        for v, w in zip(b.model.weights, weights):
+            v.assign(w)
+        moved = tensors_of(trajectory)
+
+        def correct(node, args, kwargs):
+            if node.index not in before or node.inputs[0] not in moved:
+                return None
+            bn = node.op
+            (m0, v0), mu0, var0 = before[node.index]
+            m1, v1 = synthetic._moments(args[0], bn)
+            tiny = 1e-6 * max(float(np.mean(v0)), float(np.mean(v1)), 1e-30)
+            live = np.isfinite(m1) & np.isfinite(v1) & (v0 > tiny) & (v1 > tiny)
+            mean = np.asarray(bn.moving_mean.numpy(), np.float64)
+            var = np.asarray(bn.moving_variance.numpy(), np.float64)
+            mean = np.where(live, mu0 + (m1 - m0), mean)
+            var = np.where(live, var0 * v1 / np.where(live, v0, 1.0), var)
+            bn.moving_mean.assign(mean.astype(bn.moving_mean.dtype))
+            bn.moving_variance.assign(var.astype(bn.moving_variance.dtype))
+            return None
+
+        synthetic._run(flat, x, correct, synthetic._release_plan(flat))
+        acc[key] = b.ev()[0]
+    return acc
+
+
 def real_reference(model_name):
     """Uses data (a diagnostic): the stream readers' correction `compress` makes
     (shift of the mean, ratio of the variances, measured through each reader's
@@ -294,31 +344,43 @@ def real_reference(model_name):
         hope_keras.reestimate_batchnorm_statistics(b.model, b.xc)
         reest[label] = b.ev()[0]
     rows = [dict(batch="every BN re-estimated on 512 real (uses data)", acc=reest)]
-    readers = {node.op.name for node in synthetic.stream_readers(a.graph)}
-    bns = [node.op for node in a.graph.flat.nodes
-           if isinstance(node.op, keras.layers.BatchNormalization)]
-    acc = {}
-    for label, (weights, _) in compressed.items():
-        for v, w in zip(b.model.weights, weights):
-            v.assign(w)
-        for _ in range(3):  # each reader sees its re-estimated upstream readers
-            old = {bn.name: (bn.moving_mean.numpy(), bn.moving_variance.numpy())
-                   for bn in bns if bn.name not in readers}
-            hope_keras.reestimate_batchnorm_statistics(b.model, b.xc[:256])
-            for bn in bns:
-                if bn.name in old:
-                    bn.moving_mean.assign(old[bn.name][0])
-                    bn.moving_variance.assign(old[bn.name][1])
-        acc[label] = b.ev()[0]
-    rows.append(dict(batch="stream readers re-estimated outright on 256 real (uses data)",
-                     acc=acc))
-    print(json.dumps(rows[-1]), flush=True)
-    for label, x in (("synthetic, 16 (the default)", None), ("real, 16", b.xc[:16]),
-                     ("real, 256", b.xc[:256])):
-        _, acc = corrected(b, compressed, x=x, seed=0)
-        rows.append(dict(batch=label, acc=acc))
+    if "--relative" not in sys.argv:
+        readers = {node.op.name for node in synthetic.stream_readers(a.graph)}
+        bns = [node.op for node in a.graph.flat.nodes
+               if isinstance(node.op, keras.layers.BatchNormalization)]
+        acc = {}
+        for label, (weights, _) in compressed.items():
+            for v, w in zip(b.model.weights, weights):
+                v.assign(w)
+            for _ in range(3):  # each reader sees its re-estimated upstream readers
+                old = {bn.name: (bn.moving_mean.numpy(), bn.moving_variance.numpy())
+                       for bn in bns if bn.name not in readers}
+                hope_keras.reestimate_batchnorm_statistics(b.model, b.xc[:256])
+                for bn in bns:
+                    if bn.name in old:
+                        bn.moving_mean.assign(old[bn.name][0])
+                        bn.moving_variance.assign(old[bn.name][1])
+            acc[label] = b.ev()[0]
+        rows.append(dict(batch="stream readers re-estimated outright on 256 real (uses data)",
+                         acc=acc))
         print(json.dumps(rows[-1]), flush=True)
-    with open(OUT.replace("synthetic_settings", f"synthetic_real_reference_{model_name}"),
+        for label, x in (("synthetic, 16 (the default)", None), ("real, 16", b.xc[:16]),
+                         ("real, 256", b.xc[:256])):
+            _, acc = corrected(b, compressed, x=x, seed=0)
+            rows.append(dict(batch=label, acc=acc))
+            print(json.dumps(rows[-1]), flush=True)
+    if "--relative" in sys.argv:
+        x = synthetic.synthesize_inputs(b.model, verbose=False, seed=0)
+        tensors_of = lambda steps: bn_stats.untrusted_tensors(a.graph, steps, "auto")  # noqa: E731
+        for label, xs in (("synthetic, 16, relative to the original (experiment)", x),
+                          ("real, 256, relative to the original (experiment)", b.xc[:256])):
+            rows.append(dict(batch=label, acc=relative_correction(b, compressed, xs,
+                                                                  tensors_of)))
+            print(json.dumps(rows[-1]), flush=True)
+        name = f"synthetic_real_reference_{model_name}_relative"
+    else:
+        name = f"synthetic_real_reference_{model_name}"
+    with open(OUT.replace("synthetic_settings", name),
               "w") as f:
         json.dump({"points": list(points), "rows": rows}, f, indent=1)
     print("| readers measured on | " + " | ".join(f"{p} sel / held-out" for p in points)
