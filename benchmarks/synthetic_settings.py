@@ -46,7 +46,9 @@ points). Writes benchmarks/results/synthetic_prior_<model>.json.
 correction measured on 16 or 256 real calibration images instead of the synthetic
 inputs, and the readers' statistics re-estimated outright on 256 of them, at
 densities 0.6, 0.5 and FLOPs 0.5, 0.4. Writes
-benchmarks/results/synthetic_real_reference_<model>.json.
+benchmarks/results/synthetic_real_reference_<model>.json. ``--relative`` runs instead
+an experiment (`relative_correction`, not the library's rule) on the synthetic batch
+and on 256 real images; writes ``..._<model>_relative.json``.
 
 ``--prior-cost``: what each prior costs at 224 × 224: ``synthesize_inputs`` on
 ``keras.applications.ResNet50(weights=None)`` (the cost does not depend on the
@@ -198,12 +200,12 @@ def study(model_name, vary="inputs", override=None):
     """
     b = Q.Bench(model_name, 1000, 1000, (0.5,))
     a = b.analysis
-    custom_points = bool(override)
+    custom = bool(override)
     points = {"density 0.5": dict(density=0.5), "density 0.45": dict(density=0.45),
               "density 0.4": dict(density=0.4), "FLOPs 0.5": dict(flops=0.5),
               "FLOPs 0.4": dict(flops=0.4)}
     if vary == "steps":
-        if custom_points:  # since stop 27: the point where the 128 x 128 fixture falls
+        if custom:  # since stop 27: the point where the 128 x 128 fixture falls
             points = {"density 0.6": dict(density=0.6), **points}
         points["density 0.3"] = dict(density=0.3)
         values, seeds = (100, 200), (0, 1, 2)
@@ -215,7 +217,6 @@ def study(model_name, vary="inputs", override=None):
         values, seeds = ("spectrum", "pixels"), (0, 1)
     else:
         values, seeds = (16, 8, 4, 2), (0, 1)
-    custom = bool(override)
     if custom:
         values = tuple(override)
     key = {"steps": "steps", "size": "size", "prior": "prior"}.get(vary, "num")
