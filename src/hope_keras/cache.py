@@ -192,9 +192,10 @@ class GroupCache:
         float64, elementwise."""
         return getattr(self, "gram_" + which)[a, b].astype(np.float64)
 
-    def gram_rows(self, which: str, rows) -> np.ndarray:
-        """Rows of a Gram matrix, (len(rows), n) float64."""
-        return getattr(self, "gram_" + which)[rows].astype(np.float64)
+    def gram_rows(self, which: str, rows, cols=None) -> np.ndarray:
+        """Rows of a Gram matrix, (len(rows), n) float64 (or its columns `cols`)."""
+        g = getattr(self, "gram_" + which)[rows]
+        return (g if cols is None else g[:, cols]).astype(np.float64)
 
     def max_cosine(self, rows, ok, which: str = "u", absolute: bool = False) -> np.ndarray:
         """Per row, the largest cosine ``⟨x_r, x_l⟩/(‖x_r‖‖x_l‖)`` (or its absolute
@@ -271,19 +272,20 @@ class GroupCache:
         )
         return PairValues(rho, kc, sol.B, gu)
 
-    def pair_grid(self, rows) -> tuple:
-        """``(ρ̃, K(i,j), ⟨u_i, u_j⟩)`` of every pair (rows × all neurons), from whole
-        Gram rows (matrix products for sketched caches): the pairs `pair_values`
-        gives without ``B``."""
+    def pair_grid(self, rows, cols=None) -> tuple:
+        """``(ρ̃, K(i,j), ⟨u_i, u_j⟩)`` of every pair (rows × all neurons, or × `cols`),
+        from whole Gram rows (matrix products for sketched caches): the pairs
+        `pair_values` gives without ``B``."""
         rows = np.asarray(rows, dtype=np.intp)
-        a, b = rows[:, None], np.arange(self.size)[None, :]
-        rho = self._rho(a, b, self.gram_rows("w", rows))
+        cols = np.arange(self.size) if cols is None else np.asarray(cols, dtype=np.intp)
+        a, b = rows[:, None], cols[None, :]
+        rho = self._rho(a, b, self.gram_rows("w", rows, cols))
         if self.kernel == "exact":
             g, be = self.gamma, self.beta
             kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
         else:
             kc = kernels.cross_kernel_approx(rho, self.k_self[a], self.k_self[b])
-        return rho, kc, self.gram_rows("u", rows)
+        return rho, kc, self.gram_rows("u", rows, cols)
 
     def _pair_rows(self, rows: np.ndarray):
         """ρ̃, K(i,j) and B for pairs (rows × all neurons), each row first."""
@@ -462,16 +464,20 @@ class SketchCache(GroupCache):
             out = out + self.bias[a] * self.bias[b]
         return out
 
-    def gram_rows(self, which: str, rows) -> np.ndarray:
+    def gram_rows(self, which: str, rows, cols=None) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.intp)
+        cols = np.arange(self.size) if cols is None else np.asarray(cols, dtype=np.intp)
         sk = self._sk(which)
-        out = (sk[rows] @ sk.T).astype(np.float64)
+        out = (sk[rows] @ sk[cols].T).astype(np.float64)
         diag = self.gram_diag("u" if which == "u" else "w")
-        bound = np.sqrt(np.maximum(diag[rows, None] * diag[None, :], 0.0))
+        bound = np.sqrt(np.maximum(diag[rows, None] * diag[None, cols], 0.0))
         out = np.clip(out, -bound, bound)
-        out[np.arange(rows.size), rows] = diag[rows]
+        at = np.full(self.size, -1)
+        at[cols] = np.arange(cols.size)
+        hit = np.flatnonzero(at[rows] >= 0)  # a row's own column: its exact norm
+        out[hit, at[rows[hit]]] = diag[rows[hit]]
         if which == "v":
-            out += self.bias[rows, None] * self.bias[None, :]
+            out += self.bias[rows, None] * self.bias[None, cols]
         return out
 
     def merge_terms(self, i: int, j: int):

@@ -66,13 +66,21 @@ trajectory).
 speed: every row is filled up front with its ``k`` partners of smallest residual
 (the ``preselect`` of smallest bound priced exactly), refilled once under a quarter
 of them is left, and a merged parent is priced only against its ``preselect``
-nearest and the rows that hold its slot. A refill bounds only a few likely
-partners, not all n (`MergeTable._refill_rows`): the row's partners' partners (two
-hops, as in NN-descent) and the `REFILL_HUBS` live neurons of smallest capacity,
-the best partners of many rows at once, whose merges and prunes deplete rows
-together (on a random wide BN-ReLU MLP, against all n such refills took most of
-the run's time). The selection is then the best pair held, not necessarily the
-exhaustive scan's.
+nearest and the rows that hold its slot. The selection is then the best pair held,
+not necessarily the exhaustive scan's.
+
+Such a table is *oriented* (`ORIENTED`): a row holds only partners of larger
+capacity, so each pair has one row, its smaller neuron's. A neuron of small
+capacity is a cheap partner for nearly every neuron (merging it costs little
+whatever it joins), so rows free to hold any partner all held the same few: their
+``k`` slots said little beyond those, and when those were merged away thousands
+of rows emptied at once. A row of the smaller neuron keeps the pair that is the
+global minimum (it is that row's cheapest larger partner) and spends its other
+slots on distinct partners. The largest live neuron's row is empty: it has no
+partner to hold, and it is held by the rows of smaller ones. A refill bounds only
+a few likely partners, not all n (`MergeTable._refill_rows`): the row's partners'
+partners (two hops, as in NN-descent; unoriented, also the `REFILL_HUBS` live
+neurons of smallest capacity, the partners that rows share).
 """
 
 from __future__ import annotations
@@ -98,6 +106,10 @@ HINTS = 8
 # columns unless that subset is at most 1/REFILL_SUBSET_RATIO of the live neurons.
 REFILL_HUBS = 64
 REFILL_SUBSET_RATIO = 8
+# Uncertified tables hold each pair in the row of its smaller-capacity neuron only
+# (`MergeTable._holds_up`): a neuron of small capacity is a cheap partner for most
+# rows, and rows that all held it lost it together (see `MergeTable` for why).
+ORIENTED = True
 # Pairs per chunk of an uncertified fill ((rows × n) float64 temporaries of 4 MB):
 # filling 2048 rows of an 8192-wide group took 0.89 s against 1.06 s with 2M-pair
 # chunks and 1.43 s with 32k-pair ones.
@@ -173,6 +185,7 @@ class MergeTable:
         self.p_init = np.asarray(p_init, dtype=np.float64)
         self.p_max = float(self.p_init.max()) if n else 1.0
         self.preselect = max(int(preselect), self.k + 1)
+        self.oriented = ORIENTED and not self.exhaustive and not self.certify
         self.stamp = np.full(n, -1, dtype=np.int64)  # refresh order (pair orientation)
         self.scale = 1.0  # the run's rank factor at the current selection
         self.clock = 0
@@ -210,6 +223,9 @@ class MergeTable:
         self.row_n = np.ones(n)  # and this live count
         self.row_g = np.ones(n)  # and this rank factor (DR per J)
         self.dirty = np.ones(n, dtype=bool)  # pair values changed since
+        # Refill checks (uncertified): the table state each row was last checked at.
+        self._seen, self._state = (None, -1), 0
+        self._checked = {True: np.full(n, -1), False: np.full(n, -1)}
         if self.dense:
             self._fill_dense(ok)
             return
@@ -452,6 +468,19 @@ class MergeTable:
         self.dirty[rows] = True
         return r, l, B, kc, gu, R
 
+    def _holds_up(self, r, l):
+        """Whether row `r` of an oriented table may hold partner `l`: `l`'s capacity
+        is larger (ties: its index is), so each pair has one row (broadcast)."""
+        cap = self.cache.capacity
+        return (cap[l] > cap[r]) | ((cap[l] == cap[r]) & (l > r))
+
+    def _count_up(self, rows, live):
+        """Per row of `rows` (live neurons), how many live neurons it may hold."""
+        cap = self.cache.capacity
+        rank = np.empty(live.size, dtype=np.intp)
+        rank[np.lexsort((live, cap[live]))] = np.arange(live.size)
+        return live.size - 1 - rank[np.searchsorted(live, rows)]
+
     def _store_rows(self, rows, pr, r, l, B, kc, gu, R):
         """Makes the priced pairs (r = rows[pr], l) the candidates of `rows`: per row
         the `k` of smallest R (ties by partner index). Returns (rank, kept)."""
@@ -473,13 +502,26 @@ class MergeTable:
         (`_distance`, Gram entries only) are priced exactly and the ``k`` of smallest
         residual kept; ``nc`` keeps a lower bound over the rest."""
         n = self.n
-        cols = np.arange(n)
         m = min(self.preselect, n)
         step = max(1, FILL_PAIRS // max(n, 1))
+        rows = np.asarray(rows, dtype=np.intp)
+        if self.oriented:
+            # Rows in capacity order, each chunk against the live neurons from its
+            # smallest row up: the pairs a row may hold, about half of all.
+            live = np.flatnonzero(ok)
+            up = live[np.lexsort((live, self.cache.capacity[live]))]
+            rank = np.full(n, -1)
+            rank[up] = np.arange(up.size)
+            rows = rows[np.argsort(rank[rows], kind="stable")]
         for s0 in range(0, len(rows), step):
-            rr = np.asarray(rows[s0:s0 + step], dtype=np.intp)
-            valid = ok[None, :] & (cols[None, :] != rr[:, None])
-            _, kc, gu = self.cache.pair_grid(rr)
+            rr = rows[s0:s0 + step]
+            if self.oriented:
+                cols = up[max(int(rank[rr].min()), 0):]
+                valid = self._holds_up(rr[:, None], cols[None, :])
+            else:
+                cols = np.arange(n)
+                valid = ok[None, :] & (cols[None, :] != rr[:, None])
+            _, kc, gu = self.cache.pair_grid(rr, cols)
             D = np.where(valid, self._distance_from(rr[:, None], cols[None, :], kc, gu),
                          np.inf)
             self._keep_best(rr, np.broadcast_to(cols, D.shape), D, m)
@@ -507,13 +549,15 @@ class MergeTable:
     def _refill_rows(self, rows, ok) -> None:
         """Uncertified refill: like `_fill_rows`, but each row's bounds are computed
         only for a few likely partners, not all n: the neurons its partners hold
-        (dead ones included) and theirs (two hops, as in NN-descent), and the
-        `REFILL_HUBS` live neurons of smallest capacity (the partners many rows
-        share; their loss is what depletes rows together). All n when that subset
-        is not much smaller (narrow groups)."""
+        (dead ones included) and theirs (two hops, as in NN-descent), and, unless
+        the table is oriented, the `REFILL_HUBS` live neurons of smallest capacity
+        (the partners many rows share; their loss is what depletes rows together).
+        All n when that subset is not much smaller (narrow groups), or holds none
+        of a row's possible partners."""
         live = np.flatnonzero(ok)
         k = self.cand.shape[1]
-        h = min(REFILL_HUBS, live.size)
+        # Oriented, a row holds only larger partners: the smallest are not theirs.
+        h = 0 if self.oriented else min(REFILL_HUBS, live.size)
         width = k + k * k + h
         if width * REFILL_SUBSET_RATIO > live.size:
             self._fill_rows(rows, ok)
@@ -531,22 +575,61 @@ class MergeTable:
             cols = np.sort(cols, axis=1)
             valid = (cols >= 0) & ok[np.maximum(cols, 0)] & (cols != rr[:, None])
             valid[:, 1:] &= cols[:, 1:] != cols[:, :-1]  # each partner once
+            up = live.size - 1
+            if self.oriented:
+                valid &= self._holds_up(rr[:, None], np.maximum(cols, 0))
+                up = self._count_up(rr, live)
+                # Rows that may hold none of the subset but have partners: all n.
+                none = ~valid.any(axis=1) & (up > 0)
+                if none.any():
+                    self._fill_rows(rr[none], ok)
+                    rr, cols, valid, up = rr[~none], cols[~none], valid[~none], up[~none]
+                    if not rr.size:
+                        continue
             pr, pc = _nonzero2(valid)
             D = np.full(cols.shape, np.inf)
             D[pr, pc] = self._distance(rr[pr], cols[pr, pc])[0]
             # Live partners never looked at: nothing is known of them (R ≥ 0).
-            rest = np.where(valid.sum(axis=1) < live.size - 1, 0.0, np.inf)
+            rest = np.where(valid.sum(axis=1) < up, 0.0, np.inf)
             self._keep_best(rr, cols, D, min(self.preselect, self.n), rest)
+
+    def _table_state(self, ok) -> int:
+        """A number that changes whenever the live mask or a merge may have changed
+        which partners the rows hold live."""
+        seen, clock = self._seen
+        if seen is None or clock != self.clock or not np.array_equal(seen, ok):
+            self._state += 1
+            self._seen = (ok.copy(), self.clock)
+        return self._state
 
     def _refill_depleted(self, ok, rows=None, few: bool = True) -> None:
         """Uncertified tables: refills those of `rows` (default: all) left with under
-        a quarter of their partners (``few``) or with none (``few=False``)."""
-        rows = np.arange(self.n) if rows is None else rows
+        a quarter of their partners (``few``) or with none (``few=False``). Rows
+        already checked since the last change of `ok` or merge are skipped (a step
+        selects several times: one check each would cost O(n·k) every time)."""
+        rows = np.arange(self.n) if rows is None else np.asarray(rows)
+        state = self._table_state(ok)
+        mark = self._checked[bool(few)]
+        rows = rows[mark[rows] != state]
+        if not rows.size:
+            return
+        mark[rows] = state
         cand = self.cand[rows]
         live = ((cand >= 0) & ok[np.maximum(cand, 0)]).sum(axis=1)
         want = min(self.k, int(ok.sum()) - 1)
         low = (4 * live < want) if few else (live == 0)
-        rows = rows[ok[rows] & low & (self.nc[rows] < np.inf)]
+        due = ok[rows] & low & (self.nc[rows] < np.inf)
+        if self.oriented:
+            # A row that held every larger partner and lost them all: refilled if a
+            # neuron grew past it since (a merged parent), that is, unless it is the
+            # live neuron of largest (capacity, index), which has none to hold.
+            stuck = np.flatnonzero(ok[rows] & (live == 0) & ~(self.nc[rows] < np.inf))
+            if stuck.size:
+                lv = np.flatnonzero(ok)
+                cap = self.cache.capacity[lv]
+                top = lv[np.flatnonzero(cap == cap.max())[-1]]
+                due[stuck] = rows[stuck] != top
+        rows = rows[due]
         if rows.size:
             self._refill_rows(rows, ok)
 
@@ -580,8 +663,14 @@ class MergeTable:
         """Replaces the values of pair (i, j), ``i < j`` (estimates of a
         `hope_keras.cache.SketchCache`), by `pv`: its exact
         `hope_keras.cache.PairValues`, used from now on wherever the pair is priced."""
-        B, kc, gu = float(pv.B[0]), float(pv.k_cross[0]), float(pv.gram_u[0])
-        R = float(self._residual(i, j, B, kc * gu))
+        self.refine_pairs([i], [j], [pv])
+
+    def refine_pairs(self, ii, jj, pvs) -> None:
+        """`refine` of the distinct pairs ``(ii[p], jj[p])``, ``ii < jj``, at once."""
+        ii, jj = np.asarray(ii, dtype=np.intp), np.asarray(jj, dtype=np.intp)
+        B, kc, gu = (np.array([float(getattr(pv, f)[0]) for pv in pvs])
+                     for f in ("B", "k_cross", "gram_u"))
+        R = self._residual(ii, jj, B, kc * gu)
         if self._ex_key.size > 2 * self._ex_live + 64:  # drop stale entries, amortised
             a, b = self._ex_key // self.n, self._ex_key % self.n
             keep = self._exact_lookup(a, b)[1]
@@ -590,19 +679,25 @@ class MergeTable:
             self._ex_key, self._ex_stamp = self._ex_key[keep], self._ex_stamp[keep]
             self._ex_val = self._ex_val[keep]
             self._ex_live = self._ex_key.size
-        key = i * self.n + j
-        at = int(np.searchsorted(self._ex_key, key))
-        entry = ([int(self.stamp[i]), int(self.stamp[j])], [B, kc, gu])
-        if at < self._ex_key.size and self._ex_key[at] == key:
-            self._ex_stamp[at], self._ex_val[at] = entry
-        else:
-            self._ex_key = np.insert(self._ex_key, at, key)
-            self._ex_stamp = np.insert(self._ex_stamp, at, entry[0], axis=0)
-            self._ex_val = np.insert(self._ex_val, at, entry[1], axis=0)
-        for r, l in ((i, j), (j, i)):
-            pos = np.flatnonzero(self.cand[r] == l)
-            self.B[r, pos], self.kc[r, pos], self.gu[r, pos], self.R[r, pos] = B, kc, gu, R
-            self.dirty[r] = True
+        key = ii.astype(np.int64) * self.n + jj
+        stamps = np.stack([self.stamp[ii], self.stamp[jj]], axis=1)
+        vals = np.stack([B, kc, gu], axis=1)
+        at = np.searchsorted(self._ex_key, key)
+        held = np.zeros(key.size, dtype=bool)
+        if self._ex_key.size:
+            held = self._ex_key[np.minimum(at, self._ex_key.size - 1)] == key
+        self._ex_stamp[at[held]], self._ex_val[at[held]] = stamps[held], vals[held]
+        new = np.flatnonzero(~held)
+        if new.size:  # one insertion of the new keys, in key order
+            new = new[np.argsort(key[new], kind="stable")]
+            self._ex_key = np.insert(self._ex_key, at[new], key[new])
+            self._ex_stamp = np.insert(self._ex_stamp, at[new], stamps[new], axis=0)
+            self._ex_val = np.insert(self._ex_val, at[new], vals[new], axis=0)
+        rows, part = np.concatenate([ii, jj]), np.concatenate([jj, ii])
+        pr, pc = _nonzero2(self.cand[rows] == part[:, None])
+        r, q = rows[pr], pr % ii.size
+        self.B[r, pc], self.kc[r, pc], self.gu[r, pc], self.R[r, pc] = B[q], kc[q], gu[q], R[q]
+        self.dirty[rows] = True
 
     # ------------------------------------------------------------ dense tables
     def _fill_dense(self, ok) -> None:
@@ -765,24 +860,32 @@ class MergeTable:
             B0, kc0, gu0 = self._values(np.full(cols.size, i), cols)
             D = self._residual(i, cols, B0, kc0 * gu0)
         # Certified: every row whose bound the parent might beat is priced exactly.
-        # Uncertified: the rows that hold it and its `preselect` nearest by bound.
+        # Uncertified: the rows that hold it and its `preselect` nearest by bound
+        # (oriented: that many among the partners its row may hold, and among the
+        # rows that may hold it).
         need = holds[cols] | (D < self.nc[cols]) if self.certify else holds[cols]
+        up = self._holds_up(i, cols) if self.oriented else np.ones(cols.size, dtype=bool)
         m = min(self.preselect, cols.size)
-        top = np.argpartition(np.where(need, -np.inf, D), m - 1)[:m] if m else np.array([], int)
-        sel = np.zeros(cols.size, dtype=bool)
-        sel[top] = True
-        sel |= need
+        sel = need.copy()
+        if self.oriented:
+            for side in (up, ~up):
+                key = np.where(need | ~side, np.inf, D)
+                top = np.argpartition(key, m - 1)[:m] if m else np.array([], int)
+                sel[top[np.isfinite(key[top])]] = True
+        elif m:
+            sel[np.argpartition(np.where(need, -np.inf, D), m - 1)[:m]] = True
         l = cols[sel]
         B, kc, gu = self._values(np.full(l.size, i), l)
         R = self._residual(i, l, B, kc * gu)
         # Its own row: the k smallest R; the bounds over the rest.
-        order = np.lexsort((l, R))
-        kk = min(self.k, l.size)
+        own = np.flatnonzero(up[sel])
+        order = own[np.lexsort((l[own], R[own]))]
+        kk = min(self.k, order.size)
         keep, drop = order[:kk], order[kk:]
         self.cand[i, :kk] = l[keep]
         self.B[i, :kk], self.kc[i, :kk], self.gu[i, :kk], self.R[i, :kk] = (
             B[keep], kc[keep], gu[keep], R[keep])
-        rest = D[~sel]
+        rest = D[~sel & up]
         self.nc[i] = min(float(R[drop].min()) if drop.size else np.inf,
                          float(rest.min()) if rest.size else np.inf)
         self._note_out(np.full(drop.size, i), l[drop], kc[drop], gu[drop])
@@ -795,6 +898,8 @@ class MergeTable:
         self.gu[hold_r, hold_p], self.R[hold_r, hold_p] = gu[p], R[p]
         # Rows that do not: insert it where it beats their bound.
         rows = np.flatnonzero(others & ~holds & (pos_of >= 0))
+        if self.oriented:
+            rows = rows[self._holds_up(rows, i)]
         if self.certify:
             rows = rows[R[pos_of[rows]] < self.nc[rows]]
         if rows.size:

@@ -600,8 +600,7 @@ class Encoder:
                     keep = np.ones(ii.size, dtype=bool)
                     keep[1:] = (ii[1:] != found[2]) | (jj[1:] != found[3])
                     ii, jj = ii[keep][:REFINE_BATCH], jj[keep][:REFINE_BATCH]
-                    for a, b, pv in zip(ii.tolist(), jj.tolist(), cache.exact_pairs(ii, jj)):
-                        gs.table.refine(a, b, pv)
+                    gs.table.refine_pairs(ii, jj, cache.exact_pairs(ii, jj))
                     found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price, cutoff=cutoff,
                                             scale=scale)
             if found is not None:
