@@ -13,6 +13,10 @@ Targets (issue 12, 2 shared CPU cores): ResNet-50 analyze ≤ 1.5 s, compress �
 VGG16 analyze ≤ 5 s, compress ≤ 60 s, ≤ 3 GB; MLP compress ≤ 60 s, ≤ 3 GB.
 
 Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K]
+(``mlp --width W``: W-wide layers; ``--output-error``: the compressed model's output
+error relative to the original's output spread, on 512 standard normal inputs;
+``--unoriented``: top-k tables whose rows hold partners of any capacity, the
+behaviour before stop 28, for comparison)
 (``--candidates none``: the exhaustive scan; ``--steps N``: stop after N steps;
 ``--compare``: afterwards, rerun with the exhaustive scan on a fresh copy of the model
 and report whether the trajectories are identical: kinds, units, indices, J and DR;
@@ -22,6 +26,7 @@ by default, before and after the run).
 
 import argparse
 import collections
+import functools
 import os
 import time
 
@@ -73,6 +78,11 @@ def main():
     p.add_argument("--search", default="certified", choices=("certified", "top_k"),
                    help="Encoder merge_search")
     p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--width", type=int, default=None, help="mlp: layer width (8192)")
+    p.add_argument("--output-error", action="store_true",
+                   help="report the output error of the compressed model")
+    p.add_argument("--unoriented", action="store_true",
+                   help="top_k rows hold partners of any capacity (candidates.ORIENTED off)")
     p.add_argument("--analyze-twice", action="store_true",
                    help="also time a second analyze in the same process (TensorFlow warm)")
     p.add_argument("--profile", action="store_true", help="cProfile analyze and compress")
@@ -89,9 +99,20 @@ def main():
     if args.candidates not in ("none", "auto"):
         cand = int(args.candidates)
     load = os.getloadavg()
+    if args.unoriented:
+        from hope_keras import candidates
+
+        candidates.ORIENTED = False
+    if args.width is not None:
+        if args.model != "mlp":
+            p.error("--width applies to the mlp")
+        build = functools.partial(mlp, width=args.width)
     keras.utils.set_random_seed(0)
     model = build()
     before = peak_rss_gb()
+    if args.output_error:
+        x_err = np.random.default_rng(1).normal(size=(512,) + model.input_shape[1:])
+        y_ref = model.predict(x_err.astype("float32"), batch_size=64, verbose=0)
     print(f"{args.model}: {model.count_params()} parameters; load average "
           f"{load[0]:.1f} (1 min) at start; peak RSS before analyze {before:.2f} GB")
     prof = None
@@ -152,7 +173,12 @@ def main():
     print(f"  encoder init {t_init:.2f} s + run {t_run:.2f} s ({1e3 * t_run / n:.2f} ms/step)"
           f"; analyze + compress {t_an + t_init + t_run:.2f} s wall, "
           f"{c_an + c_comp:.2f} s CPU (compress alone {c_comp:.2f} s CPU)")
-    print(f"largest J of a step: {max((s.J for s in traj.steps), default=0.0):.3g}")
+    print(f"largest J of a step: {max((s.J for s in traj.steps), default=0.0):.3g}; "
+          f"sum of J {sum(s.J for s in traj.steps):.6g}")
+    if args.output_error:
+        y = model.predict(x_err.astype("float32"), batch_size=64, verbose=0)
+        err = np.linalg.norm(y - y_ref) / np.linalg.norm(y_ref - y_ref.mean(axis=0))
+        print(f"output error ‖y − y₀‖ / ‖y₀ − mean‖ on 512 normal inputs: {err:.4f}")
     print(f"peak RSS {peak_rss_gb():.2f} GB; load average {load[0]:.1f} (1 min) at end")
     if args.compare:
         keras.utils.set_random_seed(0)

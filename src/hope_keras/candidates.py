@@ -297,8 +297,9 @@ class MergeTable:
         return 2.0 * A - B * B
 
     def _note_out(self, r, l, kc, gu) -> None:
-        """Pairs (r, l) now outside row r's table: its bounds must cover them."""
-        if np.size(r) == 0:
+        """Pairs (r, l) now outside row r's table: its bounds must cover them (only
+        certified selections read those bounds)."""
+        if np.size(r) == 0 or not self.certify:
             return
         r, l, kc, gu = np.broadcast_arrays(np.asarray(r), np.asarray(l), kc, gu)
         np.maximum.at(self.ncos, r, self._cos(r, l, kc * gu))
@@ -926,6 +927,8 @@ class MergeTable:
             self.R[ins, s] = R[q]
             self.dirty[ins] = True
             self.nc[out] = np.minimum(self.nc[out], Ri[~insert])
+        if not self.certify:
+            return
         # Rows the parent did not enter: it is one of the partners they leave out.
         left = others & ~(self.cand == i).any(axis=1)
         lc = np.flatnonzero(left)
