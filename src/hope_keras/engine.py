@@ -384,9 +384,10 @@ class Encoder:
         merge_search: ``"certified"`` (default): pairs (dense tables) or rows
             (k-partner tables) the bounds cannot rule out are priced exactly, so the
             merge selected is the exhaustive scan's. ``"top_k"``:
-            each neuron keeps the k partners of smallest merge residual found when
-            its row was filled (refilled once three quarters of them are gone), and
-            the cheapest of those is selected, with no search outside them.
+            each neuron keeps the k partners of smallest merge residual among the
+            neurons of larger capacity (each pair in its smaller neuron's row) found
+            when its row was filled (refilled once three quarters of them are gone),
+            and the cheapest of those is selected, with no search outside them.
     """
 
     def __init__(self, model, analysis: Optional[Analysis] = None, cost="hope",
