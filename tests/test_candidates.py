@@ -619,3 +619,35 @@ def test_sum_residual_bounds_by_capacity_match_the_scan_over_every_partner():
         over = mask & ~under
         assert np.all(q[over] < cut + 2e-7 * scale[np.nonzero(over)[0]])
         assert under.sum() > 0
+
+
+def test_exact_store_matches_a_dict(monkeypatch):
+    """The two-level store of exactly re-priced pairs returns what a dict of the
+    same puts returns (stamps checked, overwrites, merges of the small level into
+    the large one, clean-ups)."""
+    from hope_keras.candidates import _ExactStore
+
+    monkeypatch.setattr(_ExactStore, "RECENT", 7)
+    rng = np.random.default_rng(0)
+    store, ref = _ExactStore(), {}
+    for step in range(60):
+        keys = np.unique(rng.integers(0, 200, rng.integers(1, 9))).astype(np.int64)
+        rng.shuffle(keys)
+        stamps = rng.integers(0, 3, (keys.size, 2))
+        vals = rng.normal(size=(keys.size, 3))
+        store.put(keys, stamps, vals)
+        for k, s, v in zip(keys.tolist(), stamps, vals):
+            ref[k] = (tuple(s), v)
+        if step % 17 == 16:  # clean-up: keep the even keys
+            store.keep(lambda k, st: k % 2 == 0)
+            ref = {k: x for k, x in ref.items() if k % 2 == 0}
+            assert store.live == len(ref)
+        q = rng.integers(0, 200, 50).astype(np.int64)
+        sa, sb = rng.integers(0, 3, 50), rng.integers(0, 3, 50)
+        hit, got = store.get(q, sa, sb)
+        for x, a, b, h, g in zip(q.tolist(), sa, sb, hit, got):
+            want = x in ref and ref[x][0] == (a, b)
+            assert h == want
+            if want:
+                np.testing.assert_array_equal(g, ref[x][1])
+    assert store.size == len(ref)
