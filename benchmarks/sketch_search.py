@@ -11,6 +11,7 @@ searches are compared alone).
 
 Run: .venv/bin/python benchmarks/sketch_search.py [--model lenet300] [--width 64]
 [--searches certified top_k] [--candidates 16 32] [--unoriented]
+[--refine-batch 8]
 """
 
 import argparse
@@ -35,9 +36,15 @@ def main():
                    help="merge_candidates (partners per row) for each search")
     p.add_argument("--densities", nargs="*", type=float,
                    default=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2])
+    p.add_argument("--refine-batch", type=int, default=None,
+                   help="pairs re-priced from exact entries per round (engine.REFINE_BATCH)")
     p.add_argument("--unoriented", action="store_true",
                    help="top-k rows hold partners of any capacity (candidates.ORIENTED off)")
     args = p.parse_args()
+    if args.refine_batch is not None:
+        from hope_keras import engine
+
+        engine.REFINE_BATCH = args.refine_batch
     if args.unoriented:
         from hope_keras import candidates
 
