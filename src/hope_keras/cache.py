@@ -466,16 +466,23 @@ class SketchCache(GroupCache):
 
     def gram_rows(self, which: str, rows, cols=None) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.intp)
-        cols = np.arange(self.size) if cols is None else np.asarray(cols, dtype=np.intp)
         sk = self._sk(which)
-        out = (sk[rows] @ sk[cols].T).astype(np.float64)
         diag = self.gram_diag("u" if which == "u" else "w")
+        if cols is None:  # every column: no copy of the sketch
+            cols, right, at = slice(None), sk, None
+        else:
+            cols = np.asarray(cols, dtype=np.intp)
+            right = sk[cols]
+            at = np.full(self.size, -1)
+            at[cols] = np.arange(cols.size)
+        out = (sk[rows] @ right.T).astype(np.float64)
         bound = np.sqrt(np.maximum(diag[rows, None] * diag[None, cols], 0.0))
         out = np.clip(out, -bound, bound)
-        at = np.full(self.size, -1)
-        at[cols] = np.arange(cols.size)
-        hit = np.flatnonzero(at[rows] >= 0)  # a row's own column: its exact norm
-        out[hit, at[rows[hit]]] = diag[rows[hit]]
+        if at is None:  # a row's own column: its exact norm
+            out[np.arange(rows.size), rows] = diag[rows]
+        else:
+            hit = np.flatnonzero(at[rows] >= 0)
+            out[hit, at[rows[hit]]] = diag[rows[hit]]
         if which == "v":
             out += self.bias[rows, None] * self.bias[None, cols]
         return out
