@@ -570,10 +570,10 @@ def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatc
     np.testing.assert_allclose(est, by_rows, rtol=1e-5, atol=1e-6 * np.abs(by_rows).max())
     ii, jj = np.array([0, 2, 5, 1]), np.array([3, 7, 9, 4])
     batch = c.exact_pairs(ii, jj)
-    for (i, j), pv in zip(zip(ii, jj), batch):
+    for p, (i, j) in enumerate(zip(ii, jj)):
         one = c.exact_pair_values(int(i), int(j))
-        for x, y in zip(pv, one):
-            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-15)
+        for x, y in zip(batch, one):
+            np.testing.assert_allclose(x[p:p + 1], y, rtol=1e-12, atol=1e-15)
     table = enc._merge_table(gs)  # fresh: nothing re-priced yet
     found = table.select(gs.C, gs.n, gs.pair_ok(), lambda A, B, c_rem, nss, P: (
         costs.j_merge_residual(nss, B, c_rem, 1.0),) * 2)

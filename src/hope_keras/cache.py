@@ -519,22 +519,33 @@ class SketchCache(GroupCache):
         """`pair_values` of one pair from exact Gram entries (`merge_terms`)."""
         return self._pair_values_of(i, j, self.merge_terms(i, j))
 
-    def exact_pairs(self, i, j) -> list:
-        """`exact_pair_values` of the pairs ``(i[p], j[p])`` (a list), reading each
-        neuron's weights once and pricing the pairs in one vectorised pass (the same
-        values to rounding)."""
+    def exact_pairs(self, i, j) -> PairValues:
+        """`exact_pair_values` of the pairs ``(i[p], j[p])`` (arrays of one entry per
+        pair), reading each neuron's weights once and pricing the pairs in one
+        vectorised pass (the same values to rounding)."""
         i, j = np.asarray(i, dtype=np.intp), np.asarray(j, dtype=np.intp)
         if self.source is None or i.size <= 1:
-            return [self.exact_pair_values(int(a), int(b)) for a, b in zip(i, j)]
+            pvs = [self.exact_pair_values(int(a), int(b)) for a, b in zip(i, j)]
+            if not pvs:
+                return PairValues(*(np.zeros(0),) * 4)
+            return PairValues(*(np.concatenate([getattr(pv, f) for pv in pvs])
+                                for f in PairValues._fields))
         rows = sorted_unique(np.concatenate([i, j]))
         w, _, u = self.source(rows)
-        at_i, at_j = np.searchsorted(rows, i), np.searchsorted(rows, j)
-        terms = np.array([self._terms_of(a, b, *self._exact_products(a, b, w[p], w[q], u[p], u[q]))
-                          for a, b, p, q in zip(i.tolist(), j.tolist(), at_i.tolist(),
-                                                at_j.tolist())])
-        pv = self._pair_values_of(i, j, terms.T)
-        return [PairValues(pv.rho[k:k + 1], pv.k_cross[k:k + 1], pv.B[k:k + 1],
-                           pv.gram_u[k:k + 1]) for k in range(i.size)]
+        p, q = np.searchsorted(rows, i), np.searchsorted(rows, j)
+
+        def products(x, d):  # `_exact_products`, every pair at once
+            norm = np.sqrt(np.einsum("ij,ij->i", x, x))
+            den = norm[p] * norm[q]
+            dot = np.einsum("ij,ij->i", x[p], x[q])
+            cos = np.where(den > 0, dot / np.where(den > 0, den, 1.0), 0.0)
+            return cos * np.sqrt(np.maximum(d[i] * d[j], 0.0))
+
+        gw, gu = products(w, self.dw), products(u, self.du)
+        dv = self.gram_diag("v")
+        terms = (dv[i], dv[j], gw + self.bias[i] * self.bias[j], gw, self.du[i],
+                 self.du[j], gu)
+        return self._pair_values_of(i, j, terms)
 
     def _pair_values_of(self, i, j, terms) -> PairValues:
         """PairValues of pairs (scalars or arrays) from their `_terms_of`."""

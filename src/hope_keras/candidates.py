@@ -726,13 +726,15 @@ class MergeTable:
         """Replaces the values of pair (i, j), ``i < j`` (estimates of a
         `hope_keras.cache.SketchCache`), by `pv`: its exact
         `hope_keras.cache.PairValues`, used from now on wherever the pair is priced."""
-        self.refine_pairs([i], [j], [pv])
+        self.refine_pairs([i], [j], pv)
 
-    def refine_pairs(self, ii, jj, pvs) -> None:
-        """`refine` of the distinct pairs ``(ii[p], jj[p])``, ``ii < jj``, at once."""
+    def refine_pairs(self, ii, jj, pv) -> None:
+        """`refine` of the distinct pairs ``(ii[p], jj[p])``, ``ii < jj``, at once;
+        `pv`: their `hope_keras.cache.PairValues`, one entry per pair (as
+        `hope_keras.cache.SketchCache.exact_pairs` gives them)."""
         ii, jj = np.asarray(ii, dtype=np.intp), np.asarray(jj, dtype=np.intp)
-        B, kc, gu = (np.array([float(getattr(pv, f)[0]) for pv in pvs])
-                     for f in ("B", "k_cross", "gram_u"))
+        B, kc, gu = (np.asarray(x, dtype=np.float64).reshape(ii.shape)
+                     for x in (pv.B, pv.k_cross, pv.gram_u))
         R = self._residual(ii, jj, B, kc * gu)
         store = self._exact
         if store.size > 2 * store.live + 64:  # drop stale entries, amortised
