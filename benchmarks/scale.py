@@ -13,8 +13,9 @@ Targets (issue 12, 2 shared CPU cores): ResNet-50 analyze ≤ 1.5 s, compress �
 VGG16 analyze ≤ 5 s, compress ≤ 60 s, ≤ 3 GB; MLP compress ≤ 60 s, ≤ 3 GB.
 
 Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K]
-(``mlp --width W``: W-wide layers; ``--output-error``: the compressed model's output
-error relative to the original's output spread, on 512 standard normal inputs;
+(``mlp --width W``: W-wide layers; ``--init numpy``: kernels drawn by NumPy, see
+`mlp`; ``--output-error``: the compressed model's output error relative to the
+original's output spread, on 512 standard normal inputs;
 ``--unoriented``: top-k tables whose rows hold partners of any capacity, the
 behaviour before stop 28, for comparison)
 (``--candidates none``: the exhaustive scan; ``--steps N``: stop after N steps;
@@ -45,16 +46,34 @@ def vgg16():
     return hope_keras.calibrate(model, x, batch_size=8)
 
 
-def mlp(width=8192, depth=4, d_in=1024, seed=0):
+def mlp(width=8192, depth=4, d_in=1024, seed=0, init="keras"):
+    """``init="numpy"``: kernels drawn by NumPy (Glorot-uniform, as Keras' default,
+    float32, a slice at a time) into zero-initialised layers; Keras' own initializer
+    leaves its temporaries resident (oneDNN's buffers: RSS before analyze 2.15 against
+    1.85 GB), which the peak memory would count. Other values, the same distribution."""
     keras.utils.set_random_seed(seed)
     L = keras.layers
     inputs = keras.Input((d_in,))
     x = inputs
+    kernel_init = "zeros" if init == "numpy" else "glorot_uniform"
     for k in range(depth):
-        x = L.Dense(width, name=f"fc{k}")(x)
+        x = L.Dense(width, name=f"fc{k}", kernel_initializer=kernel_init)(x)
         x = L.ReLU()(L.BatchNormalization(name=f"fc{k}_bn")(x))
-    model = keras.Model(inputs, L.Dense(10, name="head")(x))
+    model = keras.Model(inputs, L.Dense(10, name="head", kernel_initializer=kernel_init)(x))
     rng = np.random.default_rng(seed)
+    if init == "numpy":
+        for layer in model.layers:
+            if isinstance(layer, L.Dense):
+                fan_in, fan_out = layer.kernel.shape
+                limit = np.float32(np.sqrt(6.0 / (fan_in + fan_out)))
+                value = np.empty((fan_in, fan_out), np.float32)
+                for s0 in range(0, fan_in, 1024):
+                    part = value[s0:s0 + 1024]
+                    part[...] = rng.random(part.shape, dtype=np.float32)
+                    part *= 2 * limit
+                    part -= limit
+                layer.kernel.assign(value)
+                del value
     for layer in model.layers:
         if isinstance(layer, L.BatchNormalization):
             layer.gamma.assign(rng.uniform(0.3, 1.5, width).astype("float32"))
@@ -79,6 +98,8 @@ def main():
                    help="Encoder merge_search")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--width", type=int, default=None, help="mlp: layer width (8192)")
+    p.add_argument("--init", default="keras", choices=("keras", "numpy"),
+                   help="mlp: kernels from Keras' initializer or drawn by NumPy (see mlp)")
     p.add_argument("--output-error", action="store_true",
                    help="report the output error of the compressed model")
     p.add_argument("--unoriented", action="store_true",
@@ -103,10 +124,10 @@ def main():
         from hope_keras import candidates
 
         candidates.ORIENTED = False
-    if args.width is not None:
+    if args.width is not None or args.init != "keras":
         if args.model != "mlp":
-            p.error("--width applies to the mlp")
-        build = functools.partial(mlp, width=args.width)
+            p.error("--width and --init apply to the mlp")
+        build = functools.partial(mlp, width=args.width or 8192, init=args.init)
     keras.utils.set_random_seed(0)
     model = build()
     before = peak_rss_gb()

@@ -153,49 +153,67 @@ def _variable_class(model):
     return type(model.weights[0])
 
 
+@pytest.fixture(params=["whole", "slices"])
+def write_back(request, monkeypatch):
+    """How `commit` writes a variable: whole (`assign`), or slice by slice swapped with
+    the mirror (every variable here, as an 8192-wide kernel is), one row at a time.
+    Returns the owner and name of the function that writes one piece."""
+    if request.param == "whole":
+        return lambda model: (model and _variable_class(model), "assign")
+    monkeypatch.setattr(edit, "SWAP_MIN_BYTES", 1)
+    monkeypatch.setattr(edit, "SWAP_SLICE_BYTES", 1)
+    return lambda model: (edit, "_assign_slice")
+
+
 @pytest.mark.parametrize("how", ["raise", "sigint"])
 def test_interrupting_the_write_back_still_writes_every_step(how, reference, monkeypatch,
-                                                           ctrl_c):
+                                                           ctrl_c, write_back):
     model = _model()
-    var_class = _variable_class(model)
-    real = var_class.assign
+    owner, name = write_back(model)
+    real = getattr(owner, name)
     calls = {"n": 0}
 
-    def assign(self, value, *args, **kwargs):
+    def assign(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 5:
             if how == "raise":
                 raise KeyboardInterrupt("interrupted")
             os.kill(os.getpid(), signal.SIGINT)
-        return real(self, value, *args, **kwargs)
+        return real(*args, **kwargs)
 
     enc = Encoder(model)  # built before the patch: only the write-back assigns
-    monkeypatch.setattr(var_class, "assign", assign)
+    monkeypatch.setattr(owner, name, assign)
     with pytest.raises(KeyboardInterrupt):
         enc.run(density=DENSITY, verbose=False)
-    monkeypatch.undo()
+    monkeypatch.setattr(owner, name, real)
     assert calls["n"] > 5  # the assignments went on after the interrupt
     assert len(enc.trajectory) == len(reference[0])
     _assert_same_run(enc.trajectory, model, reference)
 
 
 def test_an_error_in_the_write_back_restores_the_variables_already_written(monkeypatch,
-                                                                         reference):
-    model = _model()
-    before = [w.copy() for w in model.get_weights()]
-    var_class = _variable_class(model)
-    enc = Encoder(model)
-    _interrupt_on_call(monkeypatch, var_class, "assign", 6, before=True, exc=RuntimeError)
-    with pytest.raises(RuntimeError):
-        enc.run(density=DENSITY, verbose=False)
-    monkeypatch.undo()
-    # All or nothing: the model is still the original (the replay of zero steps).
-    for a, b in zip(model.get_weights(), before):
-        np.testing.assert_array_equal(a, b)
-    # The editor kept its edits (also those of the variables it had written and put
-    # back): committing again gives the uninterrupted run.
-    enc.editor.commit()
-    _assert_same_run(enc.trajectory, model, reference)
+                                                                         reference,
+                                                                         write_back):
+    # The 6th write (whole: the 6th variable), and for slices also one deep into a
+    # variable of many slices.
+    for k in (6,) if write_back(None)[1] == "assign" else (6, 40):
+        model = _model()
+        before = [w.copy() for w in model.get_weights()]
+        owner, name = write_back(model)
+        real = getattr(owner, name)
+        enc = Encoder(model)
+        calls = _interrupt_on_call(monkeypatch, owner, name, k, before=True, exc=RuntimeError)
+        with pytest.raises(RuntimeError):
+            enc.run(density=DENSITY, verbose=False)
+        assert calls["n"] >= k  # (the rollback's writes count too)
+        monkeypatch.setattr(owner, name, real)
+        # All or nothing: the model is still the original (the replay of zero steps).
+        for a, b in zip(model.get_weights(), before):
+            np.testing.assert_array_equal(a, b)
+        # The editor kept its edits (also those of the variables it had written and
+        # put back): committing again gives the uninterrupted run.
+        enc.editor.commit()
+        _assert_same_run(enc.trajectory, model, reference)
 
 
 def test_the_editor_edits_its_own_copy_until_commit():

@@ -64,6 +64,53 @@ def defer_keyboard_interrupt():
                 raise KeyboardInterrupt
 
 
+#: Variables of at least this many bytes are written back slice by slice (`commit`).
+SWAP_MIN_BYTES = 64 << 20
+#: The size of one slice of that write-back.
+SWAP_SLICE_BYTES = 32 << 20
+
+
+def _sliceable(var, arr):
+    """The TensorFlow variable under Keras variable `var` when `commit` writes it in
+    slices (`SWAP_MIN_BYTES`, TensorFlow backend, not autocast), else None."""
+    if arr.ndim == 0 or arr.nbytes < SWAP_MIN_BYTES or keras.backend.backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    target = getattr(var, "value", None)
+    if not isinstance(target, tf.Variable) or tuple(target.shape) != arr.shape \
+            or target.dtype.as_numpy_dtype != arr.dtype:
+        return None
+    return target
+
+
+def _assign_slice(target, start: int, stop: int, values) -> None:
+    """``target[start:stop] = values`` in place (one slice of `commit`)."""
+    target[start:stop].assign(values)
+
+
+def _swap_in_slices(target, arr, uninterrupted) -> None:
+    """Writes `arr` into `target` slice by slice along the first axis, leaving the
+    previous values in `arr`. On an error the slices already swapped are swapped
+    back (`target` and `arr` as they were) and the error propagates."""
+    rows = arr.shape[0]
+    step = max(1, SWAP_SLICE_BYTES // max(arr.nbytes // max(rows, 1), 1))
+    done = []
+    try:
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            old = target[start:stop].numpy()
+            uninterrupted(lambda: _assign_slice(target, start, stop, arr[start:stop]))
+            arr[start:stop] = old
+            done.append((start, stop))
+    except BaseException:
+        for start, stop in reversed(done):
+            new = target[start:stop].numpy()
+            target[start:stop].assign(arr[start:stop])
+            arr[start:stop] = new
+        raise
+
+
 @dataclasses.dataclass(frozen=True)
 class ParentCoefficients:
     """How a merged parent is built from its children (spec section 5).
@@ -208,23 +255,37 @@ class ModelEditor:
         variable is written; any other error puts back the variables already written
         (the model then holds the previous commit; the editor keeps its edits) and
         propagates. Written arrays leave the mirror (`array` reads them again).
+
+        A variable of `SWAP_MIN_BYTES` or more is written in slices along its first
+        axis, each slice swapped with the mirror's (the mirror then holds the
+        previous values, for a rollback): no whole-variable copy of the previous
+        values and no whole-variable temporary besides the mirror itself.
         """
         keys = sorted(self._dirty)
-        interrupted = None
+        interrupted = []
+
+        def uninterrupted(write):  # a KeyboardInterrupt: finish this write first
+            while True:
+                try:
+                    return write()
+                except KeyboardInterrupt as e:
+                    if interrupted:
+                        raise
+                    interrupted.append(e)
+
         with defer_keyboard_interrupt():
             written = []
             try:
                 for key in keys:
                     var = getattr(self.layer(key[0]), key[1])
-                    before = var.numpy()
-                    while True:
-                        try:
-                            var.assign(self._arrays[key])
-                            break
-                        except KeyboardInterrupt as e:  # finish the write-back first
-                            if interrupted is not None:
-                                raise
-                            interrupted = e
+                    arr = self._arrays[key]
+                    target = _sliceable(var, arr)
+                    if target is None:
+                        before = var.numpy()
+                        uninterrupted(lambda: var.assign(arr))
+                    else:
+                        _swap_in_slices(target, arr, uninterrupted)
+                        before = arr  # the previous values now
                     written.append((var, before, key))
                     # The variable holds the edits now: the mirror is read again on
                     # demand, so the previous values kept for a rollback take the
@@ -237,8 +298,8 @@ class ModelEditor:
                     var.assign(before)
                 raise
         self._dirty.clear()
-        if interrupted is not None:
-            raise interrupted
+        if interrupted:
+            raise interrupted[0]
 
     # ------------------------------------------------------------ channel edits
     def _group(self, name: str) -> NeuronGroup:
