@@ -847,14 +847,16 @@ class MergeTable:
                 return None
         cut = self._r_cut(best, f, t)
         rows = np.flatnonzero(ok & (self.rowlo <= cut))
-        sub = self.lo[rows]
-        sub[:, ~ok] = np.inf  # (a third of the time of np.where with a broadcast mask)
-        pr, l = _nonzero2(sub <= cut[rows, None])
-        r = rows[pr]
+        cols = np.flatnonzero(ok)
+        # The live columns only (np.take twice: a third of the time of copying whole
+        # rows and masking the dead columns).
+        sub = np.take(np.take(self.lo, rows, axis=0), cols, axis=1)
+        pr, pc = _nonzero2(sub <= cut[rows, None])
+        r, l = rows[pr], cols[pc]
         new = ~self.exact[r, l]
         if new.any():
             self._price_exact(r[new], l[new])
-            sub[pr, l] = self.lo[r, l]  # exact now: tighter row bounds, fewer rows later
+            sub[pr, pc] = self.lo[r, l]  # exact now: tighter row bounds, fewer rows later
         self.rowlo[rows] = sub.min(axis=1)
         keep = self.lo[r, l] <= cut[r]
         r, l = r[keep], l[keep]
