@@ -237,3 +237,49 @@ def test_the_editor_edits_its_own_copy_until_commit():
     editor.commit()
     assert np.all(layer.kernel.numpy()[..., 0] == 0)
     assert np.any(layer.kernel.numpy()[..., 1] != 0)
+
+
+def test_a_large_variable_is_written_in_slices_without_a_whole_copy(monkeypatch):
+    """A variable of `SWAP_MIN_BYTES` or more is written slice by slice, never read
+    whole during the write-back (no copy of its previous values beside the mirror),
+    and ends with the editor's edits; smaller variables are written whole."""
+    import keras
+    from hope_keras.graph import walk
+
+    inputs = keras.Input((48,))
+    x = keras.layers.Dense(64, name="wide")(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization(name="wide_bn")(x))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+    graph = walk(model)
+    editor = edit.ModelEditor(model, graph)
+    with editor.step():
+        editor.prune("wide", 5)
+        editor.prune("wide", 9)
+    kernel = model.get_layer("wide").kernel
+    want = np.array(editor.array("wide", "kernel"))
+    head_want = np.array(editor.array("head", "kernel"))
+    monkeypatch.setattr(edit, "SWAP_MIN_BYTES", kernel.numpy().nbytes)  # "wide" only
+    monkeypatch.setattr(edit, "SWAP_SLICE_BYTES", 10 * 64 * 4)  # 10 rows a slice
+    slices = []
+    real_slice = edit._assign_slice
+
+    def record(target, start, stop, values):
+        slices.append((target.name, stop - start))
+        return real_slice(target, start, stop, values)
+
+    var_class = type(kernel)
+    real_numpy = var_class.numpy
+
+    def numpy(self):
+        assert self is not kernel, "the large variable was read whole"
+        return real_numpy(self)
+
+    monkeypatch.setattr(edit, "_assign_slice", record)
+    monkeypatch.setattr(var_class, "numpy", numpy)
+    editor.commit()
+    monkeypatch.undo()
+    assert [n for _, n in slices] == [10, 10, 10, 10, 8]  # 48 rows
+    np.testing.assert_array_equal(kernel.numpy(), want)
+    assert np.all(kernel.numpy()[:, [5, 9]] == 0)
+    np.testing.assert_array_equal(model.get_layer("head").kernel.numpy(), head_want)
+    assert ("wide", "kernel") not in editor._arrays  # read again on demand
