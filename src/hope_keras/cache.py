@@ -498,17 +498,26 @@ class SketchCache(GroupCache):
             gu = float(self.entries("u", i, j))
         else:
             w, _, u = self.source(np.array([i, j]))
-            gw, gu = self._exact_products(i, j, w[0], w[1], u[0], u[1])
+            gw, gu = (float(x[0]) for x in self._exact_products(
+                np.array([i]), np.array([j]), w, u, np.array([0]), np.array([1])))
         terms = self._terms_of(i, j, gw, gu)
         self._terms = ((i, j, self.version), terms)
         return terms
 
-    def _exact_products(self, i, j, w_i, w_j, u_i, u_j):
+    def _exact_products(self, i, j, w, u, p, q):
+        """Exact ``⟨w_i, w_j⟩`` and ``⟨u_i, u_j⟩`` of the pairs ``(i, j)`` (arrays),
+        whose rows of the current weights `w`, `u` are ``p``, ``q``."""
         # Cosines of the current weights, norms of the cache: like the dense tables
         # (the paper's decoupled cache), the cache does not follow the neighbouring
         # groups' edits, and the values stay consistent with it.
-        return (_cosine(x, y) * np.sqrt(max(d[i] * d[j], 0.0))
-                for x, y, d in ((w_i, w_j, self.dw), (u_i, u_j, self.du)))
+        def products(x, d):
+            norm = np.sqrt(np.einsum("ij,ij->i", x, x))
+            den = norm[p] * norm[q]
+            dot = np.einsum("ij,ij->i", x[p], x[q])
+            cos = np.where(den > 0, dot / np.where(den > 0, den, 1.0), 0.0)
+            return cos * np.sqrt(np.maximum(d[i] * d[j], 0.0))
+
+        return products(w, self.dw), products(u, self.du)
 
     def _terms_of(self, i, j, gw, gu):
         dv = self.gram_diag("v")
@@ -532,16 +541,8 @@ class SketchCache(GroupCache):
                                 for f in PairValues._fields))
         rows = sorted_unique(np.concatenate([i, j]))
         w, _, u = self.source(rows)
-        p, q = np.searchsorted(rows, i), np.searchsorted(rows, j)
-
-        def products(x, d):  # `_exact_products`, every pair at once
-            norm = np.sqrt(np.einsum("ij,ij->i", x, x))
-            den = norm[p] * norm[q]
-            dot = np.einsum("ij,ij->i", x[p], x[q])
-            cos = np.where(den > 0, dot / np.where(den > 0, den, 1.0), 0.0)
-            return cos * np.sqrt(np.maximum(d[i] * d[j], 0.0))
-
-        gw, gu = products(w, self.dw), products(u, self.du)
+        gw, gu = self._exact_products(i, j, w, u, np.searchsorted(rows, i),
+                                      np.searchsorted(rows, j))
         dv = self.gram_diag("v")
         terms = (dv[i], dv[j], gw + self.bias[i] * self.bias[j], gw, self.du[i],
                  self.du[j], gu)
@@ -626,11 +627,6 @@ def sorted_unique(keys):
     if keys.size:
         keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
     return keys
-
-
-def _cosine(a, b) -> float:
-    den = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(a @ b) / den if den > 0 else 0.0
 
 
 def extract_rows(array, get, group, rows, dtype=np.float64):
