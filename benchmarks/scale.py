@@ -185,6 +185,7 @@ def main():
 
         prof.disable()
         pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     traj = enc.trajectory
     kinds = dict(collections.Counter(s.kind for s in traj.steps))
     n = max(len(traj), 1)

@@ -55,6 +55,19 @@ and on 256 real images; writes ``..._<model>_relative.json``.
 weights), 16 inputs, 20 steps, the two priors alternated twice; seconds per step
 after the first call's tracing. Writes benchmarks/results/synthetic_prior_cost.json.
 
+``--coarse resnet50_128`` / ``--coarse resnet50``: the first 80 of the 100 Adam steps at
+half the size (`synthesize_inputs(coarse_steps=80)`, the default at 128 × 128 and
+above since stop 30) against none (``coarse_steps=0``), six seeds each (16 inputs);
+points: densities 0.7, 0.6, 0.5 and FLOPs 0.5 at 128 × 128 (where that fixture holds
+or falls), the usual ones with density 0.6 at 32 × 32. Writes
+benchmarks/results/synthetic_coarse_<model>.json. ``--seeds N``: the first N seeds.
+
+``--coarse-cost``: what the coarse steps save at 224 × 224: the whole
+``synthesize_inputs`` (16 inputs, 100 steps, tracing included) on
+``keras.applications.ResNet50(weights=None)``, the default (80 steps at 112 × 112)
+and ``coarse_steps=0`` alternated twice. Writes
+benchmarks/results/synthetic_coarse_cost.json.
+
 ``--steps resnet50``: 100 or 200 Adam steps, three seeds each (16 inputs). Writes
 benchmarks/results/synthetic_steps_resnet50.json. With values (``--steps
 resnet50_128 100 200``) density 0.6 is added to the points and the JSON's name lists
@@ -215,11 +228,20 @@ def study(model_name, vary="inputs", override=None):
     elif vary == "prior":
         points = {"density 0.6": dict(density=0.6), **points}
         values, seeds = ("spectrum", "pixels"), (0, 1)
+    elif vary == "coarse":
+        points = {"density 0.6": dict(density=0.6), **points}
+        if int(b.model.inputs[0].shape[1]) >= 128:  # where this fixture holds
+            points = {"density 0.7": dict(density=0.7), "density 0.6": dict(density=0.6),
+                      "density 0.5": dict(density=0.5), "FLOPs 0.5": dict(flops=0.5)}
+        values, seeds = (0, 80), (0, 1, 2, 3, 4, 5)
     else:
         values, seeds = (16, 8, 4, 2), (0, 1)
     if custom:
         values = tuple(override)
-    key = {"steps": "steps", "size": "size", "prior": "prior"}.get(vary, "num")
+    if "--seeds" in sys.argv:
+        seeds = seeds[:int(sys.argv[sys.argv.index("--seeds") + 1])]
+    key = {"steps": "steps", "size": "size", "prior": "prior",
+           "coarse": "coarse_steps"}.get(vary, "num")
     compressed = {}
     for label, kw in points.items():
         b.reset()
@@ -270,6 +292,26 @@ def prior_cost(steps=20, repeats=2):
             print(json.dumps(rows[-1]), flush=True)
     with open(os.path.join(os.path.dirname(OUT), "synthetic_prior_cost.json"), "w") as f:
         json.dump({"steps": steps, "num": 16, "size": 224, "rows": rows}, f, indent=1)
+
+
+def coarse_cost(repeats=2):
+    """Seconds of the whole `synthesize_inputs` (100 steps, 16 inputs, tracing
+    included) at 224 x 224, with the default's 80 steps at half size and without."""
+    import keras
+    model = keras.applications.ResNet50(weights=None)
+    hope_keras.synthesize_inputs(model, num=16, steps=1, verbose=False)  # warm-up
+    rows = []
+    for rep in range(repeats):
+        for coarse in (None, 0):
+            t = time.perf_counter()
+            hope_keras.synthesize_inputs(model, verbose=False, coarse_steps=coarse)
+            rows.append(dict(coarse_steps=coarse, repeat=rep,
+                             seconds=round(time.perf_counter() - t, 2),
+                             load=round(os.getloadavg()[0], 2)))
+            print(json.dumps(rows[-1]), flush=True)
+    with open(os.path.join(os.path.dirname(OUT), "synthetic_coarse_cost.json"), "w") as f:
+        json.dump({"steps": synthetic.SYNTHETIC_STEPS, "num": 16, "size": 224,
+                   "rows": rows}, f, indent=1)
 
 
 def relative_correction(b, compressed, x, tensors_of):
@@ -396,14 +438,20 @@ def real_reference(model_name):
 def main():
     if "--prior-cost" in sys.argv:
         return prior_cost()
+    if "--coarse-cost" in sys.argv:
+        return coarse_cost()
     if "--real-reference" in sys.argv:
         return real_reference(sys.argv[sys.argv.index("--real-reference") + 1])
     if "--which-bns" in sys.argv:
         return which_bns(flops="--flops" in sys.argv)
-    for vary in ("inputs", "steps", "size", "prior"):
+    for vary in ("inputs", "steps", "size", "prior", "coarse"):
         if f"--{vary}" in sys.argv:
             at = sys.argv.index(f"--{vary}")
-            values = sys.argv[at + 2:]
+            values = []
+            for v in sys.argv[at + 2:]:
+                if v.startswith("--"):
+                    break
+                values.append(v)
             return study(sys.argv[at + 1], vary,
                          values if vary == "prior" else [int(v) for v in values])
     b = Q.Bench("resnet50", 1000, 1000, DENSITIES)

@@ -127,6 +127,89 @@ def test_synthetic_inputs_at_a_smaller_size():
         hope_keras.synthesize_inputs(model, size=0, verbose=False)
 
 
+def _images(coef, size):
+    """The images `synthesize_inputs` makes from spectrum coefficients at `size`."""
+    import tensorflow as tf
+
+    from hope_keras.synthetic import _spectrum_scale
+
+    h, w = size
+    amp = _spectrum_scale(h, w)
+    img = tf.signal.irfft2d(tf.complex(coef[0] * amp, coef[1] * amp), fft_length=[h, w])
+    return np.asarray(img) * np.sqrt(h * w)
+
+
+@pytest.mark.parametrize("small", [(6, 8), (5, 7), (6, 7)])
+def test_an_upsampled_spectrum_interpolates_the_small_images(small):
+    """At twice the size, the even pixels of the upsampled spectrum's images are the
+    small images' pixels (the inverse FFTs computed independently, at both sizes), for
+    even and odd sides."""
+    from hope_keras.synthetic import _upsampled_spectrum
+
+    h0, w0 = small
+    coef = np.random.default_rng(0).normal(size=(2, 3, 2, h0, w0 // 2 + 1)).astype("float32")
+    big = (2 * h0, 2 * w0)
+    up = _upsampled_spectrum(coef, small, big)
+    assert up.shape == (2, 3, 2, 2 * h0, w0 + 1)
+    x0, x1 = _images(coef, small), _images(up, big)
+    np.testing.assert_allclose(x1[..., ::2, ::2], x0, rtol=1e-4, atol=1e-4)
+    assert np.abs(x1).max() < 3 * np.abs(x0).max()  # interpolation, no blow-up
+    with pytest.raises(ValueError, match="smaller"):
+        _upsampled_spectrum(coef, small, (h0 - 1, w0))
+
+
+def test_synthetic_inputs_with_coarse_steps():
+    """Steps at half size first, then at the full size: inputs of the model's size,
+    matched better than the start and about as well as the same number of steps at
+    the full size; the default makes none below COARSE_MIN_SIDE (the same inputs as
+    coarse_steps=0); bad values and a model that cannot run at half size are refused."""
+    from hope_keras import synthetic
+
+    model = _gap_resnet(side=16)
+    start = hope_keras.synthesize_inputs(model, num=16, steps=0, verbose=False)
+    full = hope_keras.synthesize_inputs(model, num=16, steps=60, verbose=False)
+    mixed = hope_keras.synthesize_inputs(model, num=16, steps=60, coarse_steps=40,
+                                         verbose=False)
+    assert mixed.shape == (16, 16, 16, 3) and np.all(np.isfinite(mixed))
+    assert _mismatch_at(model, mixed) < 0.3 * _mismatch_at(model, start)
+    assert _mismatch_at(model, mixed) < 2.0 * _mismatch_at(model, full)
+    assert not np.allclose(mixed, full)
+    np.testing.assert_array_equal(  # below COARSE_MIN_SIDE the default is no coarse step
+        hope_keras.synthesize_inputs(model, num=16, steps=60, coarse_steps=0, verbose=False),
+        full)
+    only = hope_keras.synthesize_inputs(model, num=4, steps=3, coarse_steps=3, verbose=False)
+    assert only.shape == (4, 16, 16, 3)
+    assert synthetic._coarse_steps(None, 100, (128, 160, 3), "spectrum") == 80
+    assert synthetic._coarse_steps(None, 100, (127, 160, 3), "spectrum") == 0
+    assert synthetic._coarse_steps(None, 100, (128, 160, 3), "pixels") == 0
+    assert synthetic._coarse_steps(None, 100, (256,), "spectrum") == 0
+    with pytest.raises(ValueError, match="coarse_steps must be.*Received: coarse_steps=61"):
+        hope_keras.synthesize_inputs(model, steps=60, coarse_steps=61, verbose=False)
+    with pytest.raises(ValueError, match="prior='pixels'"):
+        hope_keras.synthesize_inputs(model, steps=2, coarse_steps=1, prior="pixels",
+                                     verbose=False)
+    fixed = small_resnet()  # Flatten → Dense: does not run at half size
+    with pytest.raises(ValueError, match=r"half its size, coarse_steps=1"):
+        hope_keras.synthesize_inputs(fixed, steps=2, coarse_steps=1, verbose=False)
+
+
+def test_the_default_coarse_steps_skip_a_model_that_runs_at_its_size_only(monkeypatch):
+    """With the default rule in force (COARSE_MIN_SIDE lowered for a small model), a
+    model whose Flatten fixes its size gets every step at the full size; one that
+    runs at any size gets the coarse steps (other inputs than without them)."""
+    from hope_keras import synthetic
+
+    fixed = small_resnet()
+    ref = hope_keras.synthesize_inputs(fixed, num=4, steps=5, coarse_steps=0, verbose=False)
+    gap = _gap_resnet(side=16)
+    gap_ref = hope_keras.synthesize_inputs(gap, num=4, steps=5, coarse_steps=0, verbose=False)
+    monkeypatch.setattr(synthetic, "COARSE_MIN_SIDE", 8)
+    np.testing.assert_array_equal(
+        hope_keras.synthesize_inputs(fixed, num=4, steps=5, verbose=False), ref)
+    assert not np.allclose(hope_keras.synthesize_inputs(gap, num=4, steps=5, verbose=False),
+                           gap_ref)
+
+
 def _spectrum_slope(x):
     """Slope of log mean amplitude against log spatial frequency (numpy's FFT of
     each image channel, frequencies binned between 2/side and the Nyquist one)."""

@@ -409,8 +409,9 @@ def _synthetic_file(digest):
     folder = synthetic_cache_dir()
     if folder is None:
         return None
-    settings = repr((2, synthetic.SYNTHETIC_INPUTS, synthetic.SYNTHETIC_STEPS,
-                     synthetic.LEARNING_RATE, 0, synthetic.PRIOR)).encode()
+    settings = repr((3, synthetic.SYNTHETIC_INPUTS, synthetic.SYNTHETIC_STEPS,
+                     synthetic.LEARNING_RATE, 0, synthetic.PRIOR, synthetic.COARSE_MIN_SIDE,
+                     synthetic.COARSE_FRACTION)).encode()
     return folder / f"synthetic-{digest[:40]}-{hashlib.sha256(settings).hexdigest()[:12]}.npy"
 
 

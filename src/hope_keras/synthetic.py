@@ -37,6 +37,13 @@ LEARNING_RATE = 0.1
 #: `synthesize_inputs`).
 PRIOR = "spectrum"
 PRIORS = ("spectrum", "pixels")
+#: Image inputs whose sides are both at least this: by default the first
+#: `COARSE_FRACTION` of the Adam steps run at half the size (see `synthesize_inputs`,
+#: ``coarse_steps``), chosen on the selection split of the ResNet-50 fixtures
+#: (docs/benchmarks.md, "Stream readers' correction": better at 128 × 128, worse at
+#: 32 × 32).
+COARSE_MIN_SIDE = 128
+COARSE_FRACTION = 0.8
 
 
 def _is_bn(op) -> bool:
@@ -132,9 +139,54 @@ def _spectrum_scale(height, width) -> np.ndarray:
     return (scale / np.sqrt(np.mean(scale ** 2))).astype(np.float32)
 
 
+def _upsampled_spectrum(coef, small, big) -> np.ndarray:
+    """Coefficients ``(..., h, w // 2 + 1)`` of the 1/f parameterisation at the larger
+    size `big` = ``(h, w)`` that give the images the coefficients `coef` give at
+    `small` = ``(h0, w0)``, interpolated: the spectrum zero-padded (a Nyquist column of
+    an even ``w0``, counted once by the inverse real FFT, is halved: at the larger size
+    it is counted twice). At twice the size the big images' even pixels are the small
+    images' pixels."""
+    (h0, w0), (h, w) = small, big
+    if h < h0 or w < w0:
+        raise ValueError(f"_upsampled_spectrum: {big} is smaller than {small}")
+    coef = np.asarray(coef, np.float32)
+    out = np.zeros(coef.shape[:-2] + (h, w // 2 + 1), np.float32)
+    pos, cols = (h0 + 1) // 2, w0 // 2 + 1  # rows of frequency 0 … pos − 1, then negative
+    src_rows = np.arange(h0)
+    dst_rows = np.where(src_rows < pos, src_rows, src_rows - h0 + h)
+    a_small, a_big = _spectrum_scale(h0, w0), _spectrum_scale(h, w)
+    ratio = (a_small / a_big[dst_rows, :cols]) * np.float32(np.sqrt(h * w / (h0 * w0)))
+    if w0 % 2 == 0 and w > w0:
+        ratio[:, -1] *= 0.5
+    out[..., dst_rows, :cols] = coef * ratio
+    return out
+
+
+def _coarse_steps(coarse_steps, steps, shape, prior) -> int:
+    """How many of `steps` run at half size (`synthesize_inputs`' ``coarse_steps``;
+    None: the default rule). Raises ValueError for a value that does not apply."""
+    image = prior == "spectrum" and len(shape) == 3
+    if coarse_steps is None:
+        if not image:
+            return 0
+        first = keras.config.image_data_format() == "channels_first"
+        h, w = shape[1:] if first else shape[:2]
+        return int(round(COARSE_FRACTION * steps)) if min(h, w) >= COARSE_MIN_SIDE else 0
+    if (isinstance(coarse_steps, bool) or not isinstance(coarse_steps, int)
+            or not 0 <= coarse_steps <= steps):
+        raise ValueError(f"coarse_steps must be None or an integer from 0 to steps "
+                         f"({steps}). Received: coarse_steps={coarse_steps!r}")
+    if coarse_steps and not image:
+        raise ValueError(f"coarse_steps applies to image inputs (height, width, channels) "
+                         f"with prior='spectrum'; received inputs of shape {shape} and "
+                         f"prior={prior!r}. Pass coarse_steps=0 or None.")
+    return coarse_steps
+
+
 def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC_STEPS,
                       learning_rate: float = LEARNING_RATE, seed: int = 0,
-                      verbose="auto", size=None, prior: str = PRIOR) -> np.ndarray:
+                      verbose="auto", size=None, prior: str = PRIOR,
+                      coarse_steps=None) -> np.ndarray:
     """Data-free inputs whose BatchNormalization statistics match the model's.
 
     Starting from random noise, Adam adjusts a batch of ``num`` inputs so that every
@@ -171,6 +223,15 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
             start). Other inputs (vectors, sequences) are free values either way.
             On the ResNet-50 fixtures the spectrum made the stream readers'
             correction better (docs/benchmarks.md, "Stream readers' correction").
+        coarse_steps: For an image input under the ``"spectrum"`` prior, how many of
+            the ``steps`` run at half the spatial size: their inputs, interpolated
+            (the spectrum zero-padded), start the remaining steps at the full size.
+            A step at half size costs about a quarter of one at the full size. None
+            (default): `COARSE_FRACTION` of the steps when both sides are at least
+            `COARSE_MIN_SIDE` and the model runs at half size, else 0. On the
+            ResNet-50 fixtures this made the stream readers' correction better at
+            128 × 128 and worse at 32 × 32 (docs/benchmarks.md, "Stream readers'
+            correction").
 
     Returns:
         np.ndarray: ``(num,) + input shape`` (with `size`, the input shape at that
@@ -179,8 +240,9 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
     Raises:
         ValueError: for a model with several inputs, an undefined input shape, no
             BatchNormalization layer, ``num`` below 2 or negative ``steps``, a `size`
-            the model does not run at, an unknown ``prior``, or when the
-            optimisation diverges.
+            the model does not run at, an unknown ``prior``, a ``coarse_steps``
+            outside 0 … ``steps``, or above 0 for inputs it does not apply to or a
+            model that does not run at half size, or when the optimisation diverges.
 
     Example:
 
@@ -221,27 +283,47 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
                                       + n.op.epsilon)) for n in bns]
     norm_mean = [tf.norm(m) + 1e-3 for m in target_mean]
     norm_std = [tf.norm(s) + 1e-3 for s in target_std]
-    if prior == "spectrum" and len(shape) == 3:
-        # Fourier coefficients of each image channel, amplitudes falling as 1/f.
-        first = keras.config.image_data_format() == "channels_first"
-        c, h, w = shape if first else (shape[2], shape[0], shape[1])
-        amp = tf.constant(_spectrum_scale(h, w))
-        coef = tf.random.stateless_normal((2, num, c, h, w // 2 + 1), (seed, 0)) / np.sqrt(2.0)
-        x = tf.Variable(coef, name="synthetic_spectrum")
-
-        def inputs():
-            img = tf.signal.irfft2d(tf.complex(x[0] * amp, x[1] * amp), fft_length=[h, w])
-            img = img * float(np.sqrt(h * w))
-            return img if first else tf.transpose(img, (0, 2, 3, 1))
-    else:
-        x = tf.Variable(tf.random.stateless_normal((num,) + shape, (seed, 0)), name="synthetic")
-
-        def inputs():
-            return x
-    optimizer = keras.optimizers.Adam(learning_rate)
     plan = _release_plan(flat)
+    coarse = _coarse_steps(coarse_steps, steps, shape, prior)
+    first = keras.config.image_data_format() == "channels_first"
+    if prior == "spectrum" and len(shape) == 3:
+        c, h, w = shape if first else (shape[2], shape[0], shape[1])
+        sizes = [((h, w), steps)]
+        if coarse:
+            half = (max(h // 2, 1), max(w // 2, 1))
+            half_shape = (c,) + half if first else half + (c,)
+            try:
+                _run(flat, np.zeros((2,) + half_shape, np.float32), plan=plan)
+                sizes = [(half, coarse), ((h, w), steps - coarse)]
+            except Exception as e:  # noqa: BLE001 - name the size and the cause
+                if coarse_steps is not None:
+                    raise ValueError(f"synthesize_inputs: model '{model.name}' does not run "
+                                     f"on inputs of shape {half_shape} (half its size, "
+                                     f"coarse_steps={coarse_steps!r}): {e}") from e
+                coarse = 0  # the default: only where the model runs at half size
 
-    def loss_fn():
+        def variable(coef, size):
+            # Fourier coefficients of each image channel, amplitudes falling as 1/f.
+            ph, pw = size
+            amp = tf.constant(_spectrum_scale(ph, pw))
+            x = tf.Variable(coef, name="synthetic_spectrum")
+
+            def inputs():
+                img = tf.signal.irfft2d(tf.complex(x[0] * amp, x[1] * amp), fft_length=[ph, pw])
+                img = img * float(np.sqrt(ph * pw))
+                return img if first else tf.transpose(img, (0, 2, 3, 1))
+            return x, inputs
+        (h0, w0), _ = sizes[0]
+        start = tf.random.stateless_normal((2, num, c, h0, w0 // 2 + 1), (seed, 0)) / np.sqrt(2.0)
+    else:
+        sizes = [(None, steps)]
+
+        def variable(coef, size):
+            x = tf.Variable(coef, name="synthetic")
+            return x, lambda: x
+        start = tf.random.stateless_normal((num,) + shape, (seed, 0))
+
+    def loss_fn(inputs):
         terms = []
 
         def hook(node, args, kwargs):
@@ -256,21 +338,35 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         _run(flat, inputs(), hook, plan)
         return tf.add_n(terms)
 
-    @tf.function(reduce_retracing=True)
-    def step():
-        with tf.GradientTape() as tape:
-            loss = loss_fn()
-        optimizer.apply_gradients([(tape.gradient(loss, x), x)])
-        return loss
-
     if resolve_verbose(verbose):
+        at_half = f", the first {coarse} at half size" if coarse else ""
         print(f"synthesize_inputs: {num} inputs matched to the BatchNormalization "
-              f"statistics of '{model.name}' ({steps} Adam steps)")
+              f"statistics of '{model.name}' ({steps} Adam steps{at_half})")
     bar = WorkBar(steps, "step", verbose=verbose)
-    try:
-        for k in range(steps):
+
+    def optimise(x, inputs, n_steps, done):
+        optimizer = keras.optimizers.Adam(learning_rate)
+
+        @tf.function(reduce_retracing=True)
+        def step():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(inputs)
+            optimizer.apply_gradients([(tape.gradient(loss, x), x)])
+            return loss
+
+        for k in range(n_steps):
             loss = step()
-            bar.update(k + 1, loss=float(loss))
+            bar.update(done + k + 1, loss=float(loss))
+
+    done, previous = 0, None
+    try:
+        for size, n_steps in sizes:
+            # At half size first (``coarse_steps``): those inputs, interpolated, are
+            # where the steps at the full size start, with a fresh Adam.
+            coef = start if previous is None else _upsampled_spectrum(x.numpy(), previous, size)
+            x, inputs = variable(coef, size)
+            optimise(x, inputs, n_steps, done)
+            done, previous = done + n_steps, size
     finally:
         bar.close()
     out = keras.ops.convert_to_numpy(inputs()).astype(np.float32)
