@@ -85,6 +85,16 @@ def _run(flat, x, hook=None, plan=None):
     return tensors
 
 
+def _run_error(flat, shape):
+    """The exception running the graph on two zero inputs of `shape` raises (a size
+    the model does not run at), or None."""
+    try:
+        _run(flat, np.zeros((2,) + tuple(shape), np.float32), plan=_release_plan(flat))
+    except Exception as e:  # noqa: BLE001 - the caller names the size and the cause
+        return e
+    return None
+
+
 def _reduced_axes(bn, rank: int) -> list:
     """The axes a BatchNormalization layer averages over: all but its ``axis``
     (the channels: the last one under ``channels_last``, 1 under ``channels_first``)."""
@@ -268,11 +278,10 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
     shape, _ = _single_input(flat, "synthesize_inputs")
     if size is not None:
         shape = _resized(shape, size, model)
-        try:
-            _run(flat, np.zeros((2,) + shape, np.float32), plan=_release_plan(flat))
-        except Exception as e:  # noqa: BLE001 - name the size and the cause
+        error = _run_error(flat, shape)
+        if error is not None:
             raise ValueError(f"synthesize_inputs: model '{model.name}' does not run on "
-                             f"inputs of shape {shape} (size={size!r}): {e}") from e
+                             f"inputs of shape {shape} (size={size!r}): {error}") from error
     bns = [node for node in flat.nodes if _is_bn(node.op) and node.inputs]
     if not bns:
         raise ValueError(f"synthesize_inputs: model '{model.name}' has no "
@@ -292,14 +301,14 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         if coarse:
             half = (max(h // 2, 1), max(w // 2, 1))
             half_shape = (c,) + half if first else half + (c,)
-            try:
-                _run(flat, np.zeros((2,) + half_shape, np.float32), plan=plan)
+            error = _run_error(flat, half_shape)
+            if error is None:
                 sizes = [(half, coarse), ((h, w), steps - coarse)]
-            except Exception as e:  # noqa: BLE001 - name the size and the cause
-                if coarse_steps is not None:
-                    raise ValueError(f"synthesize_inputs: model '{model.name}' does not run "
-                                     f"on inputs of shape {half_shape} (half its size, "
-                                     f"coarse_steps={coarse_steps!r}): {e}") from e
+            elif coarse_steps is not None:
+                raise ValueError(f"synthesize_inputs: model '{model.name}' does not run "
+                                 f"on inputs of shape {half_shape} (half its size, "
+                                 f"coarse_steps={coarse_steps!r}): {error}") from error
+            else:
                 coarse = 0  # the default: only where the model runs at half size
 
         def variable(coef, size):
