@@ -236,7 +236,8 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         coarse_steps: For an image input under the ``"spectrum"`` prior, how many of
             the ``steps`` run at half the spatial size: their inputs, interpolated
             (the spectrum zero-padded), start the remaining steps at the full size.
-            A step at half size costs about a quarter of one at the full size. None
+            A step at half size has a quarter of the pixels (at 224 × 224 the whole
+            synthesis took about half the time, docs/benchmarks.md). None
             (default): `COARSE_FRACTION` of the steps when both sides are at least
             `COARSE_MIN_SIDE` and the model runs at half size, else 0. On the
             ResNet-50 fixtures this made the stream readers' correction better at
