@@ -9,6 +9,11 @@ difference is what the evictions after `--stop` (and the prunes and merges they
 replace) do. A diagnostic, not a setting of the library: accuracy on the selection
 split (the first 1000 bundled test images) and the held-out split (1000 others).
 
+``--densities d ...``: other densities than 0.5 … 0.3 (written to
+eviction_diagnostic_<model>_stop<stop>_<first>-<last>.json). ``--reestimate``: also
+each compressed model with every BN re-estimated on the 512 calibration images (uses
+data), which separates the selection from the statistics.
+
 Run: .venv/bin/python benchmarks/eviction_diagnostic.py [--model resnet50] [--stop 0.5]
 (~3 min for ResNet-50 on 2 cores). Writes
 benchmarks/results/eviction_diagnostic_<model>_stop<stop>.json.
@@ -59,23 +64,35 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="resnet50")
     p.add_argument("--stop", type=float, default=0.5)
+    p.add_argument("--densities", nargs="+", type=float, default=None)
+    p.add_argument("--reestimate", action="store_true",
+                   help="also re-estimate every BN on the calibration images (uses data)")
     args = p.parse_args()
     b = Q.Bench(args.model, 1000, 1000, (0.5,))
     rows = []
-    for d in DENSITIES:
+    for d in args.densities or DENSITIES:
         for label, stop in (("default", None), (f"evictions stop at {args.stop}", args.stop)):
             acc, ev, pr, fr = compressed(b, d, stop)
             rows.append(dict(density=d, variant=label, acc=acc, evictions=len(ev),
                              evicted=ev, params_ratio=pr, flops_ratio=fr))
+            if args.reestimate:
+                hope_keras.reestimate_batchnorm_statistics(b.model, b.xc)
+                rows[-1]["bn_reestimated"] = b.ev()[0]
             print(json.dumps(rows[-1]), flush=True)
-    with open(OUT.format(args.model, args.stop), "w") as f:
+    out = OUT.format(args.model, args.stop)
+    if args.densities:
+        out = out.replace(".json", f"_{args.densities[0]}-{args.densities[-1]}.json")
+    with open(out, "w") as f:
         json.dump({"model": args.model, "stop": args.stop, "rows": rows}, f, indent=1)
-    print("| density | variant | evictions | params | FLOPs | sel / held-out |")
-    print("|---|---|---|---|---|---|")
+    re = " BN re-estimated (uses data) |" if args.reestimate else ""
+    print("| density | variant | evictions | params | FLOPs | sel / held-out |" + re)
+    print("|---|---|---|---|---|---|" + ("---|" if re else ""))
     for r in rows:
+        cell = (f" {100 * r['bn_reestimated']['sel']:.1f} / "
+                f"{100 * r['bn_reestimated']['heldout']:.1f} |" if re else "")
         print(f"| {r['density']} | {r['variant']} | {r['evictions']} | "
               f"{r['params_ratio']:.3f} | {r['flops_ratio']:.3f} | "
-              f"{100 * r['acc']['sel']:.1f} / {100 * r['acc']['heldout']:.1f} |")
+              f"{100 * r['acc']['sel']:.1f} / {100 * r['acc']['heldout']:.1f} |" + cell)
     last = rows[-2]  # the default at the lowest density
     print("the default's evictions, in order:", ", ".join(last["evicted"]))
 

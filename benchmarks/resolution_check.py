@@ -7,8 +7,14 @@ compressed model with every BN's statistics re-estimated on the 512 calibration 
 does the selection hold, or the statistics? Accuracy on the selection split (the first
 1000 bundled test images) and the held-out split (1000 others).
 
+``--baselines``: instead, the baselines the quality benchmark runs on ResNet-50
+(`quality.RESNET_METHODS`: BN-scale global and per layer, L1-joint per layer, Neuron
+Merging per layer) at the same densities, data-free and then with every BN
+re-estimated the same way: does any selection hold where the default falls?
+
 Run: .venv/bin/python benchmarks/resolution_check.py --model resnet50_128  (~10 min)
-Writes benchmarks/results/resolution_check_<model>.json.
+Writes benchmarks/results/resolution_check_<model>.json (``--baselines``:
+resolution_check_<model>_baselines.json).
 """
 
 import argparse
@@ -28,7 +34,11 @@ OUT = os.path.join(os.path.dirname(__file__), "results", "resolution_check_{}.js
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="resnet50_128")
+    p.add_argument("--baselines", action="store_true",
+                   help="run the ResNet-50 baselines instead of the default")
     args = p.parse_args()
+    if args.baselines:
+        return baselines(args.model)
     b = Q.Bench(args.model, 1000, 1000, (0.5,))
     rows = [dict(density=1.0, default=b.ev()[0])]
     for d in DENSITIES:
@@ -54,6 +64,32 @@ def main():
               f"{100 * r['default']['heldout']:.1f} | "
               f"{100 * r['bn_reestimated']['sel']:.1f} / "
               f"{100 * r['bn_reestimated']['heldout']:.1f} |")
+
+
+def baselines(model_name):
+    """The quality benchmark's ResNet-50 baselines at `DENSITIES`, data-free and with
+    every BN re-estimated on the calibration images (uses data)."""
+    names = [m for m in Q.RESNET_METHODS if not m.startswith("hope")]
+    b = Q.Bench(model_name, 1000, 1000, DENSITIES)
+    out = {}
+    for name in names:
+        for re in (False, True):
+            b.reestimate = re
+            points, _ = b.run_baseline(name, "density")
+            key = name + ("_re" if re else "")
+            out[key] = [dict(density=p["target"], acc=p["acc"], params=p["params"],
+                             flops=p["flops"]) for p in points]
+            print(key, json.dumps([(p["density"], p["acc"]) for p in out[key]]), flush=True)
+    b.reestimate = False
+    b.reset()
+    with open(OUT.format(model_name + "_baselines"), "w") as f:
+        json.dump({"model": model_name, "methods": out}, f, indent=1)
+    print("| density | " + " | ".join(out) + " |")
+    print("|---|" + "---|" * len(out))
+    for k, d in enumerate(DENSITIES):
+        cells = [f"{100 * out[m][k]['acc']['sel']:.1f} / {100 * out[m][k]['acc']['heldout']:.1f}"
+                 for m in out]
+        print(f"| {d} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

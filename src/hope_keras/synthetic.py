@@ -41,7 +41,7 @@ PRIORS = ("spectrum", "pixels")
 #: `COARSE_FRACTION` of the Adam steps run at half the size (see `synthesize_inputs`,
 #: ``coarse_steps``), chosen on the selection split of the ResNet-50 fixtures
 #: (docs/benchmarks.md, "Coarse steps first": better at 128 × 128; at 32 × 32 level
-#: and slower).
+#: and slower; at 64 × 64 worse).
 COARSE_MIN_SIDE = 128
 COARSE_FRACTION = 0.8
 
@@ -241,8 +241,8 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
             (default): `COARSE_FRACTION` of the steps when both sides are at least
             `COARSE_MIN_SIDE` and the model runs at half size, else 0. On the
             ResNet-50 fixtures this made the stream readers' correction better at
-            128 × 128, and at 32 × 32 no better and slower (docs/benchmarks.md,
-            "Coarse steps first").
+            128 × 128, at 32 × 32 no better and slower, at 64 × 64 worse
+            (docs/benchmarks.md, "Coarse steps first").
 
     Returns:
         np.ndarray: ``(num,) + input shape`` (with `size`, the input shape at that
