@@ -36,6 +36,9 @@ synthetic inputs a resolution needs (16, 8, 4, 2 inputs, two seeds each; the 64�
 benchmarks/results/synthetic_inputs_<model>.json. Values after the model replace
 those varied (``--inputs resnet50 64 32 16``: 64, 32 and 16 inputs; written to
 ``synthetic_inputs_resnet50_64_32_16.json``); the same for ``--steps`` and ``--size``.
+Since stop 31, on a fixture of 128 × 128 or more the points are those of ``--coarse``
+there (densities 0.7, 0.6, 0.5 and FLOPs 0.5), and ``--seeds N`` past the default
+seeds runs seeds 0 … N − 1 (``--inputs resnet50_128 16 8 --seeds 6``).
 
 ``--prior resnet50`` / ``resnet50_64`` / ``resnet50_128``: how the inputs are
 parameterised (`synthesize_inputs(prior=...)`): ``"spectrum"`` (1/f Fourier
@@ -60,7 +63,8 @@ half the size (`synthesize_inputs(coarse_steps=80)`, the default at 128 × 128 a
 above since stop 30) against none (``coarse_steps=0``), six seeds each (16 inputs);
 points: densities 0.7, 0.6, 0.5 and FLOPs 0.5 at 128 × 128 (where that fixture holds
 or falls), the usual ones with density 0.6 at 32 × 32. Writes
-benchmarks/results/synthetic_coarse_<model>.json. ``--seeds N``: the first N seeds.
+benchmarks/results/synthetic_coarse_<model>.json. ``--seeds N``: the first N seeds
+(any study).
 
 ``--coarse-cost``: what the coarse steps save at 224 × 224: the whole
 ``synthesize_inputs`` (16 inputs, 100 steps, tracing included) on
@@ -236,10 +240,14 @@ def study(model_name, vary="inputs", override=None):
         values, seeds = (0, 80), (0, 1, 2, 3, 4, 5)
     else:
         values, seeds = (16, 8, 4, 2), (0, 1)
+        if int(b.model.inputs[0].shape[1]) >= 128:  # since stop 31: where it holds
+            points = {"density 0.7": dict(density=0.7), "density 0.6": dict(density=0.6),
+                      "density 0.5": dict(density=0.5), "FLOPs 0.5": dict(flops=0.5)}
     if custom:
         values = tuple(override)
-    if "--seeds" in sys.argv:
-        seeds = seeds[:int(sys.argv[sys.argv.index("--seeds") + 1])]
+    if "--seeds" in sys.argv:  # the first N seeds (0 … N − 1 when N exceeds the list)
+        n = int(sys.argv[sys.argv.index("--seeds") + 1])
+        seeds = seeds[:n] if n <= len(seeds) else tuple(range(n))
     key = {"steps": "steps", "size": "size", "prior": "prior",
            "coarse": "coarse_steps"}.get(vary, "num")
     compressed = {}
