@@ -115,6 +115,9 @@ SETTINGS = [
     (16, 100, 0.1, 0, "reestimate"),
 ]
 OUT = os.path.join(os.path.dirname(__file__), "results", "synthetic_settings.json")
+# The points of a study on a fixture of 128 x 128 or more: where it holds or falls.
+LARGE_POINTS = {"density 0.7": dict(density=0.7), "density 0.6": dict(density=0.6),
+                "density 0.5": dict(density=0.5), "FLOPs 0.5": dict(flops=0.5)}
 
 
 def which_bns(flops=False):
@@ -234,15 +237,13 @@ def study(model_name, vary="inputs", override=None):
         values, seeds = ("spectrum", "pixels"), (0, 1)
     elif vary == "coarse":
         points = {"density 0.6": dict(density=0.6), **points}
-        if int(b.model.inputs[0].shape[1]) >= 128:  # where this fixture holds
-            points = {"density 0.7": dict(density=0.7), "density 0.6": dict(density=0.6),
-                      "density 0.5": dict(density=0.5), "FLOPs 0.5": dict(flops=0.5)}
+        if int(b.model.inputs[0].shape[1]) >= 128:
+            points = dict(LARGE_POINTS)
         values, seeds = (0, 80), (0, 1, 2, 3, 4, 5)
     else:
         values, seeds = (16, 8, 4, 2), (0, 1)
-        if int(b.model.inputs[0].shape[1]) >= 128:  # since stop 31: where it holds
-            points = {"density 0.7": dict(density=0.7), "density 0.6": dict(density=0.6),
-                      "density 0.5": dict(density=0.5), "FLOPs 0.5": dict(flops=0.5)}
+        if int(b.model.inputs[0].shape[1]) >= 128:  # since stop 31
+            points = dict(LARGE_POINTS)
     if custom:
         values = tuple(override)
     if "--seeds" in sys.argv:  # the first N seeds (0 … N − 1 when N exceeds the list)
