@@ -44,6 +44,11 @@ class GroupReport:
     kind: str = "neurons"
     note: str = ""
 
+    def __repr__(self) -> str:  # the arrays are per channel: their sizes only
+        block = f", block={self.block!r}" if self.block else ""
+        return (f"GroupReport(name={self.name!r}, size={self.size}, kind={self.kind!r}, "
+                f"layers={len(self.layers)}, layer_capacity={self.layer_capacity:.6g}{block})")
+
 
 @dataclasses.dataclass
 class BlockReport:
@@ -102,6 +107,17 @@ class Analysis:
     states: Dict[str, LayerState]
     caches: Dict[str, object]
     moments: Dict[str, tuple] = dataclasses.field(default_factory=dict, repr=False)
+
+    def __repr__(self) -> str:
+        # One line whatever the model's size (the default repr printed every cache:
+        # megabytes for a ResNet-50, the last line of a notebook cell); `summary`
+        # gives the table.
+        mergeable = sum(g.kind == "neurons" for g in self.groups)
+        evictable = sum(b.evictable for b in self.blocks)
+        return (f"Analysis(model_name={self.model_name!r}, groups={len(self.groups)} "
+                f"({mergeable} mergeable), channels={self.num_neurons}, "
+                f"blocks={len(self.blocks)} ({evictable} evictable), "
+                f"pinned={len(self.pinned)})")
 
     @property
     def num_neurons(self) -> int:

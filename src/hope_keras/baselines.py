@@ -83,6 +83,11 @@ class BaselineResult:
     seconds: float
     analysis: Analysis
 
+    def __repr__(self) -> str:  # one line: not every removal and the analysis
+        return (f"BaselineResult(method={self.method!r}, density={self.density:.4f}, "
+                f"removed={len(self.removed)}, merges={len(self.merges)}, "
+                f"seconds={self.seconds:.2f})")
+
 
 # ----------------------------------------------------------------------- scoring
 def _filter_norm(state, ord_: int) -> np.ndarray:

@@ -79,6 +79,12 @@ class CompressionResult:
     model: Optional[keras.Model] = dataclasses.field(default=None, repr=False,
                                                      compare=False)
 
+    def __repr__(self) -> str:  # one line: the analysis' caches are not printed
+        return (f"CompressionResult(model={self.trajectory.meta.get('model_name')!r}, "
+                f"steps={len(self.trajectory)}, density={self.density:.4f}, "
+                f"params_ratio={self.params_ratio:.4f}, flops_ratio={self.flops_ratio:.4f}, "
+                f"stopped={self.stopped!r})")
+
     def profile(self, **kwargs):
         """`hope_keras.profile` of ``slim(model)`` against the model as compressed.
 

@@ -78,6 +78,10 @@ class Coupling:
     positions: np.ndarray
     tensor: str = ""
 
+    def __repr__(self) -> str:  # the positions' shape, not every position
+        return (f"Coupling(layer={self.layer!r}, role={self.role!r}, "
+                f"positions={tuple(np.shape(self.positions))}, tensor={self.tensor!r})")
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class NeuronGroup:
@@ -113,6 +117,16 @@ class NeuronGroup:
     tensors: Dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     note: str = ""
     stream: bool = False
+
+    def __repr__(self) -> str:  # one line: layer names, not every coupling's positions
+        parts = [f"name={self.name!r}", f"size={self.size}", f"kind={self.kind!r}",
+                 f"layers={len(self.layers)}"]
+        if self.kind == "neurons":
+            parts += [f"producer={self.producer!r}", f"bn={self.bn!r}",
+                      f"consumers={len(self.consumers)}"]
+        if self.stream:
+            parts.append("stream=True")
+        return f"NeuronGroup({', '.join(parts)})"
 
     @property
     def mergeable(self) -> bool:
@@ -216,6 +230,12 @@ class ModelGraph:
     bn_after: Dict[str, str] = dataclasses.field(default_factory=dict)
     flat: Optional[kg.FlatGraph] = None
     hidden_channels: int = 0
+
+    def __repr__(self) -> str:  # one line whatever the model's size
+        channels = sum(g.size for g in self.groups.values())
+        return (f"ModelGraph(groups={len(self.groups)}, channels={channels}, "
+                f"blocks={len(self.blocks)}, pinned={len(self.pinned)}, "
+                f"coverage={self.coverage():.3f})")
 
     def block_of_group(self) -> Dict[str, str]:
         """Maps each internal group name to the name of the block that holds it."""

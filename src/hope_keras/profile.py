@@ -230,6 +230,13 @@ class Profile:
     size_bytes: Optional[int] = None
     reference: Optional["Profile"] = None
 
+    def __repr__(self) -> str:  # the per-layer counts are in `summary(layers=True)`
+        size = "" if self.size_bytes is None else f", size_bytes={self.size_bytes}"
+        latency = {m: round(s, 6) for m, s in self.latency.items()}
+        ref = "" if self.reference is None else f", reference={self.reference.name!r}"
+        return (f"Profile(name={self.name!r}, params={self.params}, flops={self.flops}, "
+                f"layers={len(self.layers)}, latency={latency}{size}{ref})")
+
     def ratio(self, what: str) -> Optional[float]:
         """This model's ``params``, ``flops``, ``size_bytes`` or a latency method
         divided by the reference's (None when either is missing)."""

@@ -198,6 +198,14 @@ class DeftPlan:
     trajectory: object = None
     tau_groups: Optional[Dict[str, float]] = None
 
+    def __repr__(self) -> str:  # one line: the per-neuron arrays are in `summary`
+        neurons = sum(self.groups.values())
+        slack = int(sum(np.count_nonzero(e) for e in self.elasticity.values()))
+        return (f"DeftPlan(head={self.head!r}, feature_layer={self.feature_layer!r}, "
+                f"groups={len(self.groups)}, neurons={neurons}, slack={slack}, "
+                f"merges={len(self.merges)}, percentile={self.percentile:g}, "
+                f"tau_lock={self.tau_lock:.6g})")
+
     def __post_init__(self):
         if self.tau_groups is None:
             self.tau_groups = {g: float(self.tau_lock) for g in self.groups}
