@@ -53,13 +53,12 @@ def test_bounded_scan_reproduces_the_exhaustive_trajectory(seed, cost, options):
     the bounds force rescans, reinsertions of merged parents and lazy re-pricing
     (under a FLOPs budget the default cost ranks a merge by J / sqrt(FLOPs));
     "auto" uses the dense tables (every pair's bound, priced once)."""
-    base = clustered_mlp(seed)
     options = dict(options)
     budget = {"flops": 0.3} if options.pop("budget", None) else {"density": 0.35}
-    analysis = hope_keras.analyze(base, kernel=options.get("kernel", "approx"))
     runs = {}
     for k in (None, 1, 3, "auto"):
         model = clustered_mlp(seed)
+        analysis = hope_keras.analyze(model, kernel=options.get("kernel", "approx"))
         runs[k] = hope_keras.compress(model, cost=cost, verbose=False, merge_candidates=k,
                                       analysis=analysis, **budget, **options)
     ref = _steps(runs[None])

@@ -154,3 +154,18 @@ def test_no_other_module_reads_keras_private_attributes():
             if name in private or (name or "").startswith("keras.src"):
                 offenders.append(f"{path.relative_to(SRC)}:{node.lineno}: {name}")
     assert offenders == []
+
+
+def test_a_rebuild_takes_the_inputs_in_the_models_order():
+    """A multi-input model's inputs keep their order through `slim` (the graph walk
+    meets them by depth; a positional call must give the same outputs)."""
+    import hope_keras
+
+    ins = [keras.Input((8,), name=n) for n in "pqr"]
+    hs = [L.ReLU()(L.BatchNormalization()(L.Dense(6)(i))) for i in ins]
+    model = keras.Model(ins, L.Dense(3)(L.Concatenate()(hs)))
+    xs = [np.random.default_rng(k).normal(size=(4, 8)).astype("float32") for k in range(3)]
+    hope_keras.compress(model, density=0.6, verbose=False)
+    small = hope_keras.slim(model)
+    assert [t.name for t in small.inputs] == ["p", "q", "r"]
+    np.testing.assert_allclose(np.asarray(small(xs)), np.asarray(model(xs)), atol=1e-5)

@@ -225,6 +225,14 @@ def flatten(model) -> FlatGraph:
                             shapes=[tuple(t.shape) for t in node.outputs]))
 
     top_map: Dict[int, str] = {}
+    # The model's inputs first, in its own order (the walk meets them by depth, which
+    # is not that order, and a rebuild must take its inputs as the model did).
+    input_ops = {id(node.outputs[0]): node.operation for node in _ordered_nodes(top)
+                 if isinstance(node.operation, keras.layers.InputLayer)}
+    for t in keras.tree.flatten(top.inputs):
+        if id(t) in input_ops and id(t) not in top_map:
+            top_map[id(t)] = new_key()
+            inputs.append((top_map[id(t)], input_ops[id(t)]))
     walk(top, (), top_map)
     # Layer keys: plain names unless two distinct layers share a name.
     by_name: Dict[str, set] = {}

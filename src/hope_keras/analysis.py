@@ -97,6 +97,8 @@ class Analysis:
         caches: The `GroupCache` (``"neurons"`` groups) or `PruneCache` per group.
         moments: Per-tensor ``(mean, variance)`` of the data-free moment
             propagation (`hope_keras.moments`).
+        fingerprint: sha256 of the weights it read (`hope_keras.trajectory.fingerprint`):
+            `check` refuses a model whose weights changed since.
     """
 
     model_name: str
@@ -107,6 +109,30 @@ class Analysis:
     states: Dict[str, LayerState]
     caches: Dict[str, object]
     moments: Dict[str, tuple] = dataclasses.field(default_factory=dict, repr=False)
+    fingerprint: str = dataclasses.field(default="", repr=False)
+
+    def check(self, model) -> str:
+        """Raises ValueError unless this is an analysis of `model` as it is now.
+
+        Returns:
+            The fingerprint of the model's weights (`hope_keras.trajectory.fingerprint`).
+        """
+        from hope_keras.trajectory import fingerprint
+
+        flat = getattr(self.graph, "flat", None)
+        if flat is not None and flat.model is not model:
+            raise ValueError(
+                f"This analysis was made of another model object ('{self.model_name}'); "
+                f"received model '{getattr(model, 'name', type(model).__name__)}'. Analyze "
+                "the model you pass: hope_keras.analyze(model). Nothing was changed.")
+        current = fingerprint(model, self.graph)
+        if self.fingerprint and current != self.fingerprint:
+            raise ValueError(
+                f"Model '{model.name}' changed since this analysis was made (its weights "
+                "differ from those `analyze` read, e.g. after an earlier compress of it): "
+                "the analysis is stale. Analyze the model again, or leave analysis= out. "
+                "Nothing was changed.")
+        return current
 
     def __repr__(self) -> str:
         # One line whatever the model's size (the default repr printed every cache:
@@ -366,4 +392,7 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
         )
         for b in blocks
     ]
-    return Analysis(model.name, reports, block_reports, pinned, g, states, caches, moments)
+    from hope_keras.trajectory import fingerprint
+
+    return Analysis(model.name, reports, block_reports, pinned, g, states, caches, moments,
+                    fingerprint=fingerprint(model, g))

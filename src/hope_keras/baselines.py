@@ -172,7 +172,10 @@ def _select(analysis, group_scores, density, scope):
 
 
 def _analysis(model, analysis):
-    return analysis if analysis is not None else analyze(model)
+    if analysis is None:
+        return analyze(model)
+    analysis.check(model)
+    return analysis
 
 
 # ----------------------------------------------------------------------- actions

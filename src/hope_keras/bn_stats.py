@@ -252,6 +252,15 @@ def reestimate_batchnorm_statistics(
             print(f"  batch {seen}: {samples} samples")
     if seen == 0:
         raise ValueError("data yielded no batches.")
+    # Checked before any layer is written: a NaN in the data would reach every BN.
+    broken = [bn.name for i, bn in enumerate(bns)
+              if not (np.all(np.isfinite(mean[i])) and np.all(np.isfinite(m2[i])))]
+    if broken:
+        raise ValueError(
+            f"The statistics measured for {len(broken)} BatchNormalization layer(s) "
+            f"({', '.join(broken[:5])}{', …' if len(broken) > 5 else ''}) are not "
+            "finite: the data holds NaN/Inf values (or the model overflows on it). "
+            "Clean the data first. Nothing was changed.")
 
     result = {}
     for i, bn in enumerate(bns):

@@ -210,6 +210,9 @@ def calibrate(model, data, batch_size: int = 256, batches: Optional[int] = None,
     >>> [g.name for g in hope_keras.analyze(calibrated).groups]
     ['fc']
     """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer. Received: "
+                         f"batch_size={batch_size!r}")
     targets = calibration_targets(model)
     if not targets:
         raise ValueError(
@@ -244,6 +247,14 @@ def calibrate(model, data, batch_size: int = 256, batches: Optional[int] = None,
         seen += 1
     if seen == 0:
         raise ValueError("calibrate: data yielded no batches.")
+    broken = [p for k, p in enumerate(producers)
+              if not (np.all(np.isfinite(mean[k])) and np.all(np.isfinite(m2[k])))]
+    if broken:
+        raise ValueError(
+            f"calibrate: the statistics measured at {', '.join(broken[:5])}"
+            f"{', …' if len(broken) > 5 else ''} are not finite: the data holds NaN/Inf "
+            "values (or the model overflows on it). Clean the data first. The model "
+            "was not changed.")
     records: List[CalibratedLayer] = []
     for k, p in enumerate(producers):
         bn_name, relu_name = inserted[p]

@@ -85,8 +85,14 @@ def _sliceable(var, arr):
 
 
 def _assign_slice(target, start: int, stop: int, values) -> None:
-    """``target[start:stop] = values`` in place (one slice of `commit`)."""
-    target[start:stop].assign(values)
+    """``target[start:stop] = values`` in place (one slice of `commit`).
+
+    A scatter of rows, not ``target[start:stop].assign``: that reads the variable to
+    slice it, and the read's reference makes TensorFlow copy the whole buffer before
+    writing (25 ms a slice for an 8192 × 8192 kernel, 0.7 ms as a scatter)."""
+    import tensorflow as tf
+
+    target.scatter_update(tf.IndexedSlices(values, tf.range(start, stop)))
 
 
 def _swap_in_slices(target, arr, uninterrupted) -> None:
@@ -297,7 +303,9 @@ class ModelEditor:
                         self._arrays[key] = np.array(var.numpy())
                     var.assign(before)
                 raise
-        self._dirty.clear()
+            # Inside the block: a Ctrl-C it held back is raised when the block ends,
+            # and the written arrays have left the mirror.
+            self._dirty.clear()
         if interrupted:
             raise interrupted[0]
 

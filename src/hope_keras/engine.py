@@ -101,6 +101,31 @@ class CompressionResult:
         return profile(slim(self.model), reference=self.model, **kwargs)
 
 
+def _check_finite_weights(model) -> None:
+    """Raises ValueError, naming the variables, when any float weight of `model` is
+    NaN or infinite: its outputs are not finite, and an edit would only hide it."""
+    bad = []
+    for v in model.weights:
+        if not np.issubdtype(np.dtype(keras.backend.standardize_dtype(v.dtype)),
+                             np.floating):
+            continue
+        value = getattr(v, "value", None)
+        try:  # TensorFlow: a read-only view, no copy of a wide kernel
+            arr = np.asarray(value.value() if hasattr(value, "value") else v.numpy())
+        except (AttributeError, TypeError, ValueError):
+            arr = np.asarray(keras.ops.convert_to_numpy(v))
+        # A float64 sum of float32 values cannot overflow: not finite iff NaN/Inf.
+        if not np.isfinite(np.sum(arr, dtype=np.float64)):
+            bad.append(f"{v.path} ({int(arr.size - np.count_nonzero(np.isfinite(arr)))} "
+                       "NaN/Inf)")
+    if bad:
+        shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        raise ValueError(
+            f"Model '{model.name}' has NaN/Inf weights: {shown}. Its outputs are not "
+            "finite; fix or re-train those weights first (or reload them from a "
+            "checkpoint). Nothing was changed.")
+
+
 class CompressionInterrupted(KeyboardInterrupt):
     """`compress` was interrupted (Ctrl-C); nothing of the run is lost.
 
@@ -433,10 +458,13 @@ class Encoder:
         self.model = model
         if analysis is None:
             analysis = analyze(model, kernel=kernel, verbose=verbose)
+            weights = analysis.fingerprint
         else:  # the run mutates the caches: keep the caller's analysis intact
+            weights = analysis.check(model)  # of this model, and not stale
             analysis = dataclasses.replace(
                 analysis, caches={k: v.copy() for k, v in analysis.caches.items()})
         self.analysis = analysis
+        _check_finite_weights(model)
         self.actions = set(actions)
         self.merge_scale = merge_scale
         self.refresh = refresh
@@ -488,7 +516,7 @@ class Encoder:
         self._push_all()
         self.trajectory = Trajectory({
             "model_name": model.name,
-            "fingerprint": fingerprint(model, self.graph),
+            "fingerprint": weights or fingerprint(model, self.graph),
             "groups": [[n, g.size] for n, g in self.graph.groups.items()],
             "blocks": [b.name for b in self.graph.blocks],
             "block_groups": {b.name: list(b.groups) for b in self.graph.blocks},

@@ -399,6 +399,34 @@ def _split(data):
         f"(x, y). Received: data of type {type(data).__name__}")
 
 
+def _check_arrays(model, fit_data) -> None:
+    """Array data is checked before anything is written: finite inputs, and integer
+    labels that index the model's output (a dataset is checked as it streams: the
+    BN re-estimation refuses non-finite statistics)."""
+    x = fit_data["x"]
+    if _is_dataset(x):
+        return
+    for k, part in enumerate(keras.tree.flatten(x)):
+        arr = np.asarray(part)
+        if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(
+                np.sum(arr, dtype=np.float64)):
+            bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+            raise ValueError(f"The inputs hold {bad} NaN/Inf value(s) (input {k}, shape "
+                             f"{arr.shape}). Clean the data first. Nothing was changed.")
+    y = fit_data.get("y")
+    if y is None or isinstance(y, (dict, list)):
+        return
+    y = np.asarray(y)
+    classes = model.outputs[0].shape[-1]
+    if y.size and classes is not None and (y.ndim <= 1 or y.shape[-1] == 1):
+        if not np.all(np.isfinite(y)) or np.any(y != np.round(y)) or y.min() < 0 \
+                or y.max() >= classes:
+            raise ValueError(
+                f"The labels must be integer classes in [0, {classes}) (the model's "
+                f"output has {classes} units). Received labels from {y.min()} to "
+                f"{y.max()}. Nothing was changed.")
+
+
 def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             temperature: float = 4.0, label_weight: Optional[float] = None,
             optimizer=None, learning_rate: float = 1e-3, batch_size: int = 64,
@@ -491,6 +519,7 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
         raise ValueError(f"batchnorm must be one of {_BN_MODES}. Received: "
                          f"batchnorm={batchnorm!r}")
     fit_data, bn_data, labelled = _split(data)
+    _check_arrays(model, fit_data)
     if teacher is None and not labelled and epochs > 0:
         raise ValueError(
             "recover needs a teacher (the uncompressed model) or labelled data (x, y) "
