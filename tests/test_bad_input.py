@@ -97,3 +97,119 @@ def test_calibrate_refuses_nan_data_and_a_zero_batch_size():
         hope_keras.calibrate(model, _nan_data())
     with pytest.raises(ValueError, match="batch_size must be a positive integer.*0"):
         hope_keras.calibrate(model, np.nan_to_num(_nan_data()), batch_size=0)
+
+
+@pytest.mark.parametrize("build", [lambda: mlp((20, 16), seed=1),
+                                   lambda: __import__("conftest").small_resnet(seed=2)])
+def test_compressing_a_compressed_model_counts_from_its_live_channels(build):
+    """The channels (and evicted blocks) an earlier run removed start removed: a budget
+    the model already meets is refused, and the reported ratios are `slim`'s."""
+    model = build()
+    dense = model.count_params()
+    first = hope_keras.compress(model, density=0.5, verbose=False)
+    before = _weights(model)
+    with pytest.raises(ValueError, match=r"already met.*density 0\.5000\)\. Nothing"):
+        hope_keras.compress(model, density=0.7, verbose=False)
+    with pytest.raises(ValueError, match="already met"):
+        hope_keras.compress(model, params=first.params_ratio + 0.05, verbose=False)
+    _assert_untouched(model, before)
+    second = hope_keras.compress(model, density=0.3, verbose=False)
+    assert second.density <= 0.3
+    assert second.params_ratio == pytest.approx(hope_keras.slim(model).count_params() / dense)
+    assert len(second.trajectory) < len(first.trajectory)  # no step re-removes a channel
+
+
+def test_cli_refuses_outputs_that_would_overwrite_the_input_or_each_other(tmp_path, capsys):
+    from hope_keras import cli
+
+    model = str(tmp_path / "m.keras")
+    mlp((5, 4)).save(model)
+    before = open(model, "rb").read()
+    out = str(tmp_path / "s.keras")
+    for argv, message in (
+            (["compress", model, "--density", "0.5", "--out", model], "is the input model"),
+            (["compress", model, "--density", "0.5", "--out", out, "--trajectory", out],
+             "--trajectory must end with .npz"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    assert open(model, "rb").read() == before
+
+
+def test_a_path_or_none_instead_of_a_model_says_so():
+    with pytest.raises(ValueError, match="needs a keras.Model.*Received: str.*load_model"):
+        hope_keras.analyze("/tmp/model.keras")
+    with pytest.raises(ValueError, match="needs a keras.Model.*NoneType"):
+        hope_keras.slim(None)
+    with pytest.raises(ValueError, match="model must be a keras.Model.*model=None"):
+        hope_keras.profile(None)
+
+
+def test_corrupt_trajectory_metadata_and_fields_name_the_file(tmp_path):
+    import json
+
+    model = mlp(seed=6)
+    result = hope_keras.compress(model, density=0.5, verbose=False)
+    good = str(tmp_path / "good.npz")
+    result.trajectory.save(good)
+    with np.load(good) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(str(arrays["meta"]))
+    merge = int(np.flatnonzero(arrays["kind"] == "merge")[0])
+
+    def variant(name, **changes):
+        path = str(tmp_path / f"{name}.npz")
+        np.savez(path, **{**arrays, **changes})
+        return path
+
+    coef = arrays["coef"].copy()
+    coef[merge] = 1e300
+    cases = {
+        variant("metalist", meta=np.array(json.dumps([1, 2]))): "metadata is a list",
+        variant("nofp", meta=np.array(json.dumps({k: v for k, v in meta.items()
+                                                  if k != "fingerprint"}))):
+            "fingerprint / options metadata",
+        variant("kind2d", kind=arrays["kind"][:, None]): "field shapes",
+        variant("jstr", J=np.array(["x"] * len(arrays["J"]))): "field 'J' holds",
+        variant("coefbig", coef=coef): "overflowing parent coefficients",
+    }
+    for path, message in cases.items():
+        with pytest.raises(ValueError, match=message) as e:
+            hope_keras.Trajectory.load(path)
+        assert path in str(e.value)
+
+
+@pytest.mark.parametrize("value", ["0.5", True, 1.5, float("nan")])
+def test_replay_checks_its_budget_as_compress_does(value):
+    model = mlp(seed=7)
+    original = copy_model(model)
+    trajectory = hope_keras.compress(model, density=0.5, verbose=False).trajectory
+    before = _weights(original)
+    with pytest.raises(ValueError, match="density must be"):
+        trajectory.replay(original, density=value)
+    _assert_untouched(original, before)
+
+
+def test_recover_auto_verbosity_stays_quiet_when_output_is_not_a_terminal(capsys):
+    model, teacher = mlp(seed=8), mlp(seed=8)
+    x = np.random.default_rng(0).normal(size=(32, 6)).astype("float32")
+    hope_keras.recover(model, x, teacher=teacher, epochs=1, batch_size=16)
+    assert capsys.readouterr().out == ""
+    hope_keras.recover(model, x, teacher=teacher, epochs=1, batch_size=16, verbose=1)
+    assert "2/2" in capsys.readouterr().out  # a bar when asked for
+
+
+def test_slim_copies_a_lambda_layer_of_the_model_in_memory():
+    import keras
+
+    L = keras.layers
+    inputs = keras.Input((8,))
+    x = L.ReLU()(L.BatchNormalization()(L.Dense(6, name="fc0")(inputs)))
+    x = L.ReLU()(L.BatchNormalization()(L.Dense(6, name="fc1")(x)))  # pinned: → Lambda
+    x = L.Lambda(lambda t: t * 2.0)(x)
+    model = keras.Model(inputs, L.Dense(2)(x))
+    hope_keras.compress(model, density=0.5, verbose=False)
+    x = np.random.default_rng(0).normal(size=(4, 8)).astype("float32")
+    np.testing.assert_allclose(np.asarray(hope_keras.slim(model)(x)), np.asarray(model(x)),
+                               atol=1e-5)

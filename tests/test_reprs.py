@@ -58,3 +58,13 @@ def test_reprs_carry_the_numbers_a_user_looks_for(narrow_and_wide):
     assert f"params={r['Profile'].params}" in repr(r["Profile"])
     p = r["DeftPlan"]
     assert f"merges={len(p.merges)}" in repr(p) and f"head={p.head!r}" in repr(p)
+
+
+def test_demo_data_and_trajectory_read_as_a_user_expects(narrow_and_wide):
+    from hope_keras.data import load_demo_data
+
+    text = repr(load_demo_data())
+    assert text.startswith("DemoData(x_test=<float32 (2000, 28, 28, 1)>") and len(text) < 300
+    trajectory = narrow_and_wide[0]["CompressionResult"].trajectory
+    assert trajectory[0] == trajectory.steps[0] and trajectory[-1] == trajectory.steps[-1]
+    assert list(trajectory) == trajectory.steps and trajectory[:2] == trajectory.steps[:2]

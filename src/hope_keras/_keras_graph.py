@@ -145,6 +145,12 @@ def functional_of(model):
                 "`model.build(input_shape)`."
             )
         return functional
+    if not isinstance(model, keras.Model):
+        hint = (" Load a saved model first: keras.models.load_model(path)."
+                if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else "")
+        raise ValueError(
+            f"hope_keras needs a keras.Model (Functional or Sequential). Received: "
+            f"{type(model).__name__} {model!r:.80}.{hint}")
     if not hasattr(model, "_nodes_by_depth"):
         raise ValueError(
             "hope_keras needs a Functional or Sequential keras.Model; subclassed "
@@ -152,6 +158,19 @@ def functional_of(model):
             f"'{getattr(model, 'name', model)}'."
         )
     return model
+
+
+def trusted_deserialization():
+    """A context in which ``from_config`` may rebuild layers that Keras' safe mode
+    refuses (a `Lambda` of a Python function): `slim` and `calibrate` copy layers of a
+    model already in memory, not of an untrusted file."""
+    try:
+        from keras.src.saving.serialization_lib import SafeModeScope
+    except ImportError:  # pragma: no cover - a Keras without it has no safe mode here
+        import contextlib
+
+        return contextlib.nullcontext()
+    return SafeModeScope(False)
 
 
 def _is_submodel(op) -> bool:

@@ -180,9 +180,12 @@ class Analysis:
             )
             if g.note and show_notes:
                 out.write(f"{'':<4}{_short(g.note, w + 60)}\n")
+        # A coupled group's channel is written by several layers (a residual stream:
+        # every block's last convolution): the coverage counts layer outputs.
         out.write(f"{line}\nCompressible channels: {self.num_neurons} in "
-                  f"{len(self.groups)} groups; {100 * self.coverage():.1f}% of the "
-                  f"{self.graph.hidden_channels} hidden channels\n")
+                  f"{len(self.groups)} groups, written by layers that hold "
+                  f"{100 * self.coverage():.1f}% of the {self.graph.hidden_channels} hidden "
+                  f"channels (the outputs of every Dense/Conv layer but the model's)\n")
         if self.blocks:
             out.write(f"{line}\n{'Residual block':<{w}}{'evictable':>10}{'groups':>8}"
                       f"{'C_identity':>12}{'C_stream':>12}{'C_branch':>12}  conditioning BN\n"

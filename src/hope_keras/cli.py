@@ -335,6 +335,24 @@ def _parser():
     return p
 
 
+def _same_file(a, b) -> bool:
+    if not a or not b:
+        return False
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _check_distinct(parser, args) -> None:
+    """An output must not overwrite the input model or another output."""
+    model = getattr(args, "model", None)
+    if args.command in ("compress", "replay") and _same_file(args.out, model):
+        parser.error(f"--out '{args.out}' is the input model: it would be overwritten "
+                     "(the input is not changed); give another path")
+    if _same_file(args.out, getattr(args, "trajectory", None)) and args.command == "compress":
+        parser.error(f"--out and --trajectory are the same file '{args.out}'")
+
+
 def main(argv=None) -> int:
     """Entry point of `hope-keras`; returns the exit status."""
     parser = _parser()
@@ -347,7 +365,8 @@ def main(argv=None) -> int:
     if args.command == "export":
         _check_output(sub, "--out", args.out, (".tflite",))
     if getattr(args, "trajectory", None) and args.command == "compress":
-        _check_output(sub, "--trajectory", args.trajectory)
+        _check_output(sub, "--trajectory", args.trajectory, (".npz",))
+    _check_distinct(sub, args)
     _import_tensorflow_quietly()
     try:
         args.fn(args)

@@ -513,6 +513,7 @@ class Encoder:
         self._seq = 0
         self._block_version: Dict[str, int] = {}
         self._stale = False  # interrupted inside a step's bookkeeping: cannot continue
+        self._start_from_live_channels(model)
         self._push_all()
         self.trajectory = Trajectory({
             "model_name": model.name,
@@ -824,6 +825,43 @@ class Encoder:
         # Other blocks' eviction savings may share layers: not in practice.
         return step
 
+    def _start_from_live_channels(self, model) -> None:
+        """What an earlier compression removed (the channels and evicted blocks that
+        `slim` drops) starts removed: the densities, ratios and budgets of this run
+        count from the model as given, not from its dense shapes. Only groups with a
+        channel of zero capacity are read again (none in an uncompressed model)."""
+        from hope_keras.slim import live_channels
+
+        counter = self.sizes
+        touched = set()
+        for name, b in self.blocks.items():
+            rep = self.block_reports[name]
+            if b.evictable and rep.c_branch == 0.0 and name not in self.evicted:
+                self.evicted.add(name)
+                counter.evicted |= set(b.branch_layers)
+                touched |= set(b.branch_layers)
+                for g in b.groups:
+                    gs = self.groups[g]
+                    counter.remove(g, counter.live[g])
+                    touched |= counter.layers_of[g]
+                    self.active -= gs.n
+                    gs.frozen, gs.n = True, 0
+        for name, gs in self.groups.items():
+            if gs.frozen or not np.any(np.asarray(gs.cache.capacity)[gs.active] == 0.0):
+                continue
+            dead = gs.active & ~live_channels(model, self.graph.groups[name], self.graph)
+            if dead.all():  # a group the model does not use at all: left as it is
+                continue
+            for i in np.flatnonzero(dead):
+                gs.remove(int(i))
+                gs.cache.clear(int(i))
+            gs.C = max(gs.cache.layer_capacity(gs.active), costs.FLOOR)
+            counter.remove(name, int(dead.sum()))
+            touched |= counter.layers_of[name]
+            self.active -= int(dead.sum())
+        if touched:
+            counter.update(touched & set(counter.params_now))
+
     def _after_group_change(self, name: str) -> None:
         self._push_group(name)
         if name in self.block_of:
@@ -1057,12 +1095,15 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
     if density is not None and enc.active <= math.floor(density * enc.num_neurons + 1e-9):
         raise ValueError(
             f"The budget density={density} is already met: the model has "
-            f"{enc.active} compressible neurons (density 1.0). Nothing was changed."
+            f"{enc.active} live compressible neurons of {enc.num_neurons} (density "
+            f"{enc.active / enc.num_neurons:.4f}). Nothing was changed."
         )
     if params is not None and enc.sizes.params_ratio <= params:
-        raise ValueError(f"The budget params={params} is already met. Nothing was changed.")
+        raise ValueError(f"The budget params={params} is already met (parameter ratio "
+                         f"{enc.sizes.params_ratio:.4f}). Nothing was changed.")
     if flops is not None and enc.sizes.flops_ratio <= flops:
-        raise ValueError(f"The budget flops={flops} is already met. Nothing was changed.")
+        raise ValueError(f"The budget flops={flops} is already met (FLOPs ratio "
+                         f"{enc.sizes.flops_ratio:.4f}). Nothing was changed.")
     min_active, min_params, min_flops = enc.min_reachable()
     if density is not None and min_active > density * enc.num_neurons + 1e-9:
         raise ValueError(

@@ -301,7 +301,9 @@ class Profile:
                 p(f"  {label:<38} {fmt(v, key):>16}")
             return
         ref = self.reference
-        p(f"{'':<40} {ref.name[:16]:>16} {self.name[:16]:>16} {'ratio':>7}")
+        # The names in full on their own line: cut to a column they can read the same.
+        p(f"reference: {ref.name!r}  model: {self.name!r}")
+        p(f"{'':<40} {'reference':>16} {'model':>16} {'ratio':>7}")
         for label, key, v in self.rows():
             rv = (ref.latency.get(key) if key in METHODS else getattr(ref, key))
             rv = None if rv is None else (1e3 * rv if key in METHODS else rv)
@@ -363,6 +365,12 @@ def profile(model, reference=None, x=None, batch_size: int = 1,
     for m in methods:
         if m not in METHODS:
             raise ValueError(f"methods must be among {METHODS}. Received: methods={methods!r}")
+    for what, m in (("model", model), ("reference", reference)):
+        ok = isinstance(m, keras.Model) or _is_tflite(m)
+        if not ok and not (what == "reference" and m is None):
+            raise ValueError(f"{what} must be a keras.Model or a .tflite model (path or "
+                             "bytes). "
+                             f"Received: {what}={m!r:.80}")
     models = [model] + ([reference] if reference is not None else [])
     statics = [_static(m, None) for m in models]
     timings = [{} for _ in models]

@@ -468,7 +468,9 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
         teacher: The uncompressed model (load it again, or copy it before
             compressing). ``None``: labels only (data must be labelled).
         epochs: Epochs of distillation; 0 re-estimates the BN statistics only.
-        verbose: ``fit``'s verbosity (``"auto"``, 0, 1 or 2).
+        verbose: ``fit``'s verbosity (0, 1 or 2); ``"auto"`` (default): a progress
+            bar only when standard output is a terminal or a notebook, as
+            `compress`'s (Keras' ``"auto"`` would draw it into logs and pipes).
         temperature: The softening temperature ``T``.
         label_weight: Weight of the label term against the distillation term
             (weight 1). Default: 1 without a teacher, else 0.5 (labelled data).
@@ -551,6 +553,10 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             fit_kwargs.setdefault("shuffle", False)  # a dataset shuffles itself
         else:
             fit_kwargs.setdefault("batch_size", batch_size)
+        if verbose == "auto":  # the library's meaning: a bar only when interactive
+            from hope_keras.progress import interactive
+
+            verbose = 1 if interactive() else 0
         history = distiller.fit(**fit_data, epochs=epochs, verbose=verbose,
                                 steps_per_epoch=steps_per_epoch, **fit_kwargs)
         reestimate_bn()

@@ -282,7 +282,8 @@ def _slim_layer(layer, node, fg, keep):
         t_out is not None and keep(t_out) is not None)
     if changed and role in ("source", "reshape", "channelwise"):
         config = rule.slim_config(layer, config, _live(t_in, keep, fg), _live(t_out, keep, fg))
-    return rule.slim_class(layer, config).from_config(config)
+    with kg.trusted_deserialization():
+        return rule.slim_class(layer, config).from_config(config)
 
 
 def _copy_weights(old, new, node, keep) -> None:

@@ -109,6 +109,13 @@ class Trajectory:
     def __len__(self) -> int:
         return len(self.steps)
 
+    def __getitem__(self, index):
+        """``trajectory[k]``: the k-th `Step` (a slice: a list of steps)."""
+        return self.steps[index]
+
+    def __iter__(self):
+        return iter(self.steps)
+
     def __repr__(self) -> str:
         return (f"Trajectory(model={self.meta.get('model_name')!r}, "
                 f"steps={len(self.steps)})")
@@ -213,6 +220,9 @@ class Trajectory:
             raise ValueError(
                 f"'{path}' is not a readable hope_keras trajectory file ({why}). {hint}"
             ) from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"'{path}' is not a hope_keras trajectory: its metadata is a "
+                             f"{type(meta).__name__}, not a JSON object. {hint}")
         if meta.get("format") != FORMAT or meta.get("version") not in _READABLE_VERSIONS:
             raise ValueError(
                 f"'{path}' is not a hope_keras trajectory (format {meta.get('format')!r}, "
@@ -227,6 +237,20 @@ class Trajectory:
                 f"Trajectory file '{path}' is corrupt: missing fields {missing}, "
                 f"field lengths {lengths}."
             )
+        where = f"Trajectory file '{path}' is corrupt"
+        shapes = {k: arrays[k].shape for k in _FIELDS}
+        if any(len(shape) != (2 if k == "coef" else 1) for k, shape in shapes.items()) \
+                or shapes["coef"][1:] != (6,):
+            raise ValueError(f"{where}: field shapes {shapes} (one value per step; coef: "
+                             "six per step).")
+        for k in _FIELDS:
+            if k not in ("kind", "unit") and not np.issubdtype(arrays[k].dtype, np.number):
+                raise ValueError(f"{where}: field {k!r} holds {arrays[k].dtype} values, "
+                                 "not numbers.")
+        if not isinstance(meta.get("fingerprint"), str) or not isinstance(
+                meta.get("options", {}), dict):
+            raise ValueError(f"{where}: its fingerprint / options metadata is missing or "
+                             "malformed.")
         kinds = set(arrays["kind"].tolist())
         if not kinds <= {"prune", "merge", "evict"}:
             raise ValueError(f"Trajectory file '{path}' is corrupt: unknown kinds {kinds}.")
@@ -243,7 +267,6 @@ class Trajectory:
             )
             for k in range(lengths["kind"])
         ]
-        where = f"Trajectory file '{path}' is corrupt"
         try:
             groups = {str(name): int(size) for name, size in meta["groups"]}
             blocks = {str(b) for b in meta["blocks"]}
@@ -289,7 +312,10 @@ class Trajectory:
                 or the requested density/step is out of range.
         """
         from hope_keras import edit, graph as graph_lib
+        from hope_keras.engine import _fraction
 
+        density, params, flops = (_fraction(name, value) for name, value in (
+            ("density", density), ("params", params), ("flops", flops)))
         given = [k for k, v in (("density", density), ("step", step), ("params", params),
                                 ("flops", flops)) if v is not None]
         if len(given) != 1:
@@ -369,8 +395,11 @@ def _step_problem(s: Step, groups: dict, blocks: set) -> Optional[str]:
     if s.kind == "merge":
         if not 0 <= s.j < n or s.j == s.i:
             return f"has slot j={s.j} outside [0, {n}) or equal to i={s.i}"
-        if len(s.coef) != 6 or not np.all(np.isfinite(s.coef)):
-            return f"has non-finite parent coefficients {tuple(s.coef)}"
+        if len(s.coef) != 6:
+            return f"has {len(s.coef)} parent coefficients (expected 6)"
+        if not np.all(np.isfinite(s.coef)) or np.max(np.abs(s.coef)) >= 1e30:
+            # (the engine never records one of 1e30 or more: float32 would overflow)
+            return f"has non-finite or overflowing parent coefficients {tuple(s.coef)}"
     return None
 
 

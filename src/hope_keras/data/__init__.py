@@ -55,6 +55,10 @@ class DemoData(NamedTuple):
     x_calib: np.ndarray
     y_calib: np.ndarray
 
+    def __repr__(self) -> str:  # shapes, not the 1.6 million pixels
+        fields = ", ".join(f"{k}=<{v.dtype} {v.shape}>" for k, v in self._asdict().items())
+        return f"DemoData({fields})"
+
 
 def load_demo_model():
     """Loads a fresh copy of the bundled Fashion-MNIST CNN.
