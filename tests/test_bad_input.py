@@ -213,3 +213,50 @@ def test_slim_copies_a_lambda_layer_of_the_model_in_memory():
     x = np.random.default_rng(0).normal(size=(4, 8)).astype("float32")
     np.testing.assert_allclose(np.asarray(hope_keras.slim(model)(x)), np.asarray(model(x)),
                                atol=1e-5)
+
+
+def test_a_channels_first_convolution_is_listed_as_pinned():
+    import keras
+
+    L = keras.layers
+    inputs = keras.Input((3, 16, 16))
+    x = L.Conv2D(8, 3, data_format="channels_first", name="c1")(inputs)
+    x = L.ReLU()(L.BatchNormalization(axis=1)(x))
+    model = keras.Model(inputs, L.Dense(2, name="head")(L.Flatten()(x)))
+    pinned = {p.layer: p.reason for p in hope_keras.analyze(model, verbose=False).pinned}
+    assert "channels_first" in pinned["c1"]
+
+
+def test_cli_report_with_a_model_it_does_not_fit_writes_nothing(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from hope_keras import cli
+
+    model = mlp(seed=9)
+    trajectory = str(tmp_path / "run.npz")
+    hope_keras.compress(copy_model(model), density=0.5, verbose=False).trajectory.save(
+        trajectory)
+    other = str(tmp_path / "other.keras")
+    mlp(seed=10).save(other)
+    out = tmp_path / "report.png"
+    assert cli.main(["report", trajectory, "--out", str(out), "--model", other]) == 1
+    assert "fingerprint" in capsys.readouterr().err and not out.exists()
+
+
+def test_compress_refuses_a_negative_moving_variance_before_editing():
+    model = mlp(seed=11)
+    var = model.get_layer("fc0_bn").moving_variance
+    value = var.numpy()
+    value[0] = -1.0
+    var.assign(value)
+    before = _weights(model)
+    with pytest.raises(ValueError, match="'fc0_bn' has a negative moving variance.*"
+                                         "reestimate_batchnorm_statistics.*Nothing"):
+        hope_keras.compress(model, density=0.5, verbose=False)
+    _assert_untouched(model, before)
+
+
+def test_recover_explains_a_list_of_examples():
+    model, teacher = mlp(seed=12), mlp(seed=12)
+    images = [np.zeros(6, "float32") for _ in range(5)]
+    with pytest.raises(ValueError, match="list of 5 arrays.*has 1.*np.stack"):
+        hope_keras.recover(model, images, teacher=teacher, verbose=0)

@@ -171,14 +171,16 @@ def _report(args):
     from hope_keras.trajectory import Trajectory
 
     trajectory = Trajectory.load(args.trajectory)
+    model = None
+    if args.model:  # replayed first: a model the trajectory does not fit writes nothing
+        model = _load(args.model)
+        trajectory.replay(model, step=len(trajectory))
     plots.report(trajectory, args.out)
     if not args.quiet:
         print(f"Wrote {args.out}")
-    if args.model:
+    if model is not None:
         import hope_keras
 
-        model = _load(args.model)
-        trajectory.replay(model, step=len(trajectory))
         if not args.quiet:
             hope_keras.profile(hope_keras.slim(model), reference=model,
                                latency=args.latency).summary()
@@ -346,10 +348,11 @@ def _same_file(a, b) -> bool:
 def _check_distinct(parser, args) -> None:
     """An output must not overwrite the input model or another output."""
     model = getattr(args, "model", None)
-    if args.command in ("compress", "replay") and _same_file(args.out, model):
+    out = getattr(args, "out", None)
+    if args.command in ("compress", "replay") and _same_file(out, model):
         parser.error(f"--out '{args.out}' is the input model: it would be overwritten "
                      "(the input is not changed); give another path")
-    if _same_file(args.out, getattr(args, "trajectory", None)) and args.command == "compress":
+    if _same_file(out, getattr(args, "trajectory", None)) and args.command == "compress":
         parser.error(f"--out and --trajectory are the same file '{args.out}'")
 
 

@@ -26,6 +26,7 @@ from typing import Dict, Iterable, Optional
 import keras
 import numpy as np
 
+from hope_keras import _keras_graph as kg
 from hope_keras import bn_stats, costs
 from hope_keras import layers as layer_rules
 from hope_keras.analysis import Analysis, analyze
@@ -124,6 +125,15 @@ def _check_finite_weights(model) -> None:
             f"Model '{model.name}' has NaN/Inf weights: {shown}. Its outputs are not "
             "finite; fix or re-train those weights first (or reload them from a "
             "checkpoint). Nothing was changed.")
+    for layer in kg.flatten(model).layers.values():
+        if isinstance(layer, keras.layers.BatchNormalization):
+            var = np.asarray(layer.moving_variance.numpy(), dtype=np.float64)
+            if np.any(var + float(layer.epsilon) <= 0):
+                raise ValueError(
+                    f"BatchNormalization '{layer.name}' has a negative moving variance "
+                    f"(min {var.min():.4g}): its outputs are not finite. Re-estimate its "
+                    "statistics (hope_keras.reestimate_batchnorm_statistics). Nothing "
+                    "was changed.")
 
 
 class CompressionInterrupted(KeyboardInterrupt):

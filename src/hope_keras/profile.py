@@ -232,7 +232,7 @@ class Profile:
 
     def __repr__(self) -> str:  # the per-layer counts are in `summary(layers=True)`
         size = "" if self.size_bytes is None else f", size_bytes={self.size_bytes}"
-        latency = {m: round(s, 6) for m, s in self.latency.items()}
+        latency = {m: float(f"{s:.3g}") for m, s in self.latency.items()}  # seconds
         ref = "" if self.reference is None else f", reference={self.reference.name!r}"
         return (f"Profile(name={self.name!r}, params={self.params}, flops={self.flops}, "
                 f"layers={len(self.layers)}, latency={latency}{size}{ref})")

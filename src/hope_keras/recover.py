@@ -406,6 +406,12 @@ def _check_arrays(model, fit_data) -> None:
     x = fit_data["x"]
     if _is_dataset(x):
         return
+    if isinstance(x, (list, tuple)) and len(x) != len(model.inputs):
+        raise ValueError(
+            f"A list of {len(x)} arrays is read as the inputs of a model with "
+            f"{len(x)} inputs (Keras' convention); model '{model.name}' has "
+            f"{len(model.inputs)}. For a batch of examples pass one array, e.g. "
+            "np.stack(images). Nothing was changed.")
     for k, part in enumerate(keras.tree.flatten(x)):
         arr = np.asarray(part)
         if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(

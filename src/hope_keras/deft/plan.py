@@ -30,6 +30,7 @@ import dataclasses
 import io
 import json
 import math
+import numbers
 import os
 from typing import Dict, List, Optional, Tuple
 
@@ -73,8 +74,10 @@ def lock_threshold(j_prune, c_rem, percentile: float, eps: float = 1e-6):
     >>> lock_threshold([1e-9, 2e-9], [1.0, 1.0], 50)[0]   # τ_p, τ_sup < ε → 1
     1.0
     """
-    if not 0.0 <= float(percentile) <= 100.0:
-        raise ValueError(f"percentile must be in [0, 100]. Received: percentile={percentile}")
+    if isinstance(percentile, (bool, str)) or not isinstance(percentile, numbers.Real) \
+            or not 0.0 <= float(percentile) <= 100.0:
+        raise ValueError(f"percentile must be a number in [0, 100]. Received: "
+                         f"percentile={percentile!r}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0. Received: eps={eps}")
     j = np.asarray(j_prune, dtype=np.float64).ravel()
