@@ -468,9 +468,8 @@ class Encoder:
         self.model = model
         if analysis is None:
             analysis = analyze(model, kernel=kernel, verbose=verbose)
-            weights = analysis.fingerprint
         else:  # the run mutates the caches: keep the caller's analysis intact
-            weights = analysis.check(model)  # of this model, and not stale
+            analysis.check(model)  # of this model, and not stale
             analysis = dataclasses.replace(
                 analysis, caches={k: v.copy() for k, v in analysis.caches.items()})
         self.analysis = analysis
@@ -527,7 +526,7 @@ class Encoder:
         self._push_all()
         self.trajectory = Trajectory({
             "model_name": model.name,
-            "fingerprint": weights or fingerprint(model, self.graph),
+            "fingerprint": fingerprint(model, self.graph),
             "groups": [[n, g.size] for n, g in self.graph.groups.items()],
             "blocks": [b.name for b in self.graph.blocks],
             "block_groups": {b.name: list(b.groups) for b in self.graph.blocks},

@@ -59,9 +59,23 @@ class Step:
     flops_after: float = np.nan
 
 
-def fingerprint(model, graph) -> str:
+def _read_only(w) -> np.ndarray:
+    """A weight's values without a copy where TensorFlow allows it."""
+    value = getattr(w, "value", None)
+    try:
+        return np.asarray(value.value() if hasattr(value, "value") else w.numpy())
+    except (AttributeError, TypeError, ValueError):
+        return np.asarray(w.numpy())
+
+
+def fingerprint(model, graph, sample: Optional[int] = None) -> str:
     """sha256 of every weight HOPE reads (every coupled layer of every group, and
-    each block's branch end)."""
+    each block's branch end).
+
+    ``sample``: hash at most about this many evenly spaced values of each weight (and
+    its shape) instead of all of them: a cheap signature that any compression step
+    changes (a step rewrites a channel's BN parameters, which are hashed whole up to
+    that size), for `hope_keras.Analysis.check`; not a proof of identity."""
     names = []
     for g in graph.groups.values():
         names += [c.layer for c in g.couplings] if g.couplings else (
@@ -73,6 +87,11 @@ def fingerprint(model, graph) -> str:
     for name in sorted(set(names)):
         h.update(name.encode())
         for w in get(name).weights:
+            if sample is not None:
+                arr = _read_only(w).reshape(-1)
+                h.update(str(tuple(w.shape)).encode())
+                h.update(np.ascontiguousarray(arr[::max(1, arr.size // sample)]).view(np.uint8))
+                continue
             # Its bytes in place (any dtype), not a bytes copy of a large kernel.
             h.update(np.ascontiguousarray(w.numpy()).reshape(-1).view(np.uint8))
     return h.hexdigest()
