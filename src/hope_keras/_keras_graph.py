@@ -23,6 +23,7 @@ import dataclasses
 from typing import Callable, Dict, List, Optional, Tuple
 
 import keras
+import numpy as np
 
 __all__ = ["FlatGraph", "FlatNode", "flatten", "rebuild", "functional_of", "flat_name",
            "producer_layer_of", "input_layers_of", "inbound_count", "call_shapes",
@@ -158,6 +159,16 @@ def functional_of(model):
             f"'{getattr(model, 'name', model)}'."
         )
     return model
+
+
+def weight_view(variable) -> np.ndarray:
+    """A weight's values as numpy, without a copy where the backend allows it (on
+    TensorFlow a read-only view of the variable's buffer)."""
+    value = getattr(variable, "value", None)
+    try:
+        return np.asarray(value.value() if hasattr(value, "value") else variable.numpy())
+    except (AttributeError, TypeError, ValueError):
+        return np.asarray(keras.ops.convert_to_numpy(variable))
 
 
 def trusted_deserialization():

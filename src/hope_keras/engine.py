@@ -102,19 +102,16 @@ class CompressionResult:
         return profile(slim(self.model), reference=self.model, **kwargs)
 
 
-def _check_finite_weights(model) -> None:
+def _check_finite_weights(model, flat=None) -> None:
     """Raises ValueError, naming the variables, when any float weight of `model` is
-    NaN or infinite: its outputs are not finite, and an edit would only hide it."""
+    NaN or infinite, or a BN's moving variance negative: its outputs are not finite,
+    and an edit would only hide it. `flat`: the model's `FlatGraph`, if at hand."""
     bad = []
     for v in model.weights:
         if not np.issubdtype(np.dtype(keras.backend.standardize_dtype(v.dtype)),
                              np.floating):
             continue
-        value = getattr(v, "value", None)
-        try:  # TensorFlow: a read-only view, no copy of a wide kernel
-            arr = np.asarray(value.value() if hasattr(value, "value") else v.numpy())
-        except (AttributeError, TypeError, ValueError):
-            arr = np.asarray(keras.ops.convert_to_numpy(v))
+        arr = kg.weight_view(v)  # no copy of a wide kernel
         # A float64 sum of float32 values cannot overflow: not finite iff NaN/Inf.
         if not np.isfinite(np.sum(arr, dtype=np.float64)):
             bad.append(f"{v.path} ({int(arr.size - np.count_nonzero(np.isfinite(arr)))} "
@@ -125,7 +122,7 @@ def _check_finite_weights(model) -> None:
             f"Model '{model.name}' has NaN/Inf weights: {shown}. Its outputs are not "
             "finite; fix or re-train those weights first (or reload them from a "
             "checkpoint). Nothing was changed.")
-    for layer in kg.flatten(model).layers.values():
+    for layer in (flat or kg.flatten(model)).layers.values():
         if isinstance(layer, keras.layers.BatchNormalization):
             var = np.asarray(layer.moving_variance.numpy(), dtype=np.float64)
             if np.any(var + float(layer.epsilon) <= 0):
@@ -473,7 +470,7 @@ class Encoder:
             analysis = dataclasses.replace(
                 analysis, caches={k: v.copy() for k, v in analysis.caches.items()})
         self.analysis = analysis
-        _check_finite_weights(model)
+        _check_finite_weights(model, analysis.graph.flat)
         self.actions = set(actions)
         self.merge_scale = merge_scale
         self.refresh = refresh

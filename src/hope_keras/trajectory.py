@@ -59,15 +59,6 @@ class Step:
     flops_after: float = np.nan
 
 
-def _read_only(w) -> np.ndarray:
-    """A weight's values without a copy where TensorFlow allows it."""
-    value = getattr(w, "value", None)
-    try:
-        return np.asarray(value.value() if hasattr(value, "value") else w.numpy())
-    except (AttributeError, TypeError, ValueError):
-        return np.asarray(w.numpy())
-
-
 def fingerprint(model, graph, sample: Optional[int] = None) -> str:
     """sha256 of every weight HOPE reads (every coupled layer of every group, and
     each block's branch end).
@@ -88,7 +79,9 @@ def fingerprint(model, graph, sample: Optional[int] = None) -> str:
         h.update(name.encode())
         for w in get(name).weights:
             if sample is not None:
-                arr = _read_only(w).reshape(-1)
+                from hope_keras._keras_graph import weight_view
+
+                arr = weight_view(w).reshape(-1)
                 h.update(str(tuple(w.shape)).encode())
                 h.update(np.ascontiguousarray(arr[::max(1, arr.size // sample)]).view(np.uint8))
                 continue
