@@ -146,6 +146,18 @@ def _make_step(model, bns):
     return step
 
 
+def check_finite_statistics(names, means, m2s, what: str, tail: str) -> None:
+    """Raises ValueError naming the layers whose accumulated statistics (``means``,
+    ``m2s``, one pair per name) are not finite: NaN/Inf in the data."""
+    broken = [n for n, a, b in zip(names, means, m2s)
+              if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b)))]
+    if broken:
+        raise ValueError(
+            f"{what} {', '.join(broken[:5])}{', …' if len(broken) > 5 else ''} are not "
+            "finite: the data holds NaN/Inf values (or the model overflows on it). Clean "
+            f"the data first. {tail}")
+
+
 def reestimate_batchnorm_statistics(
     model, data, batches=None, batch_size=256, verbose=0
 ):
@@ -253,14 +265,9 @@ def reestimate_batchnorm_statistics(
     if seen == 0:
         raise ValueError("data yielded no batches.")
     # Checked before any layer is written: a NaN in the data would reach every BN.
-    broken = [bn.name for i, bn in enumerate(bns)
-              if not (np.all(np.isfinite(mean[i])) and np.all(np.isfinite(m2[i])))]
-    if broken:
-        raise ValueError(
-            f"The statistics measured for {len(broken)} BatchNormalization layer(s) "
-            f"({', '.join(broken[:5])}{', …' if len(broken) > 5 else ''}) are not "
-            "finite: the data holds NaN/Inf values (or the model overflows on it). "
-            "Clean the data first. Nothing was changed.")
+    check_finite_statistics([bn.name for bn in bns], mean, m2,
+                            "The statistics measured for the BatchNormalization layer(s)",
+                            "Nothing was changed.")
 
     result = {}
     for i, bn in enumerate(bns):

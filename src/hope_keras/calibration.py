@@ -248,14 +248,10 @@ def calibrate(model, data, batch_size: int = 256, batches: Optional[int] = None,
         seen += 1
     if seen == 0:
         raise ValueError("calibrate: data yielded no batches.")
-    broken = [p for k, p in enumerate(producers)
-              if not (np.all(np.isfinite(mean[k])) and np.all(np.isfinite(m2[k])))]
-    if broken:
-        raise ValueError(
-            f"calibrate: the statistics measured at {', '.join(broken[:5])}"
-            f"{', …' if len(broken) > 5 else ''} are not finite: the data holds NaN/Inf "
-            "values (or the model overflows on it). Clean the data first. The model "
-            "was not changed.")
+    from hope_keras.bn_stats import check_finite_statistics
+
+    check_finite_statistics(producers, mean, m2, "calibrate: the statistics measured at",
+                            "The model was not changed.")
     records: List[CalibratedLayer] = []
     for k, p in enumerate(producers):
         bn_name, relu_name = inserted[p]
