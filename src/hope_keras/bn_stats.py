@@ -148,7 +148,18 @@ def _make_step(model, bns):
 
 def check_finite_statistics(names, means, m2s, what: str, tail: str) -> None:
     """Raises ValueError naming the layers whose accumulated statistics (``means``,
-    ``m2s``, one pair per name) are not finite: NaN/Inf in the data."""
+    ``m2s``, one pair per name) are not finite: NaN/Inf in the data.
+
+    Example:
+
+    >>> import numpy as np
+    >>> check_finite_statistics(["bn"], [np.zeros(2)], [np.ones(2)], "Stats of", "")
+    >>> check_finite_statistics(["bn"], [np.array([np.nan])], [np.ones(1)], "Stats of",
+    ...                         "Nothing was changed.")
+    Traceback (most recent call last):
+    ...
+    ValueError: Stats of bn are not finite: the data holds NaN/Inf values (or the model overflows on it). Clean the data first. Nothing was changed.
+    """
     broken = [n for n, a, b in zip(names, means, m2s)
               if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b)))]
     if broken:
