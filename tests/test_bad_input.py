@@ -260,3 +260,28 @@ def test_recover_explains_a_list_of_examples():
     images = [np.zeros(6, "float32") for _ in range(5)]
     with pytest.raises(ValueError, match="list of 5 arrays.*has 1.*np.stack"):
         hope_keras.recover(model, images, teacher=teacher, verbose=0)
+
+
+def test_deft_and_export_arguments_found_by_the_probe(tmp_path):
+    import keras
+
+    from hope_keras import deft
+    from hope_keras.derivative_matching import sup_error
+
+    model = mlp(seed=13)
+    with pytest.raises(ValueError, match="'fc0' is not a head"):
+        deft.plan(model, head="fc0")
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\]"):
+        deft.ElasticOptimizer(keras.optimizers.SGD(0.1), elasticity={"fc0": -1.0})
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.1), elasticity={"fc0_typo": 0.0})
+    with pytest.raises(ValueError, match=r"\['fc0_typo'\] match no variable"):
+        opt.build(model.trainable_variables)
+    with pytest.raises(ValueError, match="path must end with .tflite"):
+        hope_keras.export_tflite(model, str(tmp_path / "small.keras"))
+    path = tmp_path / "SMALL.TFLITE"
+    hope_keras.export_tflite(model, str(path))
+    assert hope_keras.profile(str(path), latency=False).size_bytes == path.stat().st_size
+    tanh = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4, activation="tanh"),
+                             keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match="radius must be a positive number"):
+        sup_error(tanh, tanh, radius=-1.0)

@@ -38,8 +38,8 @@ def export_tflite(model, path: Optional[Union[str, os.PathLike]] = None,
 
     Args:
         model: A built Keras model (Functional, Sequential or subclassed).
-        path: Where to write the ``.tflite`` file (its folder must exist); ``None``:
-            nothing is written.
+        path: Where to write the ``.tflite`` file (its name must end with ``.tflite``,
+            its folder must exist); ``None``: nothing is written.
         quantize: ``None``: float32 weights and arithmetic; ``"dynamic"``:
             dynamic-range quantisation (weights int8, about 4× smaller; activations
             quantised on the fly where the kernel supports it).
@@ -64,6 +64,9 @@ def export_tflite(model, path: Optional[Union[str, os.PathLike]] = None,
     """
     if quantize not in QUANTIZE:
         raise ValueError(f"quantize must be one of {QUANTIZE}. Received: quantize={quantize!r}")
+    if path is not None and not os.fspath(path).lower().endswith(".tflite"):
+        raise ValueError(f"path must end with .tflite (a TFLite flatbuffer; save a Keras "
+                         f"model with model.save). Received: path={os.fspath(path)!r}")
     try:
         flatbuffer = _convert(model, quantize)
     except Exception as e:  # the converter raises many types; keep its message

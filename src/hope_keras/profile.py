@@ -134,7 +134,7 @@ def model_flops(model, per_layer: bool = False):
 # ---------------------------------------------------------------- latency
 def _is_tflite(model) -> bool:
     return isinstance(model, (bytes, bytearray)) or (
-        isinstance(model, (str, os.PathLike)) and os.fspath(model).endswith(".tflite"))
+        isinstance(model, (str, os.PathLike)) and os.fspath(model).lower().endswith(".tflite"))
 
 
 def _inputs_for(model, x, batch_size):

@@ -21,8 +21,9 @@ def _normalise_map(elasticity) -> Dict[str, object]:
             raise ValueError(
                 f"Elasticity of '{key}' must be a number or a 1-D list over the output "
                 f"channels. Received shape {arr.shape}.")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"Elasticity of '{key}' has NaN/Inf values.")
+        if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr > 1):
+            raise ValueError(f"Elasticity of '{key}' must be in [0, 1] (a gradient "
+                             f"multiplier). Received: {value!r}")
         out[str(key)] = float(arr) if arr.ndim == 0 else [float(x) for x in arr]
     return out
 
@@ -103,6 +104,9 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
                     f"{type(plan).__name__}")
         merged.update(elasticity or {})
         self.elasticity = _normalise_map(merged)
+        # Keys given by hand are checked against the variables at `build` (a typo
+        # would freeze nothing); a plan's map also names layers a new head replaces.
+        self._given_keys = set(_normalise_map(elasticity))
         self.default = float(default)
         self._scale_cache: Dict[str, object] = {}
 
@@ -151,6 +155,18 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
 
     # -------------------------------------------------------------- optimizer API
     def build(self, var_list):
+        # A key that names no variable would silently freeze nothing (a typo).
+        names = set()
+        for v in var_list:
+            parts = (getattr(v, "path", None) or getattr(v, "name", "")).split("/")
+            names |= {"/".join(parts)} | ({"/".join(parts[-2:]), parts[-2]}
+                                          if len(parts) >= 2 else set())
+        unknown = sorted(k for k in self._given_keys if k not in names)
+        if unknown:
+            raise ValueError(
+                f"Elasticity keys {unknown[:8]} match no variable being trained (keys are "
+                "layer names or 'layer/variable' paths, e.g. "
+                f"{sorted(names)[:3]}).")
         self.inner_optimizer.build(var_list)
         super().build(var_list)
 
@@ -205,4 +221,6 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(
             config.pop("inner_optimizer"), custom_objects=custom_objects)
-        return cls(inner, **config)
+        optimizer = cls(inner, **config)
+        optimizer._given_keys = set()  # a saved map (a plan's included) was checked
+        return optimizer

@@ -138,6 +138,17 @@ def feature_layer_of(model, head: str) -> str:
     node = fg.node_of(head)
     if len(node.inputs) != 1:
         raise ValueError(f"Head '{head}' has {len(node.inputs)} inputs; expected 1.")
+    # The head produces a model output, through weightless layers only (softmax…).
+    frontier, reached = [node], False
+    while frontier and not reached:
+        n = frontier.pop()
+        reached = any(fg.is_output(t) for t in n.outputs)
+        frontier += [c for c in fg.children(n) if not getattr(c.op, "weights", None)]
+    if not reached:
+        raise ValueError(
+            f"Layer '{head}' is not a head of model '{model.name}': its output reaches "
+            "no model output without passing other layers with weights. Pass the "
+            "layer that produces the output (head=None finds it for one output).")
     parent = fg.producer_node(node.inputs[0])
     return parent.key if parent is not None else "input"
 

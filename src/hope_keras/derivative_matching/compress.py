@@ -246,6 +246,9 @@ def sup_error(
     ```
     """
     d_in = int(teacher.inputs[0].shape[-1])
+    if points is None and not (isinstance(radius, (int, float, np.floating)) and radius > 0
+                               and np.isfinite(radius)):
+        raise ValueError(f"radius must be a positive number. Received: radius={radius!r}")
     x = sample_ball(samples, d_in, radius, center, seed) if points is None else np.asarray(points)
     dtype = teacher.inputs[0].dtype or "float32"
     worst = 0.0
