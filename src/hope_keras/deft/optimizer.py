@@ -208,6 +208,10 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
 
+    def __repr__(self) -> str:
+        return (f"ElasticOptimizer(inner={type(self.inner_optimizer).__name__}, "
+                f"elasticity={len(self.elasticity)} keys, default={self.default:g})")
+
     def get_config(self):
         return {
             "name": self.name,

@@ -148,9 +148,9 @@ def _resolve_hidden_activations(steps: Sequence[_Step], upto: int) -> List[Analy
 def _weights(steps: Sequence[_Step]):
     kernels, biases = [], []
     for s in steps:
-        k = keras.ops.convert_to_numpy(s.dense.kernel).astype(np.float64)
+        k = np.asarray(s.dense.kernel.numpy()).astype(np.float64)
         if s.dense.use_bias:
-            b = keras.ops.convert_to_numpy(s.dense.bias).astype(np.float64)
+            b = np.asarray(s.dense.bias.numpy()).astype(np.float64)
         else:
             b = np.zeros(k.shape[1])
         kernels.append(k)
@@ -362,6 +362,12 @@ class LayerReport:
     kept_indices: np.ndarray
     seconds: float
     compressed: bool = True
+
+    def __repr__(self) -> str:  # the kept indices' count, not the array
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["kept_indices"] = f"<{np.size(self.kept_indices)} indices>"
+        return "LayerReport(" + ", ".join(
+            f"{k}={v}" if k == "kept_indices" else f"{k}={v!r}" for k, v in fields.items()) + ")"
 
 
 @dataclasses.dataclass
