@@ -67,6 +67,8 @@ def fingerprint(model, graph, sample: Optional[int] = None) -> str:
     its shape) instead of all of them: a cheap signature that any compression step
     changes (a step rewrites a channel's BN parameters, which are hashed whole up to
     that size), for `hope_keras.Analysis.check`; not a proof of identity."""
+    from hope_keras._keras_graph import weight_view
+
     names = []
     for g in graph.groups.values():
         names += [c.layer for c in g.couplings] if g.couplings else (
@@ -79,8 +81,6 @@ def fingerprint(model, graph, sample: Optional[int] = None) -> str:
         h.update(name.encode())
         for w in get(name).weights:
             if sample is not None:
-                from hope_keras._keras_graph import weight_view
-
                 arr = weight_view(w).reshape(-1)
                 h.update(str(tuple(w.shape)).encode())
                 h.update(np.ascontiguousarray(arr[::max(1, arr.size // sample)]).view(np.uint8))
