@@ -8,7 +8,7 @@ import pytest
 
 import hope_keras
 from conftest import mlp, small_resnet
-from hope_keras import costs
+from hope_keras import candidates, costs
 from hope_keras.cache import build_group_cache
 from hope_keras.candidates import MergeTable
 from hope_keras.engine import Encoder
@@ -67,6 +67,43 @@ def test_bounded_scan_reproduces_the_exhaustive_trajectory(seed, cost, options):
         assert _steps(runs[k]) == ref
         for a, b in zip(runs[k].trajectory.steps, runs[None].trajectory.steps):
             np.testing.assert_array_equal(a.coef, b.coef)
+
+
+@pytest.mark.parametrize("cost,options", [("hope", {}), ("paper", {}),
+                                          ("hope", {"budget": "flops"}),
+                                          ("hope", {"kernel": "exact", "seed": 1}),
+                                          ("paper", {"merge_scale": "paper", "seed": 1})])
+def test_compact_dense_tables_reproduce_the_exhaustive_trajectory(monkeypatch, cost, options):
+    """Dense tables stored compact (float32 bounds and B, as groups wider than
+    `DENSE_FLOAT64_MAX` are): the pairs that could win are re-priced exactly, so the
+    trajectory is the exhaustive scan's bit for bit."""
+    options = dict(options)
+    seed = options.pop("seed", 0)
+    budget = {"flops": 0.3} if options.pop("budget", None) else {"density": 0.35}
+    runs, tables = {}, []
+    for k in (None, "auto"):
+        if k == "auto":
+            monkeypatch.setattr(candidates, "DENSE_FLOAT64_MAX", 0)
+            monkeypatch.setattr(candidates.MergeTable, "_fill_dense", _recording(
+                candidates.MergeTable._fill_dense, tables))
+        model = clustered_mlp(seed)
+        analysis = hope_keras.analyze(model, kernel=options.get("kernel", "approx"))
+        runs[k] = hope_keras.compress(model, cost=cost, verbose=False, merge_candidates=k,
+                                      analysis=analysis, **budget, **options)
+    assert tables and all(t.compact and t.lo.dtype == np.float32 and t.kc is None
+                          for t in tables)
+    ref = _steps(runs[None])
+    assert sum(s[0] == "merge" for s in ref) >= 5
+    assert _steps(runs["auto"]) == ref
+    for a, b in zip(runs["auto"].trajectory.steps, runs[None].trajectory.steps):
+        np.testing.assert_array_equal(a.coef, b.coef)
+
+
+def _recording(fill, tables):
+    def wrapped(self, ok):
+        fill(self, ok)
+        tables.append(self)
+    return wrapped
 
 
 def test_bounded_scan_on_a_residual_net_matches_the_exhaustive_one():

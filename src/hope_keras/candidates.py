@@ -114,6 +114,13 @@ ORIENTED = True
 # filling 2048 rows of an 8192-wide group took 0.89 s against 1.06 s with 2M-pair
 # chunks and 1.43 s with 32k-pair ones.
 FILL_PAIRS = 1 << 19
+# Dense tables wider than this are compact: the residual's bound (rounded down) and
+# ``B`` (rounded to nearest) in float32, 9 bytes a pair against 33 (a 4096-wide group:
+# 144 MB against 528 MB); the pairs that could be selected are re-priced exactly
+# (`MergeTable._rank_compact`), so the selection is the same.
+DENSE_FLOAT64_MAX = 1024
+# Relative error of a float32 ``B`` (rounding to nearest: 2**-24), with a margin.
+_F32_REL = 2.0 ** -22
 
 
 def _nonzero2(mask):
@@ -756,21 +763,39 @@ class MergeTable:
     # ------------------------------------------------------------ dense tables
     def _fill_dense(self, ok) -> None:
         """Dense table: every pair's lower bound of the residual (`_distance`, Gram
-        entries only); exact values are computed when a pair first matters."""
+        entries only); exact values are computed when a pair first matters. Wider
+        than `DENSE_FLOAT64_MAX`: compact (float32 bounds and ``B``, no ``K(i,j)``,
+        ``⟨u_i, u_j⟩``)."""
         n = self.n
+        self.compact = n > DENSE_FLOAT64_MAX
         cols = np.arange(n)
-        self.lo = np.empty((n, n))  # the residual's lower bound, or its value once exact
-        for start in range(0, n, CHUNK_ROWS):
-            rr = np.arange(start, min(n, start + CHUNK_ROWS))
+        # The residual's lower bound, or its value once exact (compact: rounded down).
+        self.lo = np.empty((n, n), dtype=np.float32 if self.compact else np.float64)
+        self.rowlo = np.full(n, np.inf)  # per row, a lower bound of `lo` over live partners
+        step = min(CHUNK_ROWS, max(1, FILL_PAIRS // max(n, 1)))  # temporaries ≤ 4 MB
+        for start in range(0, n, step):
+            rr = np.arange(start, min(n, start + step))
             _, kc, gu = self.cache.pair_grid(rr)
-            self.lo[rr] = self._distance_from(rr[:, None], cols[None, :], kc, gu)
-        self.lo[cols, cols] = np.inf
-        self.B, self.kc, self.gu = np.zeros((n, n)), np.zeros((n, n)), np.zeros((n, n))
+            D = self._stored(self._distance_from(rr[:, None], cols[None, :], kc, gu))
+            D[np.arange(rr.size), rr] = np.inf
+            self.lo[rr] = D
+            self.rowlo[rr] = np.where(ok[None, :], D, np.inf).min(axis=1)
+        self.rowlo[~ok] = np.inf
+        if self.compact:
+            self.B, self.kc, self.gu = np.zeros((n, n), dtype=np.float32), None, None
+        else:
+            self.B, self.kc, self.gu = np.zeros((n, n)), np.zeros((n, n)), np.zeros((n, n))
         self.exact = np.zeros((n, n), dtype=bool)
-        # Per row, a lower bound of `lo` over its live partners (stays one as they die).
-        self.rowlo = np.where(ok, np.where(ok[None, :], self.lo, np.inf).min(axis=1), np.inf)
         self._ok_seen = ok.copy()
         self._hint = (np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp))
+
+    def _stored(self, R):
+        """`R` (float64 bounds or residuals) as `lo` holds it: compact tables round
+        down to float32, so an entry stays a lower bound."""
+        if not self.compact:
+            return R
+        R32 = np.asarray(R, dtype=np.float32)
+        return np.where(R32 > R, np.nextafter(R32, np.float32(-np.inf)), R32)
 
     def _price_exact(self, r, l) -> None:
         """Computes the exact values of pairs (r, l) (each unordered pair once) and
@@ -779,10 +804,51 @@ class MergeTable:
         key = sorted_unique(a.astype(np.int64) * self.n + b)
         a, b = key // self.n, key % self.n
         B, kc, gu = self._values(a, b)
-        R = self._residual(a, b, B, kc * gu)
+        R = self._stored(self._residual(a, b, B, kc * gu))
         for x, y in ((a, b), (b, a)):
-            self.B[x, y], self.kc[x, y], self.gu[x, y], self.lo[x, y] = B, kc, gu, R
+            if self.compact:
+                self.B[x, y], self.lo[x, y] = B, R
+            else:
+                self.B[x, y], self.kc[x, y], self.gu[x, y], self.lo[x, y] = B, kc, gu, R
             self.exact[x, y] = True
+
+    def _price_held(self, r, l, C, price):
+        """DR and J of exactly priced pairs (r, l): from the stored values, or,
+        compact, priced again (the same values: `_values` is deterministic)."""
+        if self.compact:
+            B, kc, gu = self._values(r, l)
+            return self._price(r, l, B, kc, gu, C, price)
+        return self._price(r, l, self.B[r, l], self.kc[r, l], self.gu[r, l], C, price)
+
+    def _rank_compact(self, r, l, C, price):
+        """A compact table's exactly priced pairs (r, l) that could be the best:
+        ``(dr, J, ii, jj)`` of those re-priced exactly, every pair whose lower bound
+        of DR (from the float32 ``R`` and ``B``: DR grows with ``R`` and shrinks with
+        ``B`` for both built-in costs) is at most the best exact DR among them."""
+        n = self.n
+        key = sorted_unique(np.minimum(r, l).astype(np.int64) * n + np.maximum(r, l))
+        a, b = key // n, key % n
+        R = np.maximum(self.lo[a, b].astype(np.float64) * (1.0 - 1e-9), 0.0)
+        B = self.B[a, b].astype(np.float64)
+        B_lo, B_hi = B - np.abs(B) * _F32_REL, B + np.abs(B) * _F32_REL
+        # ‖f_i + f_j‖² = E + B² for the sum residual: a lower bound (the paper's cost
+        # does not read it).
+        B2 = np.where((B_lo <= 0.0) & (B_hi >= 0.0), 0.0, np.minimum(B_lo ** 2, B_hi ** 2))
+        cap = self.cache.capacity
+        A = cap[a] ** 2 + cap[b] ** 2
+        nss = (R + B2) * (1.0 - 1e-12)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            lower = price(A, B_hi, C - cap[a] - cap[b], nss, self.p_init[b])[1]
+        lower = np.where(np.isnan(lower), -np.inf, lower)
+        order = np.argsort(lower, kind="stable")
+        best, out, pos, m = np.inf, [], 0, HINTS
+        while pos < order.size and lower[order[pos]] <= best:
+            take = order[pos:pos + m]
+            pos, m = pos + take.size, 2 * m
+            dr, J = self._price(a[take], b[take], *self._values(a[take], b[take]), C, price)
+            out.append((dr, J, a[take], b[take]))
+            best = min(best, float(np.nanmin(dr, initial=np.inf)))
+        return tuple(np.concatenate(x) for x in zip(*out))
 
     def _dense_on_merge(self, i: int, ok: np.ndarray) -> None:
         """Slot `i` holds a merged parent: its pairs' bounds anew, none exact."""
@@ -790,7 +856,7 @@ class MergeTable:
         cols = cols[cols != i]
         D = np.full(self.n, np.inf)
         if cols.size:
-            D[cols] = self._distance(np.full(cols.size, i), cols)[0]
+            D[cols] = self._stored(self._distance(np.full(cols.size, i), cols)[0])
         self.lo[i, :] = D
         self.lo[:, i] = D
         self.exact[i, :] = False
@@ -824,8 +890,7 @@ class MergeTable:
         live = ok[hi] & ok[hj] & self.exact[hi, hj]
         if live.any():
             hi, hj = hi[live], hj[live]
-            dr = self._price(hi, hj, self.B[hi, hj], self.kc[hi, hj], self.gu[hi, hj], C,
-                             price)[0]
+            dr = self._price_held(hi, hj, C, price)[0]
             best = min(best, float(np.min(dr)))
         while not best < np.inf:
             # Nothing to compare with: the pair of smallest bound, priced exactly.
@@ -841,8 +906,7 @@ class MergeTable:
             r, l = np.array([r0]), np.array([l0])
             if not self.exact[r0, l0]:
                 self._price_exact(r, l)
-            best = float(self._price(r, l, self.B[r, l], self.kc[r, l], self.gu[r, l],
-                                     C, price)[0][0])
+            best = float(self._price_held(r, l, C, price)[0][0])
             if not best < np.inf:
                 return None
         cut = self._r_cut(best, f, t)
@@ -862,8 +926,11 @@ class MergeTable:
         r, l = r[keep], l[keep]
         if not r.size:
             return None
-        dr, J = self._price(r, l, self.B[r, l], self.kc[r, l], self.gu[r, l], C, price)
-        ii, jj = np.minimum(r, l), np.maximum(r, l)
+        if self.compact:
+            dr, J, ii, jj = self._rank_compact(r, l, C, price)
+        else:
+            dr, J = self._price(r, l, self.B[r, l], self.kc[r, l], self.gu[r, l], C, price)
+            ii, jj = np.minimum(r, l), np.maximum(r, l)
         finite = np.isfinite(dr)
         if not finite.any():
             return None
