@@ -341,9 +341,32 @@ class _GroupState:
         self.C_init = self.C
         self.frozen = False
         self.mergeable = bool(getattr(cache, "mergeable", False))
-        self.table: Optional[MergeTable] = None  # set by the Encoder when merges run
+        self._table: Optional[MergeTable] = None  # set by the Encoder when merges run
+        self._make_table = None  # or built at first use (`defer_table`)
         self.free_prunes = True  # False when prunes are off: negligible neurons merge
         self.version = 0
+
+    @property
+    def table(self) -> Optional[MergeTable]:
+        """The group's merge table (None: the group does not merge)."""
+        if self._make_table is not None:
+            self._table, self._make_table = self._make_table(), None
+        return self._table
+
+    @table.setter
+    def table(self, table: Optional[MergeTable]) -> None:
+        self._table, self._make_table = table, None
+
+    @property
+    def merges(self) -> bool:
+        return self._table is not None or self._make_table is not None
+
+    def defer_table(self, make) -> None:
+        """The table is built by ``make()`` when first read: a dense table (n × n,
+        up to 144 MB) is not built for a group whose neurons are all pruned for free
+        first, or never reach a merge. Only for tables whose selection does not
+        depend on when they were built (the certified dense ones)."""
+        self._table, self._make_table = None, make
 
     def pair_ok(self) -> np.ndarray:
         """Which neurons can merge now: active, non-zero input vector, and capacity
@@ -491,7 +514,7 @@ class Encoder:
             for gs in self.groups.values():
                 gs.free_prunes = "prune" in self.actions
                 if gs.mergeable:
-                    gs.table = self._merge_table(gs)
+                    self._set_table(gs)
         self.block_of = {g: b for g, b in self.graph.block_of_group().items()
                          if b in self.blocks}
         self.evicted: set = set()
@@ -586,13 +609,23 @@ class Encoder:
                               np.asarray(float(dp)), np.asarray(float(df)), self.budget,
                               readers)
 
+    def _dense(self, gs: "_GroupState") -> bool:
+        return (self._dense_pairs and self.merge_search == "certified"
+                and gs.cache.size <= DENSE_PAIRS_MAX and not isinstance(gs.cache, SketchCache))
+
     def _merge_table(self, gs: "_GroupState") -> MergeTable:
         k = self.merge_candidates
-        dense = (self._dense_pairs and gs.cache.size <= DENSE_PAIRS_MAX
-                 and not isinstance(gs.cache, SketchCache))
         return MergeTable(gs.cache, k, self._bound, gs.p_init, gs.pair_ok(),
                           preselect=32 if k is None else max(2 * k, 32),
-                          certify=self.merge_search == "certified", dense=dense)
+                          certify=self.merge_search == "certified", dense=self._dense(gs))
+
+    def _set_table(self, gs: "_GroupState") -> None:
+        """A new merge table for `gs`: dense ones (the exhaustive scan's selection
+        whenever they are built) at first use, others now."""
+        if self._dense(gs):
+            gs.defer_table(functools.partial(self._merge_table, gs))
+        else:
+            gs.table = self._merge_table(gs)
 
     def best_group_action(self, name: str) -> Optional[Action]:
         """The group's cheapest prune or merge under the run's cost, or None."""
@@ -892,8 +925,8 @@ class Encoder:
             gs.cache = build_group_cache(state, kernel=self.kernel)
         for j in np.flatnonzero(~gs.active):
             gs.cache.clear(int(j))
-        if gs.table is not None:
-            gs.table = self._merge_table(gs)
+        if gs.merges:
+            self._set_table(gs)
         gs.C = max(gs.cache.layer_capacity(gs.active), costs.FLOOR)
         self._push_group(name)
         if name in self.block_of:
