@@ -60,7 +60,9 @@ those whose exact residual is; a merge resets the parent's row and column to bou
 No pair is priced twice while its neurons stand, which the k-partner rows cannot
 promise: where many pairs cost nearly the same, their rescans re-price the pairs they
 dropped (ResNet-50 @224 to density 0.5: 12.5 s with 16 partners, 4.7 s dense, the same
-trajectory).
+trajectory). Tables wider than `DENSE_FLOAT64_MAX` are compact: the bound and ``B``
+in float32 (9 bytes a pair); the pairs that pass the bound are re-priced exactly,
+cheapest bound of their cost first, until none could beat the best (same selection).
 
 ``certify=False`` (the engine's ``merge_search="top_k"``) drops the certificate for
 speed: every row is filled up front with its ``k`` partners of smallest residual
