@@ -285,3 +285,21 @@ def test_deft_and_export_arguments_found_by_the_probe(tmp_path):
                              keras.layers.Dense(1)])
     with pytest.raises(ValueError, match="radius must be a positive number"):
         sup_error(tanh, tanh, radius=-1.0)
+
+
+def test_deft_trainer_refuses_source_data_it_cannot_score_before_training():
+    """`source_val` without a retention scored NaN silently (a probe found it)."""
+    import keras
+
+    from hope_keras import deft
+
+    model = mlp(seed=14)
+    trainer = deft.Trainer(model, keras.optimizers.SGD(0.1))
+    x = np.random.default_rng(0).normal(size=(8,) + model.input_shape[1:]).astype("float32")
+    y = np.zeros(8, dtype="int64")
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError, match="retention=None"):
+        trainer.fit((x, y), epochs=1, source_val=(x, y))
+    with pytest.raises(ValueError, match="retention=None"):
+        trainer.evaluate(source_val=(x, y))
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))

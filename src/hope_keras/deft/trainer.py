@@ -146,6 +146,7 @@ class Trainer:
     # -------------------------------------------------------------------- fit
     def evaluate(self, target_val=None, source_val=None) -> dict:
         """Target accuracy, source retention and H-score of the current weights."""
+        self._check_source_val(source_val)
         t = accuracy(self.model, *target_val) if target_val is not None else float("nan")
         s = float("nan")
         if self.retention is not None:
@@ -155,6 +156,14 @@ class Trainer:
                 s = self.retention.evaluate(self.model)
         h = h_score(t, s) if np.isfinite(s) and np.isfinite(t) else float("nan")
         return {"target_acc": t, "source_acc": s, "h_score": h}
+
+    def _check_source_val(self, source_val) -> None:
+        if source_val is not None and self.retention is None:
+            raise ValueError(
+                "source_val is scored through the trainer's retention (the source "
+                "head and BN statistics), and this Trainer has none: pass "
+                "retention=deft.SourceRetention(model) when building it, or drop "
+                "source_val. Received: source_val given, retention=None.")
 
     def fit(self, train, epochs: int, batch_size: int = 16, target_val=None,
             source_val=None, shuffle: bool = True, seed: int = 0,
@@ -179,6 +188,7 @@ class Trainer:
         """
         if epochs < 1:
             raise ValueError(f"epochs must be ≥ 1. Received: epochs={epochs}")
+        self._check_source_val(source_val)
         ds = self.distribute(train, batch_size, shuffle=shuffle, seed=seed)
         key = self.monitor if (self.monitor == "target_acc" or self.retention) \
             else "target_acc"
