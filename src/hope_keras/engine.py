@@ -825,9 +825,7 @@ class Encoder:
                  set(counter.evicted) if evict else None)
         try:
             if evict:
-                counter.evicted |= set(self.blocks[unit].branch_layers)
-                for g in self.blocks[unit].groups:
-                    counter.remove(g, counter.live[g])
+                self._count_eviction(unit)
             else:
                 counter.remove(unit, self.active - active_after)
             counter.update(touched)
@@ -857,13 +855,25 @@ class Encoder:
             self.editor.evict(unit)
             step = self._record(action, c_before, 0.0, self.active - removed,
                                 (np.nan,) * 6, list(b.groups), evict=True)
-        self.evicted.add(unit)
-        for g in b.groups:
-            self.groups[g].frozen = True
-            self.groups[g].n = 0
-            self.groups[g].version += 1
+        self._freeze_evicted(unit)
         # Other blocks' eviction savings may share layers: not in practice.
         return step
+
+    def _count_eviction(self, name: str) -> None:
+        """The size counter's side of evicting block `name`: its branch layers and
+        every live channel of its groups go."""
+        counter = self.sizes
+        counter.evicted |= set(self.blocks[name].branch_layers)
+        for g in self.blocks[name].groups:
+            counter.remove(g, counter.live[g])
+
+    def _freeze_evicted(self, name: str) -> None:
+        """The engine's side: block `name` is evicted, its groups frozen and empty."""
+        self.evicted.add(name)
+        for g in self.blocks[name].groups:
+            gs = self.groups[g]
+            gs.frozen, gs.n = True, 0
+            gs.version += 1
 
     def _start_from_live_channels(self, model) -> None:
         """What an earlier compression removed (the channels and evicted blocks that
@@ -877,15 +887,10 @@ class Encoder:
         for name, b in self.blocks.items():
             rep = self.block_reports[name]
             if b.evictable and rep.c_branch == 0.0 and name not in self.evicted:
-                self.evicted.add(name)
-                counter.evicted |= set(b.branch_layers)
-                touched |= set(b.branch_layers)
-                for g in b.groups:
-                    gs = self.groups[g]
-                    counter.remove(g, counter.live[g])
-                    touched |= counter.layers_of[g]
-                    self.active -= gs.n
-                    gs.frozen, gs.n = True, 0
+                touched |= set(b.branch_layers).union(*(counter.layers_of[g] for g in b.groups))
+                self.active -= sum(self.groups[g].n for g in b.groups)
+                self._count_eviction(name)
+                self._freeze_evicted(name)
         for name, gs in self.groups.items():
             if gs.frozen or not np.any(np.asarray(gs.cache.capacity)[gs.active] == 0.0):
                 continue
