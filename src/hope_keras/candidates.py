@@ -827,9 +827,8 @@ class MergeTable:
         ``(dr, J, ii, jj)`` of those re-priced exactly, every pair whose lower bound
         of DR (from the float32 ``R`` and ``B``: DR grows with ``R`` and shrinks with
         ``B`` for both built-in costs) is at most the best exact DR among them."""
-        n = self.n
-        key = sorted_unique(np.minimum(r, l).astype(np.int64) * n + np.maximum(r, l))
-        a, b = key // n, key % n
+        # A pair may come twice (from both its rows): priced twice, picked once.
+        a, b = np.minimum(r, l), np.maximum(r, l)
         R = np.maximum(self.lo[a, b].astype(np.float64) * (1.0 - 1e-9), 0.0)
         B = self.B[a, b].astype(np.float64)
         B_lo, B_hi = B - np.abs(B) * _F32_REL, B + np.abs(B) * _F32_REL
@@ -842,14 +841,19 @@ class MergeTable:
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             lower = price(A, B_hi, C - cap[a] - cap[b], nss, self.p_init[b])[1]
         lower = np.where(np.isnan(lower), -np.inf, lower)
-        order = np.argsort(lower, kind="stable")
-        best, out, pos, m = np.inf, [], 0, HINTS
-        while pos < order.size and lower[order[pos]] <= best:
-            take = order[pos:pos + m]
-            pos, m = pos + take.size, 2 * m
-            dr, J = self._price(a[take], b[take], *self._values(a[take], b[take]), C, price)
-            out.append((dr, J, a[take], b[take]))
-            best = min(best, float(np.nanmin(dr, initial=np.inf)))
+        # The HINTS smallest bounds priced first give a best; then every pair whose
+        # bound is at most that best (the final best can only be lower).
+        first = (np.argpartition(lower, HINTS - 1)[:HINTS] if lower.size > HINTS
+                 else np.arange(lower.size))
+        dr, J = self._price(a[first], b[first], *self._values(a[first], b[first]), C, price)
+        best = float(np.nanmin(dr, initial=np.inf))
+        more = lower <= best
+        more[first] = False
+        rest = np.flatnonzero(more)
+        out = [(dr, J, a[first], b[first])]
+        if rest.size:
+            dr, J = self._price(a[rest], b[rest], *self._values(a[rest], b[rest]), C, price)
+            out.append((dr, J, a[rest], b[rest]))
         return tuple(np.concatenate(x) for x in zip(*out))
 
     def _dense_on_merge(self, i: int, ok: np.ndarray) -> None:
@@ -917,7 +921,8 @@ class MergeTable:
         # The live columns only (np.take twice: a third of the time of copying whole
         # rows and masking the dead columns).
         sub = np.take(np.take(self.lo, rows, axis=0), cols, axis=1)
-        pr, pc = _nonzero2(sub <= cut[rows, None])
+        # x ≤ cut ⇔ x ≤ cut rounded down, for float32 x (no float64 copy of `sub`).
+        pr, pc = _nonzero2(sub <= self._stored(cut[rows])[:, None])
         r, l = rows[pr], cols[pc]
         new = ~self.exact[r, l]
         if new.any():
