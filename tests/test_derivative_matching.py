@@ -363,7 +363,12 @@ def test_error_decreases_with_order():
     model = _mlp([64, 64], ["sigmoid", "sigmoid"], d_in=2, d_out=1, kernel_scale=1.0)
     errs = []
     for k in range(0, 8):
-        student, _ = dm.compress_mlp(model, order=k)
+        if k == 0:  # the value at the center only: one neuron a layer, with a warning
+            with pytest.warns(UserWarning, match="keeps a single neuron"):
+                student, report = dm.compress_mlp(model, order=k)
+            assert [l.kept_width for l in report.layers] == [1, 1]
+        else:
+            student, _ = dm.compress_mlp(model, order=k)
         errs.append(dm.sup_error(model, student, radius=1.0, samples=3000))
     errs = np.array(errs)
     assert np.all(errs[2:] < errs[:-2]), errs

@@ -616,6 +616,12 @@ def compress_mlp(
         for o in orders:
             if int(o) != o or o < 0:
                 raise ValueError(f"order must be a non-negative integer. Received: order={order!r}")
+        if any(int(o) == 0 for o in orders):
+            warnings.warn(
+                "order=0 matches the teacher's value at the center only: each layer "
+                "compressed with it keeps a single neuron (D_0 = 1), whatever its width. "
+                f"Use order ≥ 1 for a useful student. Received: order={order!r}",
+                stacklevel=2)
         layer_order = dict(zip(todo, [int(o) for o in orders]))
     else:
         if not target_error > 0:
