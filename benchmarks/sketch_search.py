@@ -10,7 +10,7 @@ through `calibrate`, as in `quality.py`; no stream readers' correction, so that 
 searches are compared alone).
 
 Run: .venv/bin/python benchmarks/sketch_search.py [--model lenet300] [--width 64]
-[--searches certified top_k] [--candidates 16 32] [--unoriented]
+[--searches certified top_k] [--candidates auto 16 32] [--unoriented]
 [--refine-batch 8]
 """
 
@@ -32,8 +32,11 @@ def main():
     p.add_argument("--width", type=int, default=64,
                    help="groups of this many neurons or more are sketched")
     p.add_argument("--searches", nargs="*", default=["certified", "top_k"])
-    p.add_argument("--candidates", nargs="*", type=int, default=[16],
-                   help="merge_candidates (partners per row) for each search")
+    p.add_argument("--candidates", nargs="*", type=lambda v: v if v == "auto" else int(v),
+                   default=["auto"],
+                   help="merge_candidates for each search: 'auto' (the default's: dense "
+                        "pair tables up to engine.DENSE_PAIRS_MAX neurons for the "
+                        "certified search, 16 partners otherwise) or partners per row")
     p.add_argument("--densities", nargs="*", type=float,
                    default=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2])
     p.add_argument("--refine-batch", type=int, default=None,
@@ -69,7 +72,8 @@ def main():
                                 merge_candidates=k, correct_statistics=False, verbose=False)
             pred = np.argmax(model0.predict(x, batch_size=500, verbose=0), axis=1)
             row.append(100.0 * float(np.mean(pred == y)))
-        print(f"| {search}, {k} partners | " + " | ".join(f"{a:.1f}" for a in row)
+        label = "merge_candidates='auto'" if k == "auto" else f"{k} partners"
+        print(f"| {search}, {label} | " + " | ".join(f"{a:.1f}" for a in row)
               + f" | {time.perf_counter() - t:.1f} |", flush=True)
     model0.set_weights(weights)
     keras.backend.clear_session()
