@@ -34,9 +34,9 @@ def main():
     p.add_argument("--searches", nargs="*", default=["certified", "top_k"])
     p.add_argument("--candidates", nargs="*", type=lambda v: v if v == "auto" else int(v),
                    default=["auto"],
-                   help="merge_candidates for each search: 'auto' (the default's: dense "
-                        "pair tables up to engine.DENSE_PAIRS_MAX neurons for the "
-                        "certified search, 16 partners otherwise) or partners per row")
+                   help="merge_candidates for each search: 'auto' (the library's "
+                        "default; sketched groups get 16 partners per row) or partners "
+                        "per row")
     p.add_argument("--densities", nargs="*", type=float,
                    default=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2])
     p.add_argument("--refine-batch", type=int, default=None,

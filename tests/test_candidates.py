@@ -106,6 +106,39 @@ def _recording(fill, tables):
     return wrapped
 
 
+def test_dense_tables_are_built_when_a_merge_is_first_priced():
+    """A group whose neurons are first pruned for free (dead ones) holds no dense
+    table (n × n) until a merge is priced; the trajectory is the one of tables
+    built up front (the certified selection does not depend on when)."""
+    def dead_first():
+        model = clustered_mlp(4)
+        bn = model.get_layer("fc1_bn")
+        gamma, beta = bn.gamma.numpy(), bn.beta.numpy()
+        gamma[:6], beta[:6] = 1e-3, -10.0  # six neurons whose ReLU is never on
+        bn.gamma.assign(gamma)
+        bn.beta.assign(beta)
+        return model
+
+    enc = Encoder(dead_first())
+    gs = enc.groups["fc1"]
+    assert gs.merges and gs._table is None and enc.groups["fc0"]._table is not None
+    kinds = []
+    while gs._table is None:
+        action = enc.next_action()
+        kinds.append((action.kind, action.unit))
+        enc.execute(action)
+    assert kinds.count(("prune", "fc1")) == 6
+    ref = Encoder(dead_first())
+    ref.groups["fc1"].table  # built now, before any step
+    for e in (enc, ref):
+        e.run(density=0.4, verbose=False)
+    assert _steps_of(ref) == _steps_of(enc)
+
+
+def _steps_of(enc):
+    return [(s.kind, s.unit, s.i, s.j, s.J, s.DR) for s in enc.trajectory.steps]
+
+
 def test_bounded_scan_on_a_residual_net_matches_the_exhaustive_one():
     runs = [hope_keras.compress(small_resnet(seed=3), density=0.4, verbose=False,
                                 merge_candidates=k) for k in (None, 2, "auto")]
