@@ -92,7 +92,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from hope_keras import costs, kernels
-from hope_keras.cache import sorted_unique
+from hope_keras.cache import SketchCache, sorted_unique
 
 # Rows per chunk for (rows × n) temporaries.
 CHUNK_ROWS = 256
@@ -271,6 +271,8 @@ class MergeTable:
         self.clock = 0
         self._exact = _ExactStore()  # pairs re-priced from exact entries (sketches)
         self._ok = None  # the live mask of the last selection
+        # Pair values are estimates, re-priced exactly by the engine (sketched caches).
+        self._estimates = isinstance(cache, SketchCache)
         self._last = None  # its rows priced: (rows, DR, partner)
         self.fill_all(ok)
 
@@ -756,6 +758,16 @@ class MergeTable:
         store.put(ii.astype(np.int64) * self.n + jj,
                   np.stack([self.stamp[ii], self.stamp[jj]], axis=1),
                   np.stack([B, kc, gu], axis=1))
+        if self.dense:  # the pairs' entries, both ways; a row's bound may go down
+            R = self._stored(R)
+            for x, y in ((ii, jj), (jj, ii)):
+                if self.compact:
+                    self.B[x, y], self.lo[x, y] = B, R
+                else:
+                    self.B[x, y], self.kc[x, y], self.gu[x, y], self.lo[x, y] = B, kc, gu, R
+                self.exact[x, y] = True
+                np.minimum.at(self.rowlo, x, R)
+            return
         rows, part = np.concatenate([ii, jj]), np.concatenate([jj, ii])
         pr, pc = _nonzero2(self.cand[rows] == part[:, None])
         r, q = rows[pr], pr % ii.size
@@ -947,6 +959,10 @@ class MergeTable:
         k = tie[np.lexsort((jj[tie], ii[tie]))[0]] if tie.size > 1 else tie[0]
         top = np.argpartition(dr, HINTS - 1)[:HINTS] if dr.size > HINTS else np.arange(dr.size)
         self._hint = ii[top], jj[top]
+        if self._estimates:  # the pairs `leading_pairs` offers for exact re-pricing
+            lead = (np.argpartition(dr, 4 * HINTS - 1)[:4 * HINTS] if dr.size > 4 * HINTS
+                    else np.arange(dr.size))
+            self._last = (ii[lead], dr[lead], jj[lead])
         if not dr[k] < cutoff:
             return None
         return float(dr[k]), float(J[k]), int(ii[k]), int(jj[k])

@@ -611,7 +611,7 @@ class Encoder:
 
     def _dense(self, gs: "_GroupState") -> bool:
         return (self._dense_pairs and self.merge_search == "certified"
-                and gs.cache.size <= DENSE_PAIRS_MAX and not isinstance(gs.cache, SketchCache))
+                and gs.cache.size <= DENSE_PAIRS_MAX)
 
     def _merge_table(self, gs: "_GroupState") -> MergeTable:
         k = self.merge_candidates
