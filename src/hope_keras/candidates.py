@@ -759,14 +759,9 @@ class MergeTable:
                   np.stack([self.stamp[ii], self.stamp[jj]], axis=1),
                   np.stack([B, kc, gu], axis=1))
         if self.dense:  # the pairs' entries, both ways; a row's bound may go down
-            R = self._stored(R)
-            for x, y in ((ii, jj), (jj, ii)):
-                if self.compact:
-                    self.B[x, y], self.lo[x, y] = B, R
-                else:
-                    self.B[x, y], self.kc[x, y], self.gu[x, y], self.lo[x, y] = B, kc, gu, R
-                self.exact[x, y] = True
-                np.minimum.at(self.rowlo, x, R)
+            R = self._store_dense(ii, jj, B, kc, gu, R)
+            np.minimum.at(self.rowlo, ii, R)
+            np.minimum.at(self.rowlo, jj, R)
             return
         rows, part = np.concatenate([ii, jj]), np.concatenate([jj, ii])
         pr, pc = _nonzero2(self.cand[rows] == part[:, None])
@@ -818,13 +813,19 @@ class MergeTable:
         key = sorted_unique(a.astype(np.int64) * self.n + b)
         a, b = key // self.n, key % self.n
         B, kc, gu = self._values(a, b)
-        R = self._stored(self._residual(a, b, B, kc * gu))
+        self._store_dense(a, b, B, kc, gu, self._residual(a, b, B, kc * gu))
+
+    def _store_dense(self, a, b, B, kc, gu, R):
+        """Writes exact values of the distinct pairs (a, b) both ways; returns `R` as
+        stored."""
+        R = self._stored(R)
         for x, y in ((a, b), (b, a)):
             if self.compact:
                 self.B[x, y], self.lo[x, y] = B, R
             else:
                 self.B[x, y], self.kc[x, y], self.gu[x, y], self.lo[x, y] = B, kc, gu, R
             self.exact[x, y] = True
+        return R
 
     def _price_held(self, r, l, C, price):
         """DR and J of exactly priced pairs (r, l): from the stored values, or,
