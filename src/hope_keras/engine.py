@@ -365,7 +365,9 @@ class _GroupState:
         """The table is built by ``make()`` when first read: a dense table (n × n,
         up to 144 MB) is not built for a group whose neurons are all pruned for free
         first, or never reach a merge. Only for tables whose selection does not
-        depend on when they were built (the certified dense ones)."""
+        depend on when they were built: the dense ones, which price every pair
+        from the cache as it is, and of which nothing is re-priced before their
+        first selection."""
         self._table, self._make_table = None, make
 
     def pair_ok(self) -> np.ndarray:
@@ -620,8 +622,8 @@ class Encoder:
                           certify=self.merge_search == "certified", dense=self._dense(gs))
 
     def _set_table(self, gs: "_GroupState") -> None:
-        """A new merge table for `gs`: dense ones (the exhaustive scan's selection
-        whenever they are built) at first use, others now."""
+        """A new merge table for `gs`: dense ones (the same selection whenever they
+        are built) at first use, others now."""
         if self._dense(gs):
             gs.defer_table(functools.partial(self._merge_table, gs))
         else:
