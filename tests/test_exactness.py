@@ -321,3 +321,63 @@ def test_engine_eviction_equals_the_shortcut_only_model():
                                  correct_statistics=False)
     assert [(s.kind, s.unit) for s in result.trajectory.steps] == [("evict", "b1_add")]
     np.testing.assert_allclose(np.asarray(model(x)), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_editor_column_cache_equals_the_mirror_through_every_kind_of_write():
+    """`ModelEditor.columns` (the cached producer-kernel columns the engine reads for
+    sketched groups) returns the mirror's current columns after prunes and merges in
+    the group (columns written), in its neighbours (Conv2D kernels' input rows, a
+    Dense kernel's rows), an interrupted step (undone) and a commit, with so few
+    slots that columns are evicted and read again."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6, 6, 3))
+    x = inputs
+    for k in range(2):
+        x = L.Conv2D(10, 3, padding="same", name=f"conv{k}")(x)
+        x = L.ReLU()(L.BatchNormalization(name=f"conv{k}_bn")(x))
+    x = L.Flatten()(x)
+    x = L.Dense(8, name="fc")(x)
+    x = L.ReLU()(L.BatchNormalization(name="fc_bn")(x))
+    model = keras.Model(inputs, L.Dense(3, name="head")(x))
+    randomize_bn(model, seed=0)
+    graph = hope_keras.walk(model)
+    editor = ModelEditor(model, graph)
+    kernels = ["conv0", "conv1", "fc", "head"]
+    for name in kernels:
+        editor.cache_columns(name, "kernel", slots=3)
+    rng = np.random.default_rng(0)
+    live = {g: list(range(graph.groups[g].size)) for g in ("conv0", "conv1", "fc")}
+
+    def check():
+        for name in kernels:
+            arr = editor.array(name, "kernel")
+            cols = rng.integers(0, arr.shape[-1], size=rng.integers(1, 5))
+            ref = arr.reshape(-1, arr.shape[-1])[:, cols].T
+            np.testing.assert_array_equal(editor.columns(name, "kernel", cols), ref)
+
+    check()
+    for step in range(18):
+        g = rng.choice([g for g in live if len(live[g]) > 2])
+        i, j = rng.choice(live[g], size=2, replace=False)
+        with editor.step():
+            if step % 3 == 0:
+                editor.prune(g, int(j))
+            else:
+                editor.merge(g, int(i), int(j), ParentCoefficients(
+                    *rng.uniform(0.5, 1.5, size=4), gamma=1.2, beta=0.1))
+        live[g].remove(int(j))
+        check()
+        if step == 10:  # an interrupted step: its writes are undone
+            with pytest.raises(RuntimeError):
+                with editor.step():
+                    editor.prune("conv1", live["conv1"][0])
+                    editor.prune("fc", live["fc"][0])
+                    raise RuntimeError("interrupted")
+            check()
+    editor.commit()
+    check()
+    for name in kernels:  # the variables now hold the edits
+        kernel = model.get_layer(name).kernel.numpy()
+        np.testing.assert_array_equal(editor.columns(name, "kernel", [2, 0]),
+                                      kernel.reshape(-1, kernel.shape[-1])[:, [2, 0]].T)
+    assert sum(editor._columns[k].hits for k in editor._columns) > 0

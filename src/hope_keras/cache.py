@@ -277,15 +277,17 @@ class GroupCache:
         from whole Gram rows (matrix products for sketched caches): the pairs
         `pair_values` gives without ``B``."""
         rows = np.asarray(rows, dtype=np.intp)
-        cols = np.arange(self.size) if cols is None else np.asarray(cols, dtype=np.intp)
+        # cols=None reaches gram_rows: every column without a copy of them.
+        picked = None if cols is None else np.asarray(cols, dtype=np.intp)
+        cols = np.arange(self.size) if cols is None else picked
         a, b = rows[:, None], cols[None, :]
-        rho = self._rho(a, b, self.gram_rows("w", rows, cols))
+        rho = self._rho(a, b, self.gram_rows("w", rows, picked))
         if self.kernel == "exact":
             g, be = self.gamma, self.beta
             kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
         else:
             kc = kernels.cross_kernel_approx(rho, self.k_self[a], self.k_self[b])
-        return rho, kc, self.gram_rows("u", rows, cols)
+        return rho, kc, self.gram_rows("u", rows, picked)
 
     def _pair_rows(self, rows: np.ndarray):
         """ρ̃, K(i,j) and B for pairs (rows × all neurons), each row first."""
@@ -629,7 +631,7 @@ def sorted_unique(keys):
     return keys
 
 
-def extract_rows(array, get, group, rows, dtype=np.float64):
+def extract_rows(array, get, group, rows, dtype=np.float64, columns=None):
     """Rows of a ``"neurons"`` group's folded vectors, read from the current weights.
 
     Args:
@@ -639,6 +641,9 @@ def extract_rows(array, get, group, rows, dtype=np.float64):
         group: The `hope_keras.graph.NeuronGroup`.
         rows: Neuron indices.
         dtype: Of ``w_eff`` and ``u``.
+        columns: ``columns(layer_name, attr, rows)``: the producer kernel's columns
+            `rows` as rows (`hope_keras.edit.ModelEditor.columns`, which caches
+            them); None: gathered from `array`.
 
     Returns:
         ``(w_eff, b_eff, u)`` rows, as `hope_keras.neurons.extract_group` computes
@@ -650,9 +655,11 @@ def extract_rows(array, get, group, rows, dtype=np.float64):
     n = kernel.shape[-1]
     contiguous = rows.size and rows[-1] - rows[0] == rows.size - 1 and np.all(np.diff(rows) == 1)
     flat = kernel.reshape(-1, n)
-    # np.take, not flat[:, rows]: the same columns, about 3× faster on a wide kernel.
-    w_raw = (flat[:, int(rows[0]):int(rows[-1]) + 1] if contiguous
-             else np.take(flat, rows, axis=1)).T.astype(dtype)
+    if columns is not None:
+        w_raw = columns(group.producer, "kernel", rows).astype(dtype)
+    else:  # np.take, not flat[:, rows]: the same columns, about 3× faster on a wide kernel
+        w_raw = (flat[:, int(rows[0]):int(rows[-1]) + 1] if contiguous
+                 else np.take(flat, rows, axis=1)).T.astype(dtype)
     has_bias = getattr(producer, "use_bias", False) and getattr(producer, "bias", None) is not None
     bias = array(group.producer, "bias")[rows].astype(np.float64) if has_bias else 0.0
     gamma = array(group.bn, "gamma")[rows].astype(np.float64) if bn.scale else 1.0

@@ -169,6 +169,100 @@ def _axis_index(ndim: int, axis: int, idx) -> tuple:
     return tuple(index)
 
 
+class _ColumnCache:
+    """Recently read columns (last axis) of one mirror array, transposed: a
+    neuron's input weights are a strided column of its producer's kernel, and a
+    wide group's exact re-pricing reads the same few columns step after step
+    (8192 × 8192 kernel: 0.05 ms a column gathered, ~20 a step). The editor keeps
+    the copies equal to the mirror through its writes (`written`): a column written
+    is dropped, rows written are copied in again, anything else clears the cache.
+
+    Args:
+        shape: The array's shape.
+        slots: How many columns are kept (least recently read ones go first).
+    """
+
+    def __init__(self, shape, slots: int):
+        self.shape = tuple(shape)
+        self.n = int(self.shape[-1])
+        self.rows = int(np.prod(self.shape[:-1], dtype=np.int64))
+        self.slots = int(slots)
+        self.data = None  # (slots, rows), allocated at first use
+        self.owner = np.full(self.slots, -1, dtype=np.int64)
+        self.slot_of = np.full(self.n, -1, dtype=np.int64)
+        self.used = np.zeros(self.slots, dtype=np.int64)
+        self.clock = 0
+        self.hits = self.misses = 0
+
+    def clear(self) -> None:
+        self.owner[:] = -1
+        self.slot_of[:] = -1
+        self.used[:] = 0
+
+    def get(self, arr: np.ndarray, cols) -> np.ndarray:
+        """``arr.reshape(-1, n)[:, cols].T`` (a new array, the array's dtype)."""
+        cols = np.asarray(cols, dtype=np.intp).ravel()
+        keys = np.unique(cols)
+        at = self.slot_of[keys]
+        hit = at >= 0
+        self.clock += 1
+        self.used[at[hit]] = self.clock
+        out = np.empty((keys.size, self.rows), dtype=arr.dtype)
+        out[hit] = self.data[at[hit]] if hit.any() else 0
+        miss = keys[~hit]
+        self.hits += int(hit.sum())
+        self.misses += int(miss.size)
+        if miss.size:
+            # np.take, not flat[:, miss]: the same columns, about 3× faster.
+            fresh = np.take(arr.reshape(self.rows, self.n), miss, axis=1).T
+            out[~hit] = fresh
+            k = min(miss.size, self.slots - int(hit.sum()))
+            if k > 0:
+                if self.data is None:
+                    self.data = np.empty((self.slots, self.rows), dtype=arr.dtype)
+                # The k least recently read slots (this read's hits are the latest).
+                victims = np.argpartition(self.used, k - 1)[:k]
+                old = self.owner[victims]
+                self.slot_of[old[old >= 0]] = -1
+                self.owner[victims] = miss[:k]
+                self.slot_of[miss[:k]] = victims
+                self.data[victims] = fresh[:k]
+                self.used[victims] = self.clock
+        return out[np.searchsorted(keys, cols)]
+
+    def written(self, arr: np.ndarray, index) -> None:
+        """`arr[index]` was just written: keep the copies equal to it."""
+        if self.data is None or not (self.owner >= 0).any():
+            return
+        ndim = len(self.shape)
+        if isinstance(index, tuple) and len(index) == 2 and index[0] is Ellipsis:
+            index = (slice(None),) * (ndim - 1) + (index[1],)
+        full = slice(None)
+        if not (isinstance(index, tuple) and len(index) == ndim):
+            self.clear()
+        elif all(isinstance(x, slice) and x == full for x in index[:-1]):
+            if isinstance(index[-1], slice):
+                self.clear()
+            else:
+                self._drop(index[-1])  # whole columns
+        elif isinstance(index[-1], slice) and index[-1] == full:  # whole rows
+            rows = np.arange(self.rows).reshape(self.shape[:-1])[index[:-1]].ravel()
+            live = np.flatnonzero(self.owner >= 0)
+            flat = arr.reshape(self.rows, self.n)
+            self.data[live[:, None], rows[None, :]] = flat[rows[:, None],
+                                                           self.owner[live][None, :]].T
+        else:
+            self.clear()
+
+    def _drop(self, cols) -> None:
+        at = self.slot_of[np.asarray(cols, dtype=np.intp)]
+        at = np.atleast_1d(at)
+        at = at[at >= 0]
+        self.slot_of[self.owner[at]] = -1
+        self.owner[at] = -1
+        self.used[at] = 0
+
+
 class ModelEditor:
     """Edits a model's weights in place: prune, merge and evict.
 
@@ -207,6 +301,7 @@ class ModelEditor:
         self._undo: List = None
         self._blocks = {b.name: b for b in graph.blocks}
         self._plans: Dict[Coupling, list] = {}
+        self._columns: Dict[Tuple[str, str], _ColumnCache] = {}
         # Cached lookups (a step must not cost O(number of layers)); nested layers too.
         if graph.flat is not None:
             self._layers = dict(graph.flat.layers)
@@ -230,12 +325,33 @@ class ModelEditor:
             self._arrays[key] = arr
         return self._arrays[key]
 
+    def cache_columns(self, layer: str, attr: str, slots: int) -> None:
+        """Keeps up to `slots` recently read columns of ``layer.attr`` (`columns`)."""
+        key = (layer, attr)
+        if key not in self._columns:
+            shape = getattr(self.layer(layer), attr).shape
+            self._columns[key] = _ColumnCache(shape, slots)
+
+    def columns(self, layer: str, attr: str, cols) -> np.ndarray:
+        """``array(layer, attr).reshape(-1, n)[:, cols].T``: the current values of
+        the columns (last axis) `cols`, one row each, from the column cache where
+        `cache_columns` set one up."""
+        arr = self.array(layer, attr)
+        cache = self._columns.get((layer, attr))
+        if cache is None:
+            flat = arr.reshape(-1, arr.shape[-1])
+            return np.take(flat, np.asarray(cols, dtype=np.intp).ravel(), axis=1).T
+        return cache.get(arr, cols)
+
     def _write(self, layer: str, attr: str, index, values) -> None:
         arr = self.array(layer, attr)
         if self._undo is not None:
             self._undo.append((arr, index, np.array(arr[index])))
         arr[index] = values
         self._dirty.add((layer, attr))
+        cache = self._columns.get((layer, attr))
+        if cache is not None:
+            cache.written(arr, index)
 
     def mirror_model(self) -> _MirrorModel:
         """A read-only model view over the current mirror (for re-extraction)."""
@@ -250,6 +366,8 @@ class ModelEditor:
         except BaseException:
             for arr, index, old in reversed(self._undo):
                 arr[index] = old
+            for cache in self._columns.values():  # they may hold undone values
+                cache.clear()
             raise
         finally:
             self._undo = None
@@ -297,6 +415,8 @@ class ModelEditor:
                     # demand, so the previous values kept for a rollback take the
                     # mirror's place instead of adding to it (an 8192-wide MLP: 1 GB).
                     del self._arrays[key]
+                    if key in self._columns:
+                        self._columns[key].clear()
             except BaseException:
                 for var, before, key in reversed(written):
                     if key not in self._arrays:  # the editor keeps its edits
@@ -457,7 +577,8 @@ class ModelEditor:
 
         def folded(c):
             s = (gam[c] if gam is not None else 1.0) / np.sqrt(var[c] + bn.epsilon)
-            w = s * kernel[..., c].astype(np.float64)
+            w = s * self.columns(g.producer, "kernel", c).reshape(kernel.shape[:-1]).astype(
+                np.float64)
             b = (bet[c] if bet is not None else 0.0) - s * (
                 mean[c] - (bias[c] if bias is not None else 0.0)
             )

@@ -52,6 +52,9 @@ DENSE_PAIRS_MAX = 4096
 #: Sketched groups (`hope_keras.cache.SketchCache`): pairs re-priced from exact Gram
 #: entries per selection (the selected one and the next cheapest rows' pairs).
 REFINE_BATCH = 8
+# Columns of a sketched group's producer kernel the editor keeps (`ModelEditor.
+# cache_columns`): exact re-pricing reads the same neurons' weights step after step.
+COLUMN_SLOTS = 1024
 
 #: Capacity, relative to the layer's initial capacity, below which a neuron only
 #: prunes (`_GroupState.pair_ok`).
@@ -538,8 +541,7 @@ class Encoder:
                                   moments=a.moments)
         for name, gs in self.groups.items():
             if isinstance(gs.cache, SketchCache):  # exact entries for executed merges
-                gs.cache.source = functools.partial(extract_rows, self.editor.array,
-                                                    self.editor.layer, self.graph.groups[name])
+                gs.cache.source = self._exact_source(name)
         self._neighbors = self._neighbor_map() if refresh == "neighbors" else {}
         self._heap: list = []
         self._seq = 0
@@ -916,6 +918,14 @@ class Encoder:
         for nb in self._neighbors.get(name, ()):
             self._rebuild(nb)
 
+    def _exact_source(self, name: str):
+        """A sketched group's reader of exact rows (`SketchCache.source`): the
+        producer kernel's columns through the editor's column cache."""
+        group = self.graph.groups[name]
+        self.editor.cache_columns(group.producer, "kernel", COLUMN_SLOTS)
+        return functools.partial(extract_rows, self.editor.array, self.editor.layer, group,
+                                 columns=self.editor.columns)
+
     def _rebuild(self, name: str) -> None:
         """refresh="neighbors": re-extract a group from the edited weights."""
         gs = self.groups[name]
@@ -925,8 +935,7 @@ class Encoder:
         if isinstance(gs.cache, SketchCache):
             gs.cache = build_sketch_cache(self.editor.mirror_model().get_layer, group,
                                           kernel=self.kernel)[0]
-            gs.cache.source = functools.partial(extract_rows, self.editor.array,
-                                                self.editor.layer, group)
+            gs.cache.source = self._exact_source(name)
         else:
             state = extract_group(self.editor.mirror_model(), group)
             gs.cache = build_group_cache(state, kernel=self.kernel)
