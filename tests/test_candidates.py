@@ -720,3 +720,27 @@ def test_exact_store_matches_a_dict(monkeypatch):
             if want:
                 np.testing.assert_array_equal(g, ref[x][1])
     assert store.size == len(ref)
+
+
+@pytest.mark.parametrize("sketched", [False, True])
+def test_a_parents_bound_row_equals_the_pairwise_bounds(monkeypatch, sketched):
+    """`MergeTable._distance_row` (one Gram row against every neuron, what a merged
+    parent's row is built from) gives `_distance` of the same pairs: bit for bit from
+    an exact cache; from a sketched one to float32 rounding (a matrix product, where
+    a few pairs are summed pair by pair, in another order)."""
+    from hope_keras import cache as cache_lib
+
+    if sketched:
+        monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+    enc = Encoder(clustered_mlp(2), merge_search="top_k")
+    for gs in enc.groups.values():
+        assert isinstance(gs.cache, cache_lib.SketchCache) == sketched
+        n = gs.cache.size
+        for i in (0, n // 2, n - 1):
+            cols = np.flatnonzero(np.arange(n) != i)[::-1]
+            for x, y in zip(gs.table._distance(np.full(cols.size, i), cols),
+                            gs.table._distance_row(i, cols)):
+                if sketched:
+                    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7 * np.abs(y).max())
+                else:
+                    np.testing.assert_array_equal(x, y)

@@ -54,7 +54,7 @@ DENSE_PAIRS_MAX = 4096
 REFINE_BATCH = 8
 # Columns of a sketched group's producer kernel the editor keeps (`ModelEditor.
 # cache_columns`): exact re-pricing reads the same neurons' weights step after step.
-COLUMN_SLOTS = 1024
+COLUMN_SLOTS = 512
 
 #: Capacity, relative to the layer's initial capacity, below which a neuron only
 #: prunes (`_GroupState.pair_ok`).
