@@ -216,31 +216,47 @@ class _ColumnCache:
             # np.take, not flat[:, miss]: the same columns, about 3× faster.
             fresh = np.take(arr.reshape(self.rows, self.n), miss, axis=1).T
             out[~hit] = fresh
-            k = min(miss.size, self.slots - int(hit.sum()))
-            if k > 0:
-                if self.data is None:
-                    self.data = np.empty((self.slots, self.rows), dtype=arr.dtype)
-                # The k least recently read slots (this read's hits are the latest).
-                victims = np.argpartition(self.used, k - 1)[:k]
-                old = self.owner[victims]
-                self.slot_of[old[old >= 0]] = -1
-                self.owner[victims] = miss[:k]
-                self.slot_of[miss[:k]] = victims
-                self.data[victims] = fresh[:k]
-                self.used[victims] = self.clock
+            self._insert(miss, fresh, self.slots - int(hit.sum()))
         return out[np.searchsorted(keys, cols)]
 
-    def written(self, arr: np.ndarray, index) -> None:
-        """`arr[index]` was just written: keep the copies equal to it."""
-        if self.data is None or not (self.owner >= 0).any():
+    def _insert(self, cols, vectors, room: int) -> None:
+        """Keeps columns `cols` (distinct, not cached), at most `room` of them, in
+        the least recently read slots."""
+        k = min(cols.size, room, self.slots)
+        if k <= 0:
             return
+        if self.data is None:
+            self.data = np.empty((self.slots, self.rows), dtype=vectors.dtype)
+        # The k least recently read slots (the current read's hits are the latest).
+        victims = np.argpartition(self.used, k - 1)[:k]
+        old = self.owner[victims]
+        self.slot_of[old[old >= 0]] = -1
+        self.owner[victims] = cols[:k]
+        self.slot_of[cols[:k]] = victims
+        self.data[victims] = vectors[:k]
+        self.used[victims] = self.clock
+
+    def written(self, arr: np.ndarray, index, values) -> None:
+        """`arr[index] = values` was just done: keep the copies equal to `arr`."""
         ndim = len(self.shape)
         if isinstance(index, tuple) and len(index) == 2 and index[0] is Ellipsis:
             index = (slice(None),) * (ndim - 1) + (index[1],)
         full = slice(None)
+        column = (isinstance(index, tuple) and len(index) == ndim
+                  and all(isinstance(x, slice) and x == full for x in index[:-1]))
+        if column and isinstance(index[-1], (int, np.integer)) and np.size(values) == self.rows:
+            # One column written whole (a merged parent's filter): kept as written,
+            # for its next reads (the array's dtype, as the assignment cast it).
+            self._drop(index[-1])
+            self.clock += 1
+            self._insert(np.array([int(index[-1])]),
+                         np.asarray(values, dtype=arr.dtype).reshape(1, self.rows), 1)
+            return
+        if self.data is None or not (self.owner >= 0).any():
+            return
         if not (isinstance(index, tuple) and len(index) == ndim):
             self.clear()
-        elif all(isinstance(x, slice) and x == full for x in index[:-1]):
+        elif column:
             if isinstance(index[-1], slice):
                 self.clear()
             else:
@@ -351,7 +367,7 @@ class ModelEditor:
         self._dirty.add((layer, attr))
         cache = self._columns.get((layer, attr))
         if cache is not None:
-            cache.written(arr, index)
+            cache.written(arr, index, values)
 
     def mirror_model(self) -> _MirrorModel:
         """A read-only model view over the current mirror (for re-extraction)."""
