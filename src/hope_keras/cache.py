@@ -562,7 +562,8 @@ class SketchCache(GroupCache):
             kc = kernels.cross_kernel_approx(rho, self.k_self[a], self.k_self[b])
         sol = costs.merge_solution(gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij, g[i], be[i],
                                    g[j], be[j], rho if np.ndim(i) else rho[0],
-                                   kernel=self.kernel)
+                                   kernel=self.kernel, k_ii=self.k_self[i],
+                                   k_jj=self.k_self[j])
         return PairValues(rho, kc, np.atleast_1d(sol.B), np.atleast_1d(gu_ij))
 
     def replace_with_parent(self, i: int, j: int, a1, a2, m1, m2, gamma_k, beta_k) -> None:
