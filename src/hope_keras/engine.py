@@ -52,9 +52,10 @@ DENSE_PAIRS_MAX = 4096
 #: Sketched groups (`hope_keras.cache.SketchCache`): pairs re-priced from exact Gram
 #: entries per selection (the selected one and the next cheapest rows' pairs).
 REFINE_BATCH = 8
-# Columns of a sketched group's producer kernel the editor keeps (`ModelEditor.
+# Bytes of a sketched group's producer-kernel columns the editor keeps (`ModelEditor.
 # cache_columns`): exact re-pricing reads the same neurons' weights step after step.
-COLUMN_SLOTS = 512
+# 16 MB: 512 columns of an 8192 × 8192 float32 kernel, 4096 of a 1024 × 8192 one.
+COLUMN_CACHE_BYTES = 16 << 20
 
 #: Capacity, relative to the layer's initial capacity, below which a neuron only
 #: prunes (`_GroupState.pair_ok`).
@@ -922,7 +923,10 @@ class Encoder:
         """A sketched group's reader of exact rows (`SketchCache.source`): the
         producer kernel's columns through the editor's column cache."""
         group = self.graph.groups[name]
-        self.editor.cache_columns(group.producer, "kernel", COLUMN_SLOTS)
+        kernel = self.editor.layer(group.producer).kernel
+        column = int(np.prod(kernel.shape[:-1])) * np.dtype(kernel.dtype).itemsize
+        self.editor.cache_columns(group.producer, "kernel",
+                                  max(16, min(COLUMN_CACHE_BYTES // column, group.size)))
         return functools.partial(extract_rows, self.editor.array, self.editor.layer, group,
                                  columns=self.editor.columns)
 
