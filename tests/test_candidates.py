@@ -744,3 +744,37 @@ def test_a_parents_bound_row_equals_the_pairwise_bounds(monkeypatch, sketched):
                     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7 * np.abs(y).max())
                 else:
                     np.testing.assert_array_equal(x, y)
+
+
+def test_sketched_runs_read_the_same_weights_through_the_column_cache(monkeypatch):
+    """The exact re-pricing of sketched groups reads producer-kernel columns through
+    the editor's column cache (`engine.COLUMN_CACHE_BYTES`): with room for a few
+    columns only (evicted and read again), or without the cache, the run takes the
+    same steps with the same costs."""
+    import functools
+
+    from hope_keras import cache as cache_lib
+    from hope_keras import engine
+
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+
+    def run():
+        enc = Encoder(clustered_mlp(4), merge_search="top_k")
+        enc.run(density=0.4, verbose=False)
+        return enc
+
+    monkeypatch.setattr(engine, "COLUMN_CACHE_BYTES", 1)  # 16 columns a group
+    small = run()
+    assert sum(c.hits for c in small.editor._columns.values()) > 0
+    assert sum(c.misses for c in small.editor._columns.values()) > 0
+
+    def uncached(self, name):
+        return functools.partial(cache_lib.extract_rows, self.editor.array, self.editor.layer,
+                                 self.graph.groups[name])
+
+    monkeypatch.setattr(Encoder, "_exact_source", uncached)
+    plain = run()
+    assert not plain.editor._columns
+    a, b = small.trajectory.steps, plain.trajectory.steps
+    assert [(s.kind, s.unit, s.i, s.j) for s in a] == [(s.kind, s.unit, s.i, s.j) for s in b]
+    np.testing.assert_allclose([s.J for s in a], [s.J for s in b], rtol=1e-9, atol=1e-15)

@@ -31,7 +31,9 @@ def test_benchmarks_md_prints_what_make_demo_computes():
              ".venv/bin/python examples/demo.py --update-docs")
     assert len(printed) == len(rows), stale
     for (d0, a0, p0, pr0, fr0), (d1, a1, p1, pr1, fr1) in zip(printed, rows):
-        # Sizes are exact; an accuracy may move by an image or two on other CPUs
-        # (float round-off at a decision boundary).
+        # Sizes are exact (the same trajectory); an accuracy may move by a few of the
+        # 2000 test images on another CPU (TensorFlow's kernels round differently and
+        # images at a decision boundary flip): 8 images at density 0.4 between stop
+        # 33's machine and stop 34's, the same code and sizes.
         assert (d0, p0, pr0, fr0) == (d1, p1, round(pr1, 3), round(fr1, 3)), stale
-        assert abs(a0 - a1) <= 0.0015, stale
+        assert abs(a0 - a1) <= 0.005, stale

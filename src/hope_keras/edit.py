@@ -236,6 +236,26 @@ class _ColumnCache:
         self.data[victims] = vectors[:k]
         self.used[victims] = self.clock
 
+    def _column_index(self, index):
+        """The column `index` writes whole (an int), else None."""
+        ndim = len(self.shape)
+        if isinstance(index, tuple) and len(index) == 2 and index[0] is Ellipsis:
+            index = (slice(None),) * (ndim - 1) + (index[1],)
+        full = slice(None)
+        if (isinstance(index, tuple) and len(index) == ndim
+                and all(isinstance(x, slice) and x == full for x in index[:-1])
+                and isinstance(index[-1], (int, np.integer))):
+            return int(index[-1])
+        return None
+
+    def peek(self, index) -> Optional[np.ndarray]:
+        """A copy of ``arr[index]`` when `index` is a whole column that is cached
+        (an undo record without a strided read), else None."""
+        col = self._column_index(index)
+        if col is None or self.slot_of[col] < 0:
+            return None
+        return self.data[self.slot_of[col]].reshape(self.shape[:-1]).copy()
+
     def written(self, arr: np.ndarray, index, values) -> None:
         """`arr[index] = values` was just done: keep the copies equal to `arr`."""
         ndim = len(self.shape)
@@ -351,7 +371,25 @@ class ModelEditor:
     def columns(self, layer: str, attr: str, cols) -> np.ndarray:
         """``array(layer, attr).reshape(-1, n)[:, cols].T``: the current values of
         the columns (last axis) `cols`, one row each, from the column cache where
-        `cache_columns` set one up."""
+        `cache_columns` set one up.
+
+        Example:
+
+        >>> import keras, numpy as np
+        >>> from hope_keras.graph import walk
+        >>> inputs = keras.Input((4,))
+        >>> x = keras.layers.Dense(3, name="hidden")(inputs)
+        >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+        >>> model = keras.Model(inputs, keras.layers.Dense(2, name="head")(x))
+        >>> editor = ModelEditor(model, walk(model))
+        >>> editor.cache_columns("hidden", "kernel", slots=2)
+        >>> before = editor.columns("hidden", "kernel", [1, 2])
+        >>> with editor.step():
+        ...     editor.prune("hidden", 1)
+        >>> after = editor.columns("hidden", "kernel", [1, 2])
+        >>> bool(np.all(after[0] == 0)), bool(np.array_equal(after[1], before[1]))
+        (True, True)
+        """
         arr = self.array(layer, attr)
         cache = self._columns.get((layer, attr))
         if cache is None:
@@ -361,11 +399,12 @@ class ModelEditor:
 
     def _write(self, layer: str, attr: str, index, values) -> None:
         arr = self.array(layer, attr)
+        cache = self._columns.get((layer, attr))
         if self._undo is not None:
-            self._undo.append((arr, index, np.array(arr[index])))
+            old = cache.peek(index) if cache is not None else None
+            self._undo.append((arr, index, np.array(arr[index]) if old is None else old))
         arr[index] = values
         self._dirty.add((layer, attr))
-        cache = self._columns.get((layer, attr))
         if cache is not None:
             cache.written(arr, index, values)
 
