@@ -173,9 +173,11 @@ class _ColumnCache:
     """Recently read columns (last axis) of one mirror array, transposed: a
     neuron's input weights are a strided column of its producer's kernel, and a
     wide group's exact re-pricing reads the same few columns step after step
-    (8192 × 8192 kernel: 0.05 ms a column gathered, ~20 a step). The editor keeps
-    the copies equal to the mirror through its writes (`written`): a column written
-    is dropped, rows written are copied in again, anything else clears the cache.
+    (an 8192 × 8192 kernel: about 20 columns a step, each 8192 strided reads). The
+    editor keeps the copies equal to the mirror through its writes (`written`): a
+    column written whole is kept as written, a column zeroed is dropped, rows
+    written are copied in again, anything else clears the cache; so does an undone
+    step (`ModelEditor.step`).
 
     Args:
         shape: The array's shape.
@@ -236,15 +238,21 @@ class _ColumnCache:
         self.data[victims] = vectors[:k]
         self.used[victims] = self.clock
 
-    def _column_index(self, index):
-        """The column `index` writes whole (an int), else None."""
-        ndim = len(self.shape)
+    def _normalized(self, index):
+        """`index` as a tuple of one entry per axis where it is ``(..., c)``."""
         if isinstance(index, tuple) and len(index) == 2 and index[0] is Ellipsis:
-            index = (slice(None),) * (ndim - 1) + (index[1],)
-        full = slice(None)
-        if (isinstance(index, tuple) and len(index) == ndim
-                and all(isinstance(x, slice) and x == full for x in index[:-1])
-                and isinstance(index[-1], (int, np.integer))):
+            return (slice(None),) * (len(self.shape) - 1) + (index[1],)
+        return index
+
+    def _whole_columns(self, index) -> bool:
+        """Whether `index` selects whole columns (every row of some columns)."""
+        return (isinstance(index, tuple) and len(index) == len(self.shape)
+                and all(isinstance(x, slice) and x == slice(None) for x in index[:-1]))
+
+    def _column_index(self, index):
+        """The one column `index` writes whole (an int), else None."""
+        index = self._normalized(index)
+        if self._whole_columns(index) and isinstance(index[-1], (int, np.integer)):
             return int(index[-1])
         return None
 
@@ -258,25 +266,22 @@ class _ColumnCache:
 
     def written(self, arr: np.ndarray, index, values) -> None:
         """`arr[index] = values` was just done: keep the copies equal to `arr`."""
-        ndim = len(self.shape)
-        if isinstance(index, tuple) and len(index) == 2 and index[0] is Ellipsis:
-            index = (slice(None),) * (ndim - 1) + (index[1],)
-        full = slice(None)
-        column = (isinstance(index, tuple) and len(index) == ndim
-                  and all(isinstance(x, slice) and x == full for x in index[:-1]))
-        if column and isinstance(index[-1], (int, np.integer)) and np.size(values) == self.rows:
+        col = self._column_index(index)
+        if col is not None and np.size(values) == self.rows:
             # One column written whole (a merged parent's filter): kept as written,
             # for its next reads (the array's dtype, as the assignment cast it).
-            self._drop(index[-1])
+            self._drop(col)
             self.clock += 1
-            self._insert(np.array([int(index[-1])]),
+            self._insert(np.array([col]),
                          np.asarray(values, dtype=arr.dtype).reshape(1, self.rows), 1)
             return
         if self.data is None or not (self.owner >= 0).any():
             return
-        if not (isinstance(index, tuple) and len(index) == ndim):
+        index = self._normalized(index)
+        full = slice(None)
+        if not (isinstance(index, tuple) and len(index) == len(self.shape)):
             self.clear()
-        elif column:
+        elif self._whole_columns(index):
             if isinstance(index[-1], slice):
                 self.clear()
             else:
