@@ -746,20 +746,26 @@ def test_a_parents_bound_row_equals_the_pairwise_bounds(monkeypatch, sketched):
                     np.testing.assert_array_equal(x, y)
 
 
-def test_sketched_runs_read_the_same_weights_through_the_column_cache(monkeypatch):
+@pytest.mark.parametrize("convolutional", [False, True])
+def test_sketched_runs_read_the_same_weights_through_the_column_cache(monkeypatch,
+                                                                      convolutional):
     """The exact re-pricing of sketched groups reads producer-kernel columns through
     the editor's column cache (`engine.COLUMN_CACHE_BYTES`): with room for a few
     columns only (evicted and read again), or without the cache, the run takes the
-    same steps with the same costs."""
+    same steps with the same costs (Dense groups; Conv2D groups of a residual
+    network, every group sketched)."""
     import functools
 
     from hope_keras import cache as cache_lib
     from hope_keras import engine
 
-    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 2 if convolutional else 16)
+    if convolutional:
+        monkeypatch.setattr(cache_lib, "SKETCH_WORK", 1)
 
     def run():
-        enc = Encoder(clustered_mlp(4), merge_search="top_k")
+        model = small_resnet(seed=3) if convolutional else clustered_mlp(4)
+        enc = Encoder(model, merge_search="top_k")
         enc.run(density=0.4, verbose=False)
         return enc
 
