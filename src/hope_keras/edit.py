@@ -324,8 +324,13 @@ class ModelEditor:
     >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
     >>> model = keras.Model(inputs, keras.layers.Dense(2, name="head")(x))
     >>> editor = ModelEditor(model, walk(model))
+    >>> editor.cache_columns("hidden", "kernel", slots=2)
+    >>> before = editor.columns("hidden", "kernel", [1, 2])
     >>> with editor.step():
     ...     editor.prune("hidden", 1)
+    >>> after = editor.columns("hidden", "kernel", [1, 2])  # the cache follows the edit
+    >>> bool(np.all(after[0] == 0)), bool(np.array_equal(after[1], before[1]))
+    (True, True)
     >>> editor.commit()
     >>> float(np.abs(model.get_layer("head").kernel.numpy()[1]).sum())
     0.0
@@ -376,25 +381,7 @@ class ModelEditor:
     def columns(self, layer: str, attr: str, cols) -> np.ndarray:
         """``array(layer, attr).reshape(-1, n)[:, cols].T``: the current values of
         the columns (last axis) `cols`, one row each, from the column cache where
-        `cache_columns` set one up.
-
-        Example:
-
-        >>> import keras, numpy as np
-        >>> from hope_keras.graph import walk
-        >>> inputs = keras.Input((4,))
-        >>> x = keras.layers.Dense(3, name="hidden")(inputs)
-        >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
-        >>> model = keras.Model(inputs, keras.layers.Dense(2, name="head")(x))
-        >>> editor = ModelEditor(model, walk(model))
-        >>> editor.cache_columns("hidden", "kernel", slots=2)
-        >>> before = editor.columns("hidden", "kernel", [1, 2])
-        >>> with editor.step():
-        ...     editor.prune("hidden", 1)
-        >>> after = editor.columns("hidden", "kernel", [1, 2])
-        >>> bool(np.all(after[0] == 0)), bool(np.array_equal(after[1], before[1]))
-        (True, True)
-        """
+        `cache_columns` set one up (the class example shows both)."""
         arr = self.array(layer, attr)
         cache = self._columns.get((layer, attr))
         if cache is None:
