@@ -618,8 +618,9 @@ def test_row_min_matches_a_sort_with_ties_infinities_and_any_order():
 def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatch):
     """A `SketchCache` estimates a pair the same (to float32 rounding) from whole rows
     of ``S Sᵀ`` or pair by pair, and `exact_pairs` prices a batch of pairs as
-    `exact_pair_values` prices each one; `leading_pairs` offers the last selection's
-    cheapest pairs not yet re-priced, cheapest first."""
+    `exact_pair_values` prices each one (to float32 rounding: the batch reads float32
+    rows and takes one Gram product of them; one pair reads float64); `leading_pairs`
+    offers the last selection's cheapest pairs not yet re-priced, cheapest first."""
     from hope_keras import cache as cache_lib
     from hope_keras.engine import REFINE_BATCH
 
@@ -642,7 +643,7 @@ def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatc
     for p, (i, j) in enumerate(zip(ii, jj)):
         one = c.exact_pair_values(int(i), int(j))
         for x, y in zip(batch, one):
-            np.testing.assert_allclose(x[p:p + 1], y, rtol=1e-12, atol=1e-15)
+            np.testing.assert_allclose(x[p:p + 1], y, rtol=1e-5, atol=1e-6 * np.abs(y).max())
     table = enc._merge_table(gs)  # fresh: nothing re-priced yet
     found = table.select(gs.C, gs.n, gs.pair_ok(), lambda A, B, c_rem, nss, P: (
         costs.j_merge_residual(nss, B, c_rem, 1.0),) * 2)
@@ -784,3 +785,101 @@ def test_sketched_runs_read_the_same_weights_through_the_column_cache(monkeypatc
     a, b = small.trajectory.steps, plain.trajectory.steps
     assert [(s.kind, s.unit, s.i, s.j) for s in a] == [(s.kind, s.unit, s.i, s.j) for s in b]
     np.testing.assert_allclose([s.J for s in a], [s.J for s in b], rtol=1e-9, atol=1e-15)
+
+
+def test_top_k_tables_filled_in_threads_give_the_same_run(monkeypatch):
+    """The Encoder fills the groups' top-k tables in threads when there is enough work
+    (`engine.PARALLEL_FILL_PAIRS`): each table reads only its own group's cache, so
+    the run takes the same steps with the same costs as with tables filled one after
+    another (sketched groups: the fill's Gram products run in each thread)."""
+    from hope_keras import cache as cache_lib
+    from hope_keras import engine
+
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+    monkeypatch.setattr(engine, "_cpu_count", lambda: 2)
+    threads = []
+
+    def run(pairs):
+        monkeypatch.setattr(engine, "PARALLEL_FILL_PAIRS", pairs)
+        enc = Encoder(clustered_mlp(5, widths=(24, 20, 22)), merge_search="top_k")
+        enc.run(density=0.4, verbose=False)
+        return enc
+
+    import concurrent.futures
+
+    real = concurrent.futures.ThreadPoolExecutor
+
+    class Counting(real):
+        def __init__(self, *args, **kwargs):
+            threads.append(args)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Counting)
+    parallel = run(0)
+    assert threads == [(2,)]  # three groups, two threads
+    serial = run(10 ** 12)
+    assert threads == [(2,)]
+    a, b = parallel.trajectory.steps, serial.trajectory.steps
+    assert len(a) > 10
+    assert [(s.kind, s.unit, s.i, s.j, s.J) for s in a] == \
+        [(s.kind, s.unit, s.i, s.j, s.J) for s in b]
+
+
+def test_parent_rows_computed_in_the_background_are_the_ones_computed_after(monkeypatch):
+    """A sketched group's merged parent gets its Gram rows from a product started on a
+    background thread before the model is edited (`SketchCache.prefetch_parent_rows`):
+    the run takes the same steps with bit-for-bit the same costs as one that computes
+    them after the merge, and the background rows are the ones read."""
+    from hope_keras import cache as cache_lib
+
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+    used = []
+    real = cache_lib.SketchCache._prefetched
+
+    def counting(self, which, rows, cols):
+        out = real(self, which, rows, cols)
+        used.append(out is not None)
+        return out
+
+    def run():
+        # Wider than a row's preselection (32): the parent's bound row chooses.
+        enc = Encoder(clustered_mlp(6, widths=(96, 80)), merge_search="top_k")
+        enc.run(density=0.4, verbose=False)
+        return [(s.kind, s.unit, s.i, s.j, s.J, s.coef) for s in enc.trajectory.steps]
+
+    monkeypatch.setattr(cache_lib.SketchCache, "_prefetched", counting)
+    background = run()
+    merges = sum(s[0] == "merge" for s in background)
+    assert merges > 5 and sum(used) >= 2 * merges  # w and u rows of every parent
+    monkeypatch.setattr(cache_lib.SketchCache, "prefetch_parent_rows", lambda *a: None)
+    used.clear()
+    after = run()
+    assert not any(used)
+    assert background == after
+
+
+def test_prefetched_parent_rows_equal_the_rows_after_the_merge(monkeypatch):
+    """`prefetch_parent_rows` then `replace_with_parent`: the Gram rows of the parent
+    read from the background product are bit for bit those computed afterwards; a
+    prefetch for another pair, or one overtaken by another change, is not read."""
+    from hope_keras import cache as cache_lib
+
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+    enc = Encoder(clustered_mlp(7, widths=(40, 36)), merge_search="top_k")
+    c = enc.groups["fc0"].cache
+    assert isinstance(c, cache_lib.SketchCache)
+    coef = (0.7, 0.45, 1.1, 0.8, 1.3, -0.2)
+    c.prefetch_parent_rows(3, 8, *coef[:4])
+    c.replace_with_parent(3, 8, *coef)
+    assert c._prefetched("w", np.array([3]), None) is not None
+    got = [c.gram_rows(w, np.array([3])) for w in ("w", "u")]
+    c._prefetch = None
+    for g, w in zip(got, ("w", "u")):
+        np.testing.assert_array_equal(g, c.gram_rows(w, np.array([3])))
+    c.prefetch_parent_rows(5, 9, *coef[:4])
+    c.replace_with_parent(5, 10, *coef)  # another pair: the prefetch is dropped
+    assert c._prefetched("w", np.array([5]), None) is None
+    c.prefetch_parent_rows(6, 11, *coef[:4])
+    c.replace_with_parent(6, 11, *coef)
+    c.clear(12)  # a later change of the cache: the rows are computed again
+    assert c._prefetched("u", np.array([6]), None) is None

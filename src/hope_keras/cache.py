@@ -23,6 +23,7 @@ Everything a merge changes is a linear combination of two Gram rows, so
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 from typing import NamedTuple, Optional
@@ -401,6 +402,9 @@ class SketchCache(GroupCache):
     source: Optional[object] = dataclasses.field(default=None, repr=False, compare=False)
     version: int = dataclasses.field(default=0, repr=False, compare=False)
     _terms: Optional[tuple] = dataclasses.field(default=None, repr=False, compare=False)
+    # A merged parent's Gram rows computed in the background (`prefetch_parent_rows`).
+    _prefetch: Optional[tuple] = dataclasses.field(default=None, init=False, repr=False,
+                                                   compare=False)
 
     def copy(self) -> "SketchCache":
         new = dataclasses.replace(self, _shared=True)
@@ -466,10 +470,33 @@ class SketchCache(GroupCache):
             out = out + self.bias[a] * self.bias[b]
         return out
 
+    def prefetch_parent_rows(self, i: int, j: int, a1, a2, m1, m2) -> None:
+        """Starts computing, on a background thread, the Gram rows against every
+        neuron (``gram_rows("w"/"u", [i])``) that slot `i` will have once
+        `replace_with_parent` ``(i, j, a1, a2, m1, m2, ...)`` ran: the engine edits the
+        model meanwhile, and a wide group's rows are two products over the whole
+        sketch. The same values: the parent's sketch rows are computed as
+        `replace_with_parent` writes them, and the product's entry of slot `i`, the
+        only row that changes, is replaced by the exact diagonal."""
+        x_w = a1 * self.sk_w[i] + a2 * self.sk_w[j]
+        x_u = m1 * self.sk_u[i] + m2 * self.sk_u[j]
+        sk_w, sk_u = self.sk_w, self.sk_u
+        future = _background().submit(lambda: (x_w[None] @ sk_w.T, x_u[None] @ sk_u.T))
+        self._prefetch = ((i, j, self.version), future)
+
+    def _prefetched(self, which, rows, cols):
+        """The background product of `prefetch_parent_rows` for these rows, or None."""
+        pre = self._prefetch
+        if pre is None or cols is not None or rows.size != 1 or which not in ("w", "u") \
+                or pre[0] != (int(rows[0]), self.version):
+            return None
+        return pre[1].result()[0 if which == "w" else 1]
+
     def gram_rows(self, which: str, rows, cols=None) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.intp)
         sk = self._sk(which)
         diag = self.gram_diag("u" if which == "u" else "w")
+        product = self._prefetched(which, rows, cols)
         if cols is None:  # every column: no copy of the sketch
             cols, right, at = slice(None), sk, None
         else:
@@ -477,7 +504,7 @@ class SketchCache(GroupCache):
             right = sk[cols]
             at = np.full(self.size, -1)
             at[cols] = np.arange(cols.size)
-        out = (sk[rows] @ right.T).astype(np.float64)
+        out = (sk[rows] @ right.T if product is None else product).astype(np.float64)
         bound = np.sqrt(np.maximum(diag[rows, None] * diag[None, cols], 0.0))
         out = np.clip(out, -bound, bound)
         if at is None:  # a row's own column: its exact norm
@@ -513,9 +540,13 @@ class SketchCache(GroupCache):
         # (the paper's decoupled cache), the cache does not follow the neighbouring
         # groups' edits, and the values stay consistent with it.
         def products(x, d):
-            norm = np.sqrt(np.einsum("ij,ij->i", x, x))
+            if x.dtype == np.float32:  # every row against every row: one sgemm
+                g = (x @ x.T).astype(np.float64)
+                norm, dot = np.sqrt(np.maximum(np.diagonal(g), 0.0)), g[p, q]
+            else:
+                norm = np.sqrt(np.einsum("ij,ij->i", x, x))
+                dot = np.einsum("ij,ij->i", x[p], x[q])
             den = norm[p] * norm[q]
-            dot = np.einsum("ij,ij->i", x[p], x[q])
             cos = np.where(den > 0, dot / np.where(den > 0, den, 1.0), 0.0)
             return cos * np.sqrt(np.maximum(d[i] * d[j], 0.0))
 
@@ -542,7 +573,10 @@ class SketchCache(GroupCache):
             return PairValues(*(np.concatenate([getattr(pv, f) for pv in pvs])
                                 for f in PairValues._fields))
         rows = sorted_unique(np.concatenate([i, j]))
-        w, _, u = self.source(rows)
+        # float32 rows and one Gram product of them (a selection's re-pricing: ~30
+        # rows of up to 8192 floats a step); the merge executed reads float64
+        # (`merge_terms`).
+        w, _, u = self.source(rows, dtype=np.float32)
         gw, gu = self._exact_products(i, j, w, u, np.searchsorted(rows, i),
                                       np.searchsorted(rows, j))
         dv = self.gram_diag("v")
@@ -568,8 +602,11 @@ class SketchCache(GroupCache):
 
     def replace_with_parent(self, i: int, j: int, a1, a2, m1, m2, gamma_k, beta_k) -> None:
         _, _, _, gw_ij, _, _, gu_ij = self.merge_terms(i, j)
+        pre, self._prefetch = self._prefetch, None
         self.version += 1
         self._terms = None
+        if pre is not None and pre[0] == (i, j, self.version - 1):
+            self._prefetch = ((i, self.version), pre[1])  # slot i's rows from now on
         self._own_grams()
         self.dw[i] = a1 * a1 * self.dw[i] + 2.0 * a1 * a2 * gw_ij + a2 * a2 * self.dw[j]
         self.du[i] = m1 * m1 * self.du[i] + 2.0 * m1 * m2 * gu_ij + m2 * m2 * self.du[j]
@@ -623,6 +660,18 @@ class PruneCache:
                           self.gamma.copy())
 
 
+_BACKGROUND = None
+
+
+def _background():
+    """One worker thread for background products (`SketchCache.prefetch_parent_rows`):
+    BLAS releases the GIL."""
+    global _BACKGROUND
+    if _BACKGROUND is None:
+        _BACKGROUND = concurrent.futures.ThreadPoolExecutor(1, "hope_keras_products")
+    return _BACKGROUND
+
+
 def sorted_unique(keys):
     """``np.unique`` of a 1-D integer array by sorting (NumPy's hash-based path is
     several times slower at these sizes)."""
@@ -657,7 +706,7 @@ def extract_rows(array, get, group, rows, dtype=np.float64, columns=None):
     contiguous = rows.size and rows[-1] - rows[0] == rows.size - 1 and np.all(np.diff(rows) == 1)
     flat = kernel.reshape(-1, n)
     if columns is not None:
-        w_raw = columns(group.producer, "kernel", rows).astype(dtype)
+        w_raw = columns(group.producer, "kernel", rows).astype(dtype, copy=False)
     else:  # np.take, not flat[:, rows]: the same columns, about 3× faster on a wide kernel
         w_raw = (flat[:, int(rows[0]):int(rows[-1]) + 1] if contiguous
                  else np.take(flat, rows, axis=1)).T.astype(dtype)
@@ -681,8 +730,10 @@ def extract_rows(array, get, group, rows, dtype=np.float64, columns=None):
             idx = pos if w.expand == 1 else (
                 pos[..., None] * w.expand + np.arange(w.expand)).reshape(rows.size, -1)
             taken = np.take(array(c.layer, w.attr), idx.reshape(-1), axis=w.axis)
-            parts.append(np.moveaxis(taken, w.axis, 0).reshape(rows.size, -1).astype(dtype))
-    u = np.concatenate(parts, axis=1) if parts else np.zeros((rows.size, 0), dtype)
+            parts.append(np.moveaxis(taken, w.axis, 0).reshape(rows.size, -1)
+                         .astype(dtype, copy=False))
+    u = (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)) if parts \
+        else np.zeros((rows.size, 0), dtype)
     return w_eff, np.asarray(b_eff, dtype=np.float64), u
 
 

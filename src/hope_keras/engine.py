@@ -15,12 +15,15 @@ grow with the number of layers.
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
+import ctypes
 import dataclasses
 import functools
 import heapq
 import math
 import numbers
+import os
 from typing import Dict, Iterable, Optional
 
 import keras
@@ -56,6 +59,10 @@ REFINE_BATCH = 8
 # cache_columns`): exact re-pricing reads the same neurons' weights step after step.
 # 16 MB: 512 columns of an 8192 × 8192 float32 kernel, 4096 of a 1024 × 8192 one.
 COLUMN_CACHE_BYTES = 16 << 20
+
+# Merge tables built at once (`Encoder._set_tables`) fill in threads from this many
+# pairs (sum of n² over their groups): below it a thread costs more than it saves.
+PARALLEL_FILL_PAIRS = 1 << 22
 
 #: Capacity, relative to the layer's initial capacity, below which a neuron only
 #: prunes (`_GroupState.pair_ok`).
@@ -330,6 +337,34 @@ def _sized(layer) -> bool:
     return bool(layer.weights) or layer_rules.get(layer).role == "source"
 
 
+def _cpu_count() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _blas_threads(n: int):
+    """A context limiting BLAS (NumPy's OpenBLAS/MKL) to `n` threads
+    (`threadpoolctl`)."""
+    import threadpoolctl
+
+    return threadpoolctl.threadpool_limits(n, user_api="blas")
+
+
+def _release_free_memory() -> None:
+    """Returns the C allocator's free memory to the system (glibc's ``malloc_trim``;
+    nothing elsewhere): the fill threads' temporaries stay in their own arenas, which
+    the run's later allocations do not reuse (the 4 × 8192 MLP's first 1500 steps
+    peaked at 3.23 GB without the trim, 3.14 with it, 3.12 filling one table after
+    another)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
+
+
 class _GroupState:
     """A group's live state during a run: active set, n, C, merge table."""
 
@@ -519,8 +554,7 @@ class Encoder:
         if "merge" in self.actions:
             for gs in self.groups.values():
                 gs.free_prunes = "prune" in self.actions
-                if gs.mergeable:
-                    self._set_table(gs)
+            self._set_tables([gs for gs in self.groups.values() if gs.mergeable])
         self.block_of = {g: b for g, b in self.graph.block_of_group().items()
                          if b in self.blocks}
         self.evicted: set = set()
@@ -631,6 +665,28 @@ class Encoder:
             gs.defer_table(functools.partial(self._merge_table, gs))
         else:
             gs.table = self._merge_table(gs)
+
+    def _set_tables(self, states) -> None:
+        """`_set_table` for each of `states`; the tables built now (not deferred) are
+        built in threads when there is enough work: each reads only its own group's
+        cache, and NumPy releases the GIL in its loops (four 8192-wide top-k fills:
+        13.7–14.8 s in one thread, 8.5–8.7 s in two)."""
+        now = [gs for gs in states if not self._dense(gs)]
+        for gs in states:
+            if self._dense(gs):
+                self._set_table(gs)
+        workers = min(len(now), _cpu_count())
+        if workers < 2 or sum(gs.size0 ** 2 for gs in now) < PARALLEL_FILL_PAIRS:
+            for gs in now:
+                gs.table = self._merge_table(gs)
+            return
+        # One BLAS thread per worker: OpenBLAS's own threads would spin on the cores
+        # the workers use (15.1 s instead of 8.7 s for the MLP's four fills).
+        with _blas_threads(1), concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            tables = list(pool.map(self._merge_table, now))
+        for gs, table in zip(now, tables):
+            gs.table = table
+        _release_free_memory()
 
     def best_group_action(self, name: str) -> Optional[Action]:
         """The group's cheapest prune or merge under the run's cost, or None."""
@@ -795,6 +851,8 @@ class Encoder:
                     f"negligible capacity are pruned instead.")
             eps = float(self.editor.layer(self.graph.groups[unit].bn).epsilon)
             dead_parent = coef[4] ** 2 < eps
+            if isinstance(cache, SketchCache) and not dead_parent and gs.table is not None:
+                cache.prefetch_parent_rows(i, j, *coef[:4])  # while the model is edited
             active_after = self.active - (2 if dead_parent else 1)
             c_after = max(c_rem + (0.0 if dead_parent else float(scale)), costs.FLOOR)
             with self.editor.step():
