@@ -15,7 +15,8 @@ VGG16 analyze ≤ 5 s, compress ≤ 60 s, ≤ 3 GB; MLP compress ≤ 60 s, ≤ 3
 Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K]
 (``mlp --width W``: W-wide layers; ``--init numpy``: kernels drawn by NumPy, see
 `mlp`; ``--output-error``: the compressed model's output error relative to the
-original's output spread, on 512 standard normal inputs;
+original's output spread, on 512 standard normal inputs; ``--bn-stats``: BN
+statistics measured on normal inputs, see `mlp`;
 ``--unoriented``: top-k tables whose rows hold partners of any capacity, the
 behaviour before stop 28, for comparison)
 (``--candidates none``: the exhaustive scan; ``--steps N``: stop after N steps;
@@ -46,11 +47,14 @@ def vgg16():
     return hope_keras.calibrate(model, x, batch_size=8)
 
 
-def mlp(width=8192, depth=4, d_in=1024, seed=0, init="keras"):
+def mlp(width=8192, depth=4, d_in=1024, seed=0, init="keras", bn_stats=False):
     """``init="numpy"``: kernels drawn by NumPy (Glorot-uniform, as Keras' default,
     float32, a slice at a time) into zero-initialised layers; Keras' own initializer
     leaves its temporaries resident (oneDNN's buffers: RSS before analyze 2.15 against
-    1.85 GB), which the peak memory would count. Other values, the same distribution."""
+    1.85 GB), which the peak memory would count. Other values, the same distribution.
+    ``bn_stats``: the BN moving statistics measured on 1024 standard normal inputs
+    (a seed of their own) instead of Keras' 0 and 1, so that HOPE's data-free model
+    describes the inputs `--output-error` measures on."""
     keras.utils.set_random_seed(seed)
     L = keras.layers
     inputs = keras.Input((d_in,))
@@ -78,6 +82,14 @@ def mlp(width=8192, depth=4, d_in=1024, seed=0, init="keras"):
         if isinstance(layer, L.BatchNormalization):
             layer.gamma.assign(rng.uniform(0.3, 1.5, width).astype("float32"))
             layer.beta.assign(rng.normal(0, 0.5, width).astype("float32"))
+    if bn_stats:
+        x = np.random.default_rng(2).normal(size=(1024, d_in)).astype("float32")
+        for layer in model.layers:
+            if isinstance(layer, L.BatchNormalization):
+                a = keras.Model(inputs, layer.input).predict(x, batch_size=256, verbose=0)
+                a = a.astype(np.float64)
+                layer.moving_mean.assign(a.mean(axis=0).astype("float32"))
+                layer.moving_variance.assign(a.var(axis=0).astype("float32"))
     return model
 
 
@@ -100,6 +112,8 @@ def main():
     p.add_argument("--width", type=int, default=None, help="mlp: layer width (8192)")
     p.add_argument("--init", default="keras", choices=("keras", "numpy"),
                    help="mlp: kernels from Keras' initializer or drawn by NumPy (see mlp)")
+    p.add_argument("--bn-stats", action="store_true",
+                   help="mlp: BN statistics measured on normal inputs (see mlp)")
     p.add_argument("--output-error", action="store_true",
                    help="report the output error of the compressed model")
     p.add_argument("--unoriented", action="store_true",
@@ -124,10 +138,11 @@ def main():
         from hope_keras import candidates
 
         candidates.ORIENTED = False
-    if args.width is not None or args.init != "keras":
+    if args.width is not None or args.init != "keras" or args.bn_stats:
         if args.model != "mlp":
-            p.error("--width and --init apply to the mlp")
-        build = functools.partial(mlp, width=args.width or 8192, init=args.init)
+            p.error("--width, --init and --bn-stats apply to the mlp")
+        build = functools.partial(mlp, width=args.width or 8192, init=args.init,
+                                  bn_stats=args.bn_stats)
     keras.utils.set_random_seed(0)
     model = build()
     before = peak_rss_gb()
@@ -197,6 +212,10 @@ def main():
           f"{c_an + c_comp:.2f} s CPU (compress alone {c_comp:.2f} s CPU)")
     print(f"largest J of a step: {max((s.J for s in traj.steps), default=0.0):.3g}; "
           f"sum of J {sum(s.J for s in traj.steps):.6g}")
+    coefs = [abs(c) for s in traj.steps if s.kind == "merge" for c in s.coef]
+    if coefs:
+        print(f"largest |parent coefficient| of a merge (a1, a2, m1, m2, γ, β): "
+              f"{max(coefs):.4g}")
     if args.output_error:
         y = model.predict(x_err.astype("float32"), batch_size=64, verbose=0)
         err = np.linalg.norm(y - y_ref) / np.linalg.norm(y_ref - y_ref.mean(axis=0))
