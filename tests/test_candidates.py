@@ -842,7 +842,8 @@ def test_parent_rows_computed_in_the_background_are_the_ones_computed_after(monk
         return out
 
     def run():
-        # Wider than a row's preselection (32): the parent's bound row chooses.
+        # Wider than a row's preselection (32), so the bound row is read; its values
+        # are compared directly by the next test.
         enc = Encoder(clustered_mlp(6, widths=(96, 80)), merge_search="top_k")
         enc.run(density=0.4, verbose=False)
         return [(s.kind, s.unit, s.i, s.j, s.J, s.coef) for s in enc.trajectory.steps]
