@@ -352,6 +352,8 @@ def test_editor_column_cache_equals_the_mirror_through_every_kind_of_write():
         for name in kernels:
             arr = editor.array(name, "kernel")
             cols = rng.integers(0, arr.shape[-1], size=rng.integers(1, 5))
+            if rng.random() < 0.5:  # sorted distinct columns: returned without reorder
+                cols = np.unique(cols)
             ref = arr.reshape(-1, arr.shape[-1])[:, cols].T
             np.testing.assert_array_equal(editor.columns(name, "kernel", cols), ref)
 

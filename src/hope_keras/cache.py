@@ -540,12 +540,12 @@ class SketchCache(GroupCache):
         # (the paper's decoupled cache), the cache does not follow the neighbouring
         # groups' edits, and the values stay consistent with it.
         def products(x, d):
-            if x.dtype == np.float32:  # every row against every row: one sgemm
-                g = (x @ x.T).astype(np.float64)
-                norm, dot = np.sqrt(np.maximum(np.diagonal(g), 0.0)), g[p, q]
-            else:
-                norm = np.sqrt(np.einsum("ij,ij->i", x, x))
-                dot = np.einsum("ij,ij->i", x[p], x[q])
+            # Row-wise products of the pairs only: a Gram product of all rows (one
+            # sgemm) does rows / 2 times the work, 3× slower for 16 pairs of 8192.
+            # C order: float32 sums depend on the memory order (cached columns or not).
+            x = np.ascontiguousarray(x)
+            norm = np.sqrt(np.einsum("ij,ij->i", x, x).astype(np.float64))
+            dot = np.einsum("ij,ij->i", x[p], x[q]).astype(np.float64)
             den = norm[p] * norm[q]
             cos = np.where(den > 0, dot / np.where(den > 0, den, 1.0), 0.0)
             return cos * np.sqrt(np.maximum(d[i] * d[j], 0.0))
@@ -573,7 +573,7 @@ class SketchCache(GroupCache):
             return PairValues(*(np.concatenate([getattr(pv, f) for pv in pvs])
                                 for f in PairValues._fields))
         rows = sorted_unique(np.concatenate([i, j]))
-        # float32 rows and one Gram product of them (a selection's re-pricing: ~30
+        # float32 rows and their pairs' products (a selection's re-pricing: ~30
         # rows of up to 8192 floats a step); the merge executed reads float64
         # (`merge_terms`).
         w, _, u = self.source(rows, dtype=np.float32)
