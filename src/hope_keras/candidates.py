@@ -1287,13 +1287,14 @@ class MergeTable:
                 best = min(best, float(val[rows].min()))
             # Rows whose partners outside the table could reach the best: the
             # finer bound first, then a rescan.
-            scan = (lbn <= best) & (lbn < np.inf)
-            if scan.any() and best < np.inf:
+            # (Uncertified: no bounds outside the rows, nothing to scan.)
+            scan = (lbn <= best) & (lbn < np.inf) if self.certify else None
+            if scan is not None and scan.any() and best < np.inf:
                 rows = np.flatnonzero(scan)
                 lb2 = self._fine_bounds(rows, C, n_live, ok)
                 lbn[rows] = np.maximum(lbn[rows], lb2)
                 scan = (lbn <= best) & (lbn < np.inf)
-            if scan.any():
+            if scan is not None and scan.any():
                 if best == np.inf:  # nothing to compare with yet: the likeliest row first
                     scan[:] = False
                     scan[int(np.argmin(lbn))] = True
@@ -1305,7 +1306,7 @@ class MergeTable:
                 lbn[rows] = np.inf
                 best = min(best, float(d.min()))
             todo = ~fresh & (lb <= best) & (lb < np.inf)
-            if not todo.any() and not ((lbn <= best) & (lbn < np.inf)).any():
+            if not todo.any() and not (self.certify and ((lbn <= best) & (lbn < np.inf)).any()):
                 break
         rows = np.flatnonzero(fresh)
         self._last = (rows, val[rows], part[rows])
