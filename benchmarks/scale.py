@@ -18,7 +18,8 @@ Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K]
 original's output spread, on 512 standard normal inputs; ``--bn-stats``: BN
 statistics measured on normal inputs, see `mlp`;
 ``--unoriented``: top-k tables whose rows hold partners of any capacity, the
-behaviour before stop 28, for comparison)
+behaviour before stop 28, for comparison; ``--refine-batch B``: sketched groups
+re-price B pairs a round, `engine.REFINE_BATCH`)
 (``--candidates none``: the exhaustive scan; ``--steps N``: stop after N steps;
 ``--compare``: afterwards, rerun with the exhaustive scan on a fresh copy of the model
 and report whether the trajectories are identical: kinds, units, indices, J and DR;
@@ -118,6 +119,9 @@ def main():
                    help="report the output error of the compressed model")
     p.add_argument("--unoriented", action="store_true",
                    help="top_k rows hold partners of any capacity (candidates.ORIENTED off)")
+    p.add_argument("--refine-batch", type=int, default=None,
+                   help="sketched groups: pairs re-priced exactly per round "
+                        "(engine.REFINE_BATCH, 8)")
     p.add_argument("--analyze-twice", action="store_true",
                    help="also time a second analyze in the same process (TensorFlow warm)")
     p.add_argument("--profile", action="store_true", help="cProfile analyze and compress")
@@ -134,6 +138,10 @@ def main():
     if args.candidates not in ("none", "auto"):
         cand = int(args.candidates)
     load = os.getloadavg()
+    if args.refine_batch is not None:
+        from hope_keras import engine
+
+        engine.REFINE_BATCH = args.refine_batch
     if args.unoriented:
         from hope_keras import candidates
 
