@@ -40,14 +40,15 @@ def main():
     p.add_argument("--densities", nargs="*", type=float,
                    default=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2])
     p.add_argument("--refine-batch", type=int, default=None,
-                   help="pairs re-priced from exact entries per round (engine.REFINE_BATCH)")
+                   help="pairs re-priced from exact entries per round, every group "
+                        "(engine.REFINE_BATCH and REFINE_BATCH_WIDE)")
     p.add_argument("--unoriented", action="store_true",
                    help="top-k rows hold partners of any capacity (candidates.ORIENTED off)")
     args = p.parse_args()
     if args.refine_batch is not None:
         from hope_keras import engine
 
-        engine.REFINE_BATCH = args.refine_batch
+        engine.REFINE_BATCH = engine.REFINE_BATCH_WIDE = args.refine_batch
     if args.unoriented:
         from hope_keras import candidates
 

@@ -619,7 +619,7 @@ def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatc
     """A `SketchCache` estimates a pair the same (to float32 rounding) from whole rows
     of ``S Sᵀ`` or pair by pair, and `exact_pairs` prices a batch of pairs as
     `exact_pair_values` prices each one (to float32 rounding: the batch reads float32
-    rows and takes one Gram product of them; one pair reads float64); `leading_pairs`
+    rows and takes their pairs' products in float32; one pair reads float64); `leading_pairs`
     offers the last selection's cheapest pairs not yet re-priced, cheapest first."""
     from hope_keras import cache as cache_lib
     from hope_keras.engine import REFINE_BATCH
@@ -655,6 +655,30 @@ def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatc
     table.refine(int(li[0]), int(lj[0]), c.exact_pair_values(int(li[0]), int(lj[0])))
     li2, lj2 = table.leading_pairs(REFINE_BATCH)
     assert (li[0], lj[0]) not in set(zip(li2.tolist(), lj2.tolist()))
+
+
+def test_wide_sketched_groups_re_price_more_pairs_a_round(monkeypatch):
+    """Sketched groups of `engine.REFINE_WIDE` neurons or more re-price up to
+    `engine.REFINE_BATCH_WIDE` pairs a round, narrower ones up to `REFINE_BATCH`
+    (the pairs each `SketchCache.exact_pairs` call of the run receives)."""
+    from hope_keras import cache as cache_lib
+    from hope_keras import engine
+
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+    monkeypatch.setattr(engine, "REFINE_BATCH", 3)
+    monkeypatch.setattr(engine, "REFINE_BATCH_WIDE", 7)
+    monkeypatch.setattr(engine, "REFINE_WIDE", 22)  # fc0 (24 neurons) only
+    rounds = {24: [], 20: []}
+    original = cache_lib.SketchCache.exact_pairs
+
+    def spy(self, i, j):
+        rounds[self.size].append(np.size(i))
+        return original(self, i, j)
+
+    monkeypatch.setattr(cache_lib.SketchCache, "exact_pairs", spy)
+    enc = Encoder(clustered_mlp(5), merge_search="top_k")
+    enc.run(density=0.5, verbose=False)
+    assert max(rounds[24]) == 7 and max(rounds[20]) == 3
 
 
 def test_sum_residual_bounds_by_capacity_match_the_scan_over_every_partner():

@@ -55,6 +55,13 @@ DENSE_PAIRS_MAX = 4096
 #: Sketched groups (`hope_keras.cache.SketchCache`): pairs re-priced from exact Gram
 #: entries per selection (the selected one and the next cheapest rows' pairs).
 REFINE_BATCH = 8
+#: ... and in groups of `REFINE_WIDE` neurons or more, `REFINE_BATCH_WIDE` pairs: a
+#: round costs mostly its fixed work, and a wide group has more near-tied pairs (the
+#: 4 × 8192 MLP: 1.4 rounds a step against 2.3, its run 24 % shorter, the sum of J
+#: lower; on the trained models sketched whole, whose groups are narrow, 16 pairs
+#: gave no better accuracy than 8: docs/benchmarks.md, "Stop 36").
+REFINE_WIDE = 6144
+REFINE_BATCH_WIDE = 16
 # Bytes of a sketched group's producer-kernel columns the editor keeps (`ModelEditor.
 # cache_columns`): exact re-pricing reads the same neurons' weights step after step.
 # 16 MB: 512 columns of an 8192 × 8192 float32 kernel, 4096 of a 1024 × 8192 one.
@@ -729,14 +736,15 @@ class Encoder:
                 # Sketched pair values: the pair selected, and the next cheapest rows'
                 # pairs with it, are re-priced from exact Gram entries until the
                 # selection is stable.
+                batch = REFINE_BATCH_WIDE if cache.size >= REFINE_WIDE else REFINE_BATCH
                 for _ in range(64):
                     if found is None or gs.table.is_exact(found[2], found[3]):
                         break
-                    ii, jj = gs.table.leading_pairs(REFINE_BATCH)
+                    ii, jj = gs.table.leading_pairs(batch)
                     ii, jj = np.append(found[2], ii), np.append(found[3], jj)
                     keep = np.ones(ii.size, dtype=bool)
                     keep[1:] = (ii[1:] != found[2]) | (jj[1:] != found[3])
-                    ii, jj = ii[keep][:REFINE_BATCH], jj[keep][:REFINE_BATCH]
+                    ii, jj = ii[keep][:batch], jj[keep][:batch]
                     gs.table.refine_pairs(ii, jj, cache.exact_pairs(ii, jj))
                     found = gs.table.select(gs.C, gs.n, gs.pair_ok(), price, cutoff=cutoff,
                                             scale=scale)
