@@ -541,7 +541,7 @@ class SketchCache(GroupCache):
         # groups' edits, and the values stay consistent with it.
         def products(x, d):
             # Row-wise products of the pairs only: a Gram product of all rows (one
-            # sgemm) does rows / 2 times the work, 3× slower for 16 pairs of 8192.
+            # sgemm) does rows / 2 times the work: 2.4× slower for 16 pairs of 8192.
             # C order: float32 sums depend on the memory order (cached columns or not).
             x = np.ascontiguousarray(x)
             norm = np.sqrt(np.einsum("ij,ij->i", x, x).astype(np.float64))

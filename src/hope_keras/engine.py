@@ -56,10 +56,10 @@ DENSE_PAIRS_MAX = 4096
 #: entries per selection (the selected one and the next cheapest rows' pairs).
 REFINE_BATCH = 8
 #: ... and in groups of `REFINE_WIDE` neurons or more, `REFINE_BATCH_WIDE` pairs: a
-#: round costs mostly its fixed work, and a wide group has more near-tied pairs (the
-#: 4 × 8192 MLP: 1.4 rounds a step against 2.3, its run 24 % shorter, the sum of J
-#: lower; on the trained models sketched whole, whose groups are narrow, 16 pairs
-#: gave no better accuracy than 8: docs/benchmarks.md, "Stop 36").
+#: round costs mostly its fixed work, so fewer, larger rounds pay where many are
+#: needed (the 4 × 8192 MLP: 1.4 rounds a step against 2.3, its run 20–24 % shorter,
+#: the sum of J lower; on the trained models sketched whole, whose groups are narrow,
+#: 16 pairs gave no better accuracy than 8: docs/benchmarks.md, "Stop 36").
 REFINE_WIDE = 6144
 REFINE_BATCH_WIDE = 16
 # Bytes of a sketched group's producer-kernel columns the editor keeps (`ModelEditor.
