@@ -108,8 +108,8 @@ def main():
     p.add_argument("--density", type=float, default=None)
     p.add_argument("--candidates", default="auto",
                    help="Encoder merge_candidates: an int, 'none' (exhaustive) or 'auto'")
-    p.add_argument("--search", default="certified", choices=("certified", "top_k"),
-                   help="Encoder merge_search")
+    p.add_argument("--search", default="auto", choices=("auto", "certified", "top_k"),
+                   help="Encoder merge_search (default: the library's, auto)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--width", type=int, default=None, help="mlp: layer width (8192)")
     p.add_argument("--init", default="keras", choices=("keras", "numpy"),

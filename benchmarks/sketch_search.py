@@ -4,7 +4,7 @@ Sketch caches (`hope_keras.cache.SketchCache`) are built for groups of
 `cache.SKETCH_WIDTH` (6144) neurons or more, wider than any trained model the
 quality benchmark has. This script lowers the threshold so that every group of a
 trained benchmark model is sketched, then compresses it with
-``merge_search="certified"`` (the default) and ``"top_k"`` to each
+``merge_search="certified"`` and ``"top_k"`` to each
 density and reports accuracy on the selection split (data-free runs; LeNet-300-100
 through `calibrate`, as in `quality.py`; no stream readers' correction, so that the
 searches are compared alone).

@@ -472,6 +472,36 @@ def test_top_k_search_runs_stay_exact_and_validate_the_option():
         Encoder(small_resnet(seed=3), merge_search="fast")
 
 
+def test_auto_merge_search_is_top_k_only_in_the_widest_groups(monkeypatch):
+    """merge_search="auto" (the default) certifies the search in groups narrower than
+    `engine.AUTO_TOP_K_WIDTH` and keeps top-k tables in groups at least that wide:
+    with no group that wide its run is the certified run, with every group that wide
+    the top-k run, and in between each group gets its own."""
+    from hope_keras import engine
+
+    def run(search=None):
+        # One partner per row: there the two searches differ (see above).
+        kwargs = {} if search is None else {"merge_search": search}
+        enc = Encoder(mlp((24, 20), d_in=7, seed=0), merge_candidates=1, **kwargs)
+        certify = {name: gs.table.certify for name, gs in enc.groups.items()
+                   if gs.merges}
+        enc.run(density=0.5, verbose=False)
+        return enc, certify, [(s.kind, s.unit, s.i, s.j, s.J) for s in enc.trajectory.steps]
+
+    enc, certify, auto = run()
+    assert enc.merge_search == "auto"
+    assert enc.trajectory.meta["options"]["merge_search"] == "auto"
+    assert certify == {"fc0": True, "fc1": True}
+    assert sum(s[0] == "merge" for s in auto) >= 3
+    assert auto == run("certified")[2]
+    monkeypatch.setattr(engine, "AUTO_TOP_K_WIDTH", 20)
+    _, certify, auto = run()
+    assert certify == {"fc0": False, "fc1": False}
+    assert auto == run("top_k")[2] != run("certified")[2]
+    monkeypatch.setattr(engine, "AUTO_TOP_K_WIDTH", 22)  # fc0 (24 neurons) only
+    assert run()[1] == {"fc0": False, "fc1": True}
+
+
 @pytest.mark.parametrize("search", ["certified", "top_k"])
 def test_sketched_groups_select_exactly_priced_merges_and_edit_exactly(monkeypatch, search):
     """The sketch tier (groups of 6144+ neurons), forced on small groups: estimated

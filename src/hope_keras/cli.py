@@ -289,9 +289,10 @@ def _parser():
     c.add_argument("--kernel", choices=("approx", "exact"), default="approx",
                    help="cross-kernel: the paper's zero-bias approximation (default) or "
                         "the exact one")
-    c.add_argument("--merge-search", choices=("certified", "top_k"), default="certified",
-                   help="merge selection: the exhaustive scan's pair (certified, default) "
-                        "or the best of each neuron's kept partners (top_k, faster)")
+    c.add_argument("--merge-search", choices=("auto", "certified", "top_k"), default="auto",
+                   help="merge selection: the exhaustive scan's pair (certified), the best "
+                        "of each neuron's kept partners (top_k, faster), or auto (default: "
+                        "certified in groups narrower than 6144 neurons, top_k in wider)")
     c.add_argument("--correct-statistics", choices=("off", "on", "auto", "surrogate"),
                    default="auto",
                    help="after the run, correct BatchNorm moving statistics data-free: "

@@ -62,6 +62,14 @@ REFINE_BATCH = 8
 #: 16 pairs gave no better accuracy than 8: docs/benchmarks.md, "Stop 36").
 REFINE_WIDE = 6144
 REFINE_BATCH_WIDE = 16
+#: ``merge_search="auto"`` (the default) certifies the merge search in groups
+#: narrower than this, and selects the best of each neuron's top-k partners
+#: (``"top_k"``) in groups at least this wide (those sketched by width alone,
+#: `cache.SKETCH_WIDTH`): there the certified search's rescans take tenths of a
+#: second a step, and more as the run goes (the 4 × 8192 MLP: 181 ms a step over its
+#: first 300 steps) where the top-k search takes about 6 ms. No model of the quality
+#: benchmark has a group this wide: on all of them "auto" is the certified search.
+AUTO_TOP_K_WIDTH = 6144
 # Bytes of a sketched group's producer-kernel columns the editor keeps (`ModelEditor.
 # cache_columns`): exact re-pricing reads the same neurons' weights step after step.
 # 16 MB: 512 columns of an 8192 × 8192 float32 kernel, 4096 of a 1024 × 8192 one.
@@ -458,7 +466,7 @@ class Action:
 
 
 BUDGETS = ("density", "params", "flops")
-MERGE_SEARCHES = ("certified", "top_k")
+MERGE_SEARCHES = ("auto", "certified", "top_k")
 
 
 class Encoder:
@@ -491,20 +499,23 @@ class Encoder:
             `DENSE_PAIRS_MAX` neurons (priced once, when its bound first matters)
             and `DEFAULT_MERGE_CANDIDATES` in wider ones; None for other costs
             (with an int they get the best pair among the candidates).
-        merge_search: ``"certified"`` (default): pairs (dense tables) or rows
+        merge_search: ``"certified"``: pairs (dense tables) or rows
             (k-partner tables) the bounds cannot rule out are priced exactly, so the
             merge selected is the exhaustive scan's. ``"top_k"``:
             each neuron keeps the k partners of smallest merge residual among the
             neurons of larger capacity (each pair in its smaller neuron's row) found
             when its row was filled (refilled once three quarters of them are gone),
             and the cheapest of those is selected, with no search outside them.
+            ``"auto"`` (default): ``"certified"`` in groups narrower than
+            `AUTO_TOP_K_WIDTH` (6144) neurons, ``"top_k"`` in wider ones, where the
+            certified search takes tenths of a second a step.
     """
 
     def __init__(self, model, analysis: Optional[Analysis] = None, cost="hope",
                  actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
                  kernel: str = "approx", verbose: bool = False, budget: str = "density",
                  mean_compensation: bool = False, merge_candidates="auto",
-                 merge_search: str = "certified"):
+                 merge_search: str = "auto"):
         actions = tuple(actions) if not isinstance(actions, str) else (actions,)
         bad = [a for a in actions if a not in ACTIONS]
         if bad or not actions:
@@ -655,15 +666,21 @@ class Encoder:
                               np.asarray(float(dp)), np.asarray(float(df)), self.budget,
                               readers)
 
+    def _certified(self, gs: "_GroupState") -> bool:
+        """Whether the group's merge search is certified (`merge_search`)."""
+        if self.merge_search == "auto":
+            return gs.cache.size < AUTO_TOP_K_WIDTH
+        return self.merge_search == "certified"
+
     def _dense(self, gs: "_GroupState") -> bool:
-        return (self._dense_pairs and self.merge_search == "certified"
+        return (self._dense_pairs and self._certified(gs)
                 and gs.cache.size <= DENSE_PAIRS_MAX)
 
     def _merge_table(self, gs: "_GroupState") -> MergeTable:
         k = self.merge_candidates
         return MergeTable(gs.cache, k, self._bound, gs.p_init, gs.pair_ok(),
                           preselect=32 if k is None else max(2 * k, 32),
-                          certify=self.merge_search == "certified", dense=self._dense(gs))
+                          certify=self._certified(gs), dense=self._dense(gs))
 
     def _set_table(self, gs: "_GroupState") -> None:
         """A new merge table for `gs`: dense ones (the same selection whenever they
@@ -1135,7 +1152,7 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
              kernel: str = "approx", verbose="auto",
              analysis: Optional[Analysis] = None,
              mean_compensation: bool = False, merge_candidates="auto",
-             merge_search: str = "certified",
+             merge_search: str = "auto",
              correct_statistics="auto") -> CompressionResult:
     """Compresses a Keras model in place with HOPE, data-free.
 
@@ -1167,11 +1184,13 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
             BN surrogate) to its consumers' biases, so the layer keeps its mean.
         merge_candidates: Merge partners kept per neuron: ``"auto"`` (default: for
             the built-in costs, whose bounded scan selects exactly what the
-            exhaustive scan selects, every pair in groups of up to 1024 neurons and
+            exhaustive scan selects, every pair in groups of up to 4096 neurons and
             16 in wider ones; every pair for other costs), an int, or None (price
             every pair at every step). See `Encoder`.
-        merge_search: ``"certified"`` (default: the exhaustive scan's choice) or
-            ``"top_k"`` (the best pair among the kept partners). See `Encoder`.
+        merge_search: ``"certified"`` (the exhaustive scan's choice), ``"top_k"``
+            (the best pair among the kept partners) or ``"auto"`` (default:
+            certified in groups narrower than 6144 neurons, top-k in wider ones,
+            where the certified search is impractical). See `Encoder`.
         correct_statistics: After the run, correct the BatchNormalization moving
             statistics data-free. ``"surrogate"``: predict them with the Gaussian
             surrogate (`hope_keras.correct_statistics`) only where its independence
