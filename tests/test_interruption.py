@@ -19,6 +19,28 @@ from hope_keras import edit
 from hope_keras.engine import Encoder
 
 DENSITY = 0.35
+COPIES = 1 << 62  # edit.VIEW_MIN_BYTES that no variable reaches: the copying editor
+
+
+def _editor_holding(how):
+    """A fixture body: the editor holds views of the variables ("in place", the CPU
+    default) or copies written back by `commit` (a GPU's variables, other backends).
+    Set and restored by hand: the tests call `monkeypatch.undo()` midway."""
+    saved = edit.VIEW_MIN_BYTES
+    if how == "copies":
+        edit.VIEW_MIN_BYTES = COPIES
+    yield how
+    edit.VIEW_MIN_BYTES = saved
+
+
+@pytest.fixture(params=["in place", "copies"])
+def editor_path(request):
+    yield from _editor_holding(request.param)
+
+
+@pytest.fixture
+def copies():
+    yield from _editor_holding("copies")
 
 
 @pytest.fixture
@@ -95,7 +117,8 @@ def _interrupt_on_call(monkeypatch, owner, name, k, before=False, exc=KeyboardIn
     ("evict", 1),     # inside the eviction
 ])
 def test_interrupted_compress_hands_back_a_trajectory_the_model_equals(where, k, reference,
-                                                                       monkeypatch):
+                                                                       monkeypatch,
+                                                                       editor_path):
     owner, name = {"loop": (Encoder, "next_action"), "prune": (edit.ModelEditor, "prune"),
                    "merge": (edit.ModelEditor, "merge"),
                    "evict": (edit.ModelEditor, "evict")}[where]
@@ -115,7 +138,8 @@ def test_interrupted_compress_hands_back_a_trajectory_the_model_equals(where, k,
     _assert_same_run(trajectory, model, reference)
 
 
-def test_sigint_during_a_step_takes_effect_after_the_step(reference, monkeypatch, ctrl_c):
+def test_sigint_during_a_step_takes_effect_after_the_step(reference, monkeypatch, ctrl_c,
+                                                         editor_path):
     real = edit.ModelEditor.evict
 
     def evict_then_ctrl_c(self, *args, **kwargs):
@@ -135,7 +159,7 @@ def test_sigint_during_a_step_takes_effect_after_the_step(reference, monkeypatch
 
 
 def test_interrupted_bookkeeping_keeps_model_and_trajectory_but_refuses_to_continue(
-        monkeypatch):
+        monkeypatch, editor_path):
     from hope_keras import cache
 
     _interrupt_on_call(monkeypatch, cache.GroupCache, "replace_with_parent", 1, before=True)
@@ -154,10 +178,11 @@ def _variable_class(model):
 
 
 @pytest.fixture(params=["whole", "slices"])
-def write_back(request, monkeypatch):
-    """How `commit` writes a variable: whole (`assign`), or slice by slice swapped with
-    the mirror (every variable here, as an 8192-wide kernel is), one row at a time.
-    Returns the owner and name of the function that writes one piece."""
+def write_back(request, monkeypatch, copies):
+    """How `commit` writes a variable of the copying editor: whole (`assign`), or
+    slice by slice swapped with the mirror (every variable here, as an 8192-wide
+    kernel is), one row at a time. Returns the owner and name of the function that
+    writes one piece."""
     if request.param == "whole":
         return lambda model: (model and _variable_class(model), "assign")
     monkeypatch.setattr(edit, "SWAP_MIN_BYTES", 1)
@@ -216,9 +241,10 @@ def test_an_error_in_the_write_back_restores_the_variables_already_written(monke
         _assert_same_run(enc.trajectory, model, reference)
 
 
-def test_the_editor_edits_its_own_copy_until_commit():
-    """The editor's arrays are its own (Keras hands back a fresh array, kept without a
-    second copy): an edit leaves the model's variables as they were until `commit`."""
+def test_the_copying_editor_edits_its_own_copy_until_commit(copies):
+    """The copying editor's arrays are its own (Keras hands back a fresh array, kept
+    without a second copy): an edit leaves the model's variables as they were until
+    `commit`."""
     from hope_keras.graph import walk
 
     model = small_resnet(seed=1)
@@ -239,7 +265,7 @@ def test_the_editor_edits_its_own_copy_until_commit():
     assert np.any(layer.kernel.numpy()[..., 1] != 0)
 
 
-def test_a_large_variable_is_written_in_slices_without_a_whole_copy(monkeypatch):
+def test_a_large_variable_is_written_in_slices_without_a_whole_copy(monkeypatch, copies):
     """A variable of `SWAP_MIN_BYTES` or more is written slice by slice, never read
     whole during the write-back (no copy of its previous values beside the mirror),
     and ends with the editor's edits; smaller variables are written whole."""
@@ -283,3 +309,66 @@ def test_a_large_variable_is_written_in_slices_without_a_whole_copy(monkeypatch)
     assert np.all(kernel.numpy()[:, [5, 9]] == 0)
     np.testing.assert_array_equal(model.get_layer("head").kernel.numpy(), head_want)
     assert ("wide", "kernel") not in editor._arrays  # read again on demand
+
+
+def _one_group_model():
+    import keras
+
+    inputs = keras.Input((6,))
+    x = keras.layers.Dense(5, name="hidden")(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization(name="hidden_bn")(x))
+    return keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+
+
+def test_on_the_cpu_the_editor_edits_the_variables_in_place(monkeypatch):
+    """The default editor writes into the variables' own buffers: the model holds an
+    edit as soon as its step completes, an interrupted step is undone in the model,
+    and `commit` assigns nothing."""
+    from hope_keras.graph import walk
+
+    model = _one_group_model()
+    editor = edit.ModelEditor(model, walk(model))
+    kernel = model.get_layer("hidden").kernel
+    before = kernel.numpy()
+    with editor.step():
+        editor.prune("hidden", 1)
+    assert np.all(kernel.numpy()[:, 1] == 0)  # before any commit
+    np.testing.assert_array_equal(np.delete(kernel.numpy(), 1, axis=1),
+                                  np.delete(before, 1, axis=1))
+    with pytest.raises(RuntimeError, match="midway"):
+        with editor.step():
+            editor.prune("hidden", 3)
+            raise RuntimeError("midway")
+    np.testing.assert_array_equal(kernel.numpy()[:, 3], before[:, 3])  # undone in place
+    assigned = []
+    var_class = type(kernel)
+    real = var_class.assign
+    monkeypatch.setattr(var_class, "assign",
+                        lambda self, *a, **k: assigned.append(self.path) or real(self, *a, **k))
+    editor.commit()
+    assert assigned == []
+    assert np.all(model.get_layer("head").kernel.numpy()[1] == 0)
+
+
+@pytest.mark.parametrize("how", ["in place", "copies"])
+def test_commit_writes_the_edits_over_an_assignment_from_elsewhere(how):
+    """Between an edit and `commit` the variable is assigned from outside the editor
+    (which gives it a new buffer): commit writes the editor's values, with views as
+    with copies."""
+    from hope_keras.graph import walk
+
+    gen = _editor_holding(how)
+    next(gen)
+    try:
+        model = _one_group_model()
+        editor = edit.ModelEditor(model, walk(model))
+        with editor.step():
+            editor.prune("hidden", 2)
+        want = np.array(editor.array("hidden", "kernel"))
+        kernel = model.get_layer("hidden").kernel
+        kernel.assign(np.full(kernel.shape, 7.0, dtype="float32"))
+        editor.commit()
+        np.testing.assert_array_equal(kernel.numpy(), want)
+        assert np.all(kernel.numpy()[:, 2] == 0)
+    finally:
+        next(gen, None)

@@ -7,6 +7,12 @@ interrupts it, the mirror is restored to the last completed step. `commit()` is 
 or nothing: Ctrl-C waits until every variable is written, an error while writing
 puts back the ones already written.
 
+On the CPU the mirror is the variables themselves (`VIEW_MIN_BYTES`): the editor
+writes into views of the variables' own buffers, not copies, so the model holds
+each completed step as soon as it completes (an interrupted step is undone there
+too) and `commit()` has nothing to write or put back for them. Variables in GPU
+memory, and other backends', take the copying path above.
+
 Edits go through the group's couplings (`hope_keras.graph.Coupling`) and the layer
 registry (`hope_keras.layers`): removing channel ``c`` zeroes every writer's output
 slice, every channelwise layer's per-channel weights and every reader's input
@@ -82,6 +88,52 @@ def _sliceable(var, arr):
             or target.dtype.as_numpy_dtype != arr.dtype:
         return None
     return target
+
+
+#: Variables of at least this many bytes (all: 0) are edited in place when they live
+#: in host memory: the editor writes into a NumPy view of the variable's own buffer
+#: instead of a copy (`_buffer_view`). No copy to make, none to write back: a wide
+#: layer costs half the memory during a run, and a step on ResNet-50 about a tenth
+#: less time (docs/benchmarks.md, "Stop 39").
+VIEW_MIN_BYTES = 0
+
+
+def _buffer_view(var, nbytes: int):
+    """``(view, held)``: a writable NumPy view of TensorFlow variable `var`'s own
+    buffer and the tensor that keeps it alive, when the variable is at least
+    `VIEW_MIN_BYTES` and lives in host memory (TensorFlow backend); else None.
+
+    TensorFlow reads a CPU resource variable without copying it: the tensor of a
+    read shares the variable's buffer, and two reads share it with each other,
+    which is checked here (a variable on a GPU, or read with a copy, gives None).
+    An assignment from elsewhere would give the variable a new buffer: `commit`
+    checks the view is still the variable's and writes it back otherwise."""
+    if nbytes < VIEW_MIN_BYTES or keras.backend.backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    target = getattr(var, "value", None)
+    # A plain resource variable: a distributed one's read is one replica's buffer.
+    if not isinstance(target, tf.Variable) or type(target).__name__ != "ResourceVariable":
+        return None
+    try:
+        held = target.value()
+        view = held._numpy()  # no copy: TensorFlow's own host buffer
+        again = target.value()._numpy()
+    except Exception:  # noqa: BLE001 - any failure: the copying path
+        return None
+    if not (isinstance(view, np.ndarray) and view.flags.writeable
+            and view.shape == tuple(target.shape) and np.shares_memory(view, again)):
+        return None
+    return view, held
+
+
+def _still_aliased(var, view) -> bool:
+    """Whether `view` (from `_buffer_view`) is still variable `var`'s buffer."""
+    try:
+        return np.shares_memory(view, var.value.value()._numpy())
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _assign_slice(target, start: int, stop: int, values) -> None:
@@ -345,6 +397,7 @@ class ModelEditor:
         self.mean_compensation = bool(mean_compensation)
         self._moments = moments
         self._arrays: Dict[Tuple[str, str], np.ndarray] = {}
+        self._held: Dict[Tuple[str, str], object] = {}  # tensors behind in-place views
         self._dirty: set = set()
         self._undo: List = None
         self._blocks = {b.name: b for b in graph.blocks}
@@ -365,7 +418,12 @@ class ModelEditor:
         """The current (possibly edited) value of ``layer.attr`` as numpy."""
         key = (layer, attr)
         if key not in self._arrays:
-            arr = getattr(self.layer(layer), attr).numpy()
+            var = getattr(self.layer(layer), attr)
+            found = _buffer_view(var, int(np.prod(var.shape)) * np.dtype(var.dtype).itemsize)
+            if found is not None:  # a wide variable: edited in place (`VIEW_MIN_BYTES`)
+                self._arrays[key], self._held[key] = found
+                return found[0]
+            arr = var.numpy()
             # Keras returns a fresh array: a second copy would only double the peak
             # memory of a wide layer (256 MB for an 8192 × 8192 kernel).
             if not (arr.flags.writeable and arr.flags.owndata):
@@ -428,6 +486,10 @@ class ModelEditor:
         variable is written; any other error puts back the variables already written
         (the model then holds the previous commit; the editor keeps its edits) and
         propagates. Written arrays leave the mirror (`array` reads them again).
+        Variables edited in place (`VIEW_MIN_BYTES`: on the CPU) hold every
+        completed step's edits already: they have nothing to write and nothing to
+        put back (unless an assignment from elsewhere replaced their buffer since:
+        then the editor's values are written, as for a copy).
 
         A variable of `SWAP_MIN_BYTES` or more is written in slices along its first
         axis, each slice swapped with the mirror's (the mirror then holds the
@@ -452,6 +514,16 @@ class ModelEditor:
                 for key in keys:
                     var = getattr(self.layer(key[0]), key[1])
                     arr = self._arrays[key]
+                    if key in self._held:
+                        # Edited in place: nothing to write unless an assignment
+                        # from elsewhere gave the variable a new buffer. No rollback
+                        # copy either: the variable keeps the edits (module docstring).
+                        if not _still_aliased(var, arr):
+                            uninterrupted(lambda: var.assign(arr))
+                        del self._arrays[key], self._held[key]
+                        if key in self._columns:
+                            self._columns[key].clear()
+                        continue
                     target = _sliceable(var, arr)
                     if target is None:
                         before = var.numpy()
