@@ -98,7 +98,7 @@ def _sliceable(var, arr):
 VIEW_MIN_BYTES = 0
 
 
-def _buffer_view(var, nbytes: int):
+def _buffer_view(var):
     """``(view, held)``: a writable NumPy view of TensorFlow variable `var`'s own
     buffer and the tensor that keeps it alive, when the variable is at least
     `VIEW_MIN_BYTES` and lives in host memory (TensorFlow backend); else None.
@@ -108,13 +108,15 @@ def _buffer_view(var, nbytes: int):
     which is checked here (a variable on a GPU, or read with a copy, gives None).
     An assignment from elsewhere would give the variable a new buffer: `commit`
     checks the view is still the variable's and writes it back otherwise."""
-    if nbytes < VIEW_MIN_BYTES or keras.backend.backend() != "tensorflow":
+    if keras.backend.backend() != "tensorflow":
         return None
     import tensorflow as tf
 
     target = getattr(var, "value", None)
     # A plain resource variable: a distributed one's read is one replica's buffer.
     if not isinstance(target, tf.Variable) or type(target).__name__ != "ResourceVariable":
+        return None
+    if target.shape.num_elements() * target.dtype.size < VIEW_MIN_BYTES:
         return None
     try:
         held = target.value()
@@ -419,8 +421,8 @@ class ModelEditor:
         key = (layer, attr)
         if key not in self._arrays:
             var = getattr(self.layer(layer), attr)
-            found = _buffer_view(var, int(np.prod(var.shape)) * np.dtype(var.dtype).itemsize)
-            if found is not None:  # a wide variable: edited in place (`VIEW_MIN_BYTES`)
+            found = _buffer_view(var)
+            if found is not None:  # in host memory: edited in place (`VIEW_MIN_BYTES`)
                 self._arrays[key], self._held[key] = found
                 return found[0]
             arr = var.numpy()
