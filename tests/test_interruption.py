@@ -372,3 +372,20 @@ def test_commit_writes_the_edits_over_an_assignment_from_elsewhere(how):
         assert np.all(kernel.numpy()[:, 2] == 0)
     finally:
         next(gen, None)
+
+
+def test_a_held_back_ctrl_c_is_raised_at_the_next_check(ctrl_c):
+    """`Encoder.run` holds Ctrl-C back for its whole loop and checks between steps:
+    a Ctrl-C mid-iteration lets the iteration finish and is raised by the next
+    check, once."""
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        with edit.defer_keyboard_interrupt() as deliver_pending:
+            for k in range(4):
+                deliver_pending()
+                seen.append(k)
+                if k == 1:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    seen.append("went on")
+    assert seen == [0, 1, "went on"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

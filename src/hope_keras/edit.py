@@ -42,32 +42,43 @@ from hope_keras.kernels import relu_mean
 def defer_keyboard_interrupt():
     """Holds Ctrl-C (SIGINT) back until the block ends, then raises it.
 
-    In the main thread only (Python runs signal handlers there); elsewhere the block
-    runs unguarded.
+    Yields a function that raises a held-back Ctrl-C at once (and nothing when none
+    came): a loop can check between its iterations under one handler. In the main
+    thread only (Python runs signal handlers there); elsewhere the block runs
+    unguarded.
 
     Example:
 
-    >>> with defer_keyboard_interrupt():
-    ...     pass
+    >>> with defer_keyboard_interrupt() as deliver_pending:
+    ...     deliver_pending()  # no Ctrl-C came: nothing happens
     """
+    def nothing():
+        return None
+
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield nothing
         return
     received = []
     try:
         previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
     except (ValueError, OSError):  # not the main interpreter
-        yield
+        yield nothing
         return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+
+    def deliver_pending():
         if received:
+            frame = received[0]
+            received.clear()
             if callable(previous):  # default_int_handler raises KeyboardInterrupt
-                previous(signal.SIGINT, received[0])
+                previous(signal.SIGINT, frame)
             elif previous != signal.SIG_IGN:
                 raise KeyboardInterrupt
+
+    try:
+        yield deliver_pending
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        deliver_pending()
 
 
 #: Variables of at least this many bytes are written back slice by slice (`commit`).

@@ -1098,24 +1098,28 @@ class Encoder:
 
         reason = None
         try:
-            while True:
-                reason = done()
-                if reason:
-                    break
-                max_removed = (self.active - target_active) if target_active is not None else None
-                action = self.next_action(max_removed)
-                if action is None:
-                    reason = "no_action"
-                    break
-                recorded = len(self.trajectory)
-                with defer_keyboard_interrupt():  # Ctrl-C takes effect between steps
+            # Ctrl-C takes effect between steps: held back for the whole loop (one
+            # signal handler, not two per step) and raised before the next step.
+            with defer_keyboard_interrupt() as deliver_pending:
+                while True:
+                    deliver_pending()
+                    reason = done()
+                    if reason:
+                        break
+                    max_removed = ((self.active - target_active)
+                                   if target_active is not None else None)
+                    action = self.next_action(max_removed)
+                    if action is None:
+                        reason = "no_action"
+                        break
+                    recorded = len(self.trajectory)
                     try:
                         self.execute(action)
                     except BaseException:
                         # Recorded, then interrupted: the tables may be half updated.
                         self._stale = len(self.trajectory) > recorded
                         raise
-                show()
+                    show()
         finally:
             try:
                 self.editor.commit()
