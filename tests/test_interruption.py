@@ -340,6 +340,7 @@ def test_on_the_cpu_the_editor_edits_the_variables_in_place(monkeypatch):
             editor.prune("hidden", 3)
             raise RuntimeError("midway")
     np.testing.assert_array_equal(kernel.numpy()[:, 3], before[:, 3])  # undone in place
+    editor.array("hidden_bn", "moving_variance")  # a view only read
     assigned = []
     var_class = type(kernel)
     real = var_class.assign
@@ -348,6 +349,10 @@ def test_on_the_cpu_the_editor_edits_the_variables_in_place(monkeypatch):
     editor.commit()
     assert assigned == []
     assert np.all(model.get_layer("head").kernel.numpy()[1] == 0)
+    # No view outlives the commit (held, it would make TensorFlow copy the buffer
+    # when the model is trained): read again, it is a new one.
+    assert not editor._held
+    assert np.all(editor.array("hidden", "kernel")[:, 1] == 0)
 
 
 @pytest.mark.parametrize("how", ["in place", "copies"])

@@ -560,6 +560,12 @@ class ModelEditor:
             # Inside the block: a Ctrl-C it held back is raised when the block ends,
             # and the written arrays have left the mirror.
             self._dirty.clear()
+            # Views only read go too (taken again for free): held, they would make
+            # TensorFlow copy those buffers when the model is trained afterwards.
+            for key in list(self._held):
+                del self._arrays[key], self._held[key]
+                if key in self._columns:
+                    self._columns[key].clear()
         if interrupted:
             raise interrupted[0]
 
