@@ -4,11 +4,16 @@ KeyboardInterrupt is raised from monkeypatched functions in the step loop, insid
 prune, a merge and an eviction, inside the bookkeeping after a step, and inside the
 write-back into the model's variables (as a raised exception and as a real SIGINT);
 each time the model must equal the replay of the steps the exception hands back, and
-where the run can go on, going on must give the uninterrupted run.
+where the run can go on, going on must give the uninterrupted run. Both ways the
+editor holds weights: views of the variables' own buffers (the CPU default) and
+copies written back by `commit` (GPU variables, distributed ones).
 """
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -394,3 +399,44 @@ def test_a_held_back_ctrl_c_is_raised_at_the_next_check(ctrl_c):
                     seen.append("went on")
     assert seen == [0, 1, "went on"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+_MIRRORED = textwrap.dedent("""
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import numpy as np
+    sys.path.insert(0, sys.argv[1])
+    from conftest import copy_model, small_resnet
+    import hope_keras
+    from hope_keras import edit
+
+    model = small_resnet(seed=4)
+    single = copy_model(model)
+    with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+        mirrored = copy_model(model)
+    assert edit._buffer_view(mirrored.weights[0]) is None  # one replica's buffer
+    for m in (single, mirrored):
+        hope_keras.compress(m, density=0.5, verbose=False, correct_statistics=False)
+    for a, w in zip(single.get_weights(), mirrored.weights):
+        for replica in w.value.values:
+            np.testing.assert_array_equal(replica.numpy(), a, err_msg=w.path)
+    print("MIRRORED_OK")
+""")
+
+
+def test_a_mirrored_model_is_edited_through_copies_on_every_replica():
+    """A variable created under `tf.distribute.MirroredStrategy` (two logical CPUs,
+    in a subprocess) is no plain resource variable: the editor copies it and
+    `commit` assigns every replica, which end equal to the same compression on one
+    device (edited in place, only one replica's buffer would change)."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow",
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", _MIRRORED, tests], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "MIRRORED_OK" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-3000:])
