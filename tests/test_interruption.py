@@ -412,13 +412,13 @@ _MIRRORED = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from conftest import copy_model, small_resnet
     import hope_keras
-    from hope_keras import edit
+    from hope_keras._host_buffers import buffer_view
 
     model = small_resnet(seed=4)
     single = copy_model(model)
     with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
         mirrored = copy_model(model)
-    assert edit._buffer_view(mirrored.weights[0]) is None  # one replica's buffer
+    assert buffer_view(mirrored.weights[0]) is None  # one replica's buffer
     for m in (single, mirrored):
         hope_keras.compress(m, density=0.5, verbose=False, correct_statistics=False)
     for a, w in zip(single.get_weights(), mirrored.weights):

@@ -32,6 +32,7 @@ import numpy as np
 
 from hope_keras import costs, kernels
 from hope_keras import layers as layer_rules
+from hope_keras._host_buffers import read_values
 from hope_keras.neurons import LayerState
 
 # Rows per chunk: bounds the temporaries of the pair computations to a few MB per
@@ -785,7 +786,8 @@ def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512
         key = (layer, attr)
         if key not in memo:
             v = getattr(get(layer), attr)
-            arr = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+            # No copy where TensorFlow allows (read-only; the rows read are copied).
+            arr = read_values(v) if hasattr(v, "numpy") else np.asarray(v)
             if not np.all(np.isfinite(arr)):
                 bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
                 raise ValueError(

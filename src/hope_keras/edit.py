@@ -34,6 +34,7 @@ import keras
 import numpy as np
 
 from hope_keras import layers as layer_rules
+from hope_keras._host_buffers import buffer_view, still_aliased
 from hope_keras.graph import Coupling, ModelGraph, NeuronGroup
 from hope_keras.kernels import relu_mean
 
@@ -103,50 +104,10 @@ def _sliceable(var, arr):
 
 #: Variables of at least this many bytes (all: 0) are edited in place when they live
 #: in host memory: the editor writes into a NumPy view of the variable's own buffer
-#: instead of a copy (`_buffer_view`). No copy to make, none to write back: a wide
-#: layer costs half the memory during a run, and a step on ResNet-50 about a tenth
-#: less time (docs/benchmarks.md, "Stop 39").
+#: instead of a copy (`hope_keras._host_buffers.buffer_view`). No copy to make, none
+#: to write back: a wide layer costs half the memory during a run, and a step on
+#: ResNet-50 about a tenth less time (docs/benchmarks.md, "Stop 39").
 VIEW_MIN_BYTES = 0
-
-
-def _buffer_view(var):
-    """``(view, held)``: a writable NumPy view of TensorFlow variable `var`'s own
-    buffer and the tensor that keeps it alive, when the variable is at least
-    `VIEW_MIN_BYTES` and lives in host memory (TensorFlow backend); else None.
-
-    TensorFlow reads a CPU resource variable without copying it: the tensor of a
-    read shares the variable's buffer, and two reads share it with each other,
-    which is checked here (a variable on a GPU, or read with a copy, gives None).
-    An assignment from elsewhere would give the variable a new buffer: `commit`
-    checks the view is still the variable's and writes it back otherwise."""
-    if keras.backend.backend() != "tensorflow":
-        return None
-    import tensorflow as tf
-
-    target = getattr(var, "value", None)
-    # A plain resource variable: a distributed one's read is one replica's buffer.
-    if not isinstance(target, tf.Variable) or type(target).__name__ != "ResourceVariable":
-        return None
-    if target.shape.num_elements() * target.dtype.size < VIEW_MIN_BYTES:
-        return None
-    try:
-        held = target.value()
-        view = held._numpy()  # no copy: TensorFlow's own host buffer
-        again = target.value()._numpy()
-    except Exception:  # noqa: BLE001 - any failure: the copying path
-        return None
-    if not (isinstance(view, np.ndarray) and view.flags.writeable
-            and view.shape == tuple(target.shape) and np.shares_memory(view, again)):
-        return None
-    return view, held
-
-
-def _still_aliased(var, view) -> bool:
-    """Whether `view` (from `_buffer_view`) is still variable `var`'s buffer."""
-    try:
-        return np.shares_memory(view, var.value.value()._numpy())
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def _assign_slice(target, start: int, stop: int, values) -> None:
@@ -432,7 +393,7 @@ class ModelEditor:
         key = (layer, attr)
         if key not in self._arrays:
             var = getattr(self.layer(layer), attr)
-            found = _buffer_view(var)
+            found = buffer_view(var, VIEW_MIN_BYTES)
             if found is not None:  # in host memory: edited in place (`VIEW_MIN_BYTES`)
                 self._arrays[key], self._held[key] = found
                 return found[0]
@@ -531,7 +492,7 @@ class ModelEditor:
                         # Edited in place: nothing to write unless an assignment
                         # from elsewhere gave the variable a new buffer. No rollback
                         # copy either: the variable keeps the edits (module docstring).
-                        if not _still_aliased(var, arr):
+                        if not still_aliased(var, arr):
                             uninterrupted(lambda: var.assign(arr))
                         del self._arrays[key], self._held[key]
                         if key in self._columns:

@@ -31,6 +31,7 @@ import keras
 import numpy as np
 
 from hope_keras import layers as layer_rules
+from hope_keras._host_buffers import read_values
 
 __all__ = ["propagate", "activation_moments"]
 
@@ -38,7 +39,9 @@ Moments = Tuple[np.ndarray, np.ndarray]  # (mean, variance) per channel position
 
 
 def _np(v) -> np.ndarray:
-    return np.asarray(v.numpy() if hasattr(v, "numpy") else v, dtype=np.float64)
+    """A variable's values in float64 (read through `read_values`: no float32 copy
+    first; read-only when the variable is float64 already)."""
+    return np.asarray(read_values(v) if hasattr(v, "numpy") else v, dtype=np.float64)
 
 
 def activation_moments(activation, mean, var):
@@ -95,7 +98,7 @@ def _linear_source(layer, rule, mean, var):
     elif kind == "dense":
         # Row blocks of the float32 kernel in float64: a wide Dense's float64 kernel
         # and its square would be 16 bytes per weight at once (1 GB at 8192²).
-        kernel = keras.ops.convert_to_numpy(layer.kernel)
+        kernel = read_values(layer.kernel)  # no copy where TensorFlow allows
         w = kernel.reshape(-1, kernel.shape[-1])
         if w.shape[0] != mean.shape[0]:  # a shape we cannot map: unknown
             return np.zeros(w.shape[1]), np.ones(w.shape[1])

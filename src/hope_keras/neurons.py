@@ -21,11 +21,20 @@ import numpy as np
 import keras
 
 from hope_keras import layers as layer_rules
+from hope_keras._host_buffers import read_values
 from hope_keras.graph import Consumer, Coupling, NeuronGroup, ResidualBlock
 
 
 def _np(variable) -> np.ndarray:
     return np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable)
+
+
+def _read(variable) -> np.ndarray:
+    """`_np` without the copy where TensorFlow allows (`read_values`): for reads
+    copied or reduced at once, never kept (the editor writes the variables in place)."""
+    if not hasattr(variable, "numpy"):
+        return np.asarray(variable)
+    return read_values(variable)
 
 
 def consumer_rows(kernel: np.ndarray, kind: str, channels: int) -> np.ndarray:
@@ -143,12 +152,12 @@ def bn_arrays(bn) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float
 
 def producer_arrays(layer) -> Tuple[np.ndarray, np.ndarray]:
     """Returns the producer's filters ``(n, d)`` and bias ``(n,)`` as float64."""
-    kernel = _np(layer.kernel).astype(np.float64)
+    kernel = _read(layer.kernel).astype(np.float64)
     _check_finite(layer.name, "kernel", kernel)
     n = kernel.shape[-1]
     w = kernel.reshape(-1, n).T
     if getattr(layer, "use_bias", False) and layer.bias is not None:
-        bias = _np(layer.bias).astype(np.float64)
+        bias = _read(layer.bias).astype(np.float64)
         _check_finite(layer.name, "bias", bias)
     else:
         bias = np.zeros(n)
@@ -170,7 +179,7 @@ def reader_slices(layer, positions: np.ndarray, native: bool = False) -> List[np
         var = getattr(layer, w.attr, None)
         if var is None:
             continue
-        arr = _np(var)  # gathered in its own dtype, then one float64 copy (exact)
+        arr = _read(var)  # gathered in its own dtype, then one float64 copy (exact)
         _check_finite(layer.name, w.attr, arr)
         idx = positions if w.expand == 1 else (
             positions[..., None] * w.expand + np.arange(w.expand)).reshape(n, -1)
@@ -192,7 +201,7 @@ def consumer_u(model, consumers: Tuple[Consumer, ...], channels: int, positions=
         if positions is not None and c.layer in positions:
             rows = np.concatenate(reader_slices(layer, positions[c.layer]), axis=1)
         else:
-            kernel = _np(layer.kernel).astype(np.float64)
+            kernel = _read(layer.kernel).astype(np.float64)
             _check_finite(c.layer, "kernel", kernel)
             rows = consumer_rows(kernel, c.kind, channels)
         parts.append(rows)
