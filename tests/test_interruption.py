@@ -440,3 +440,57 @@ def test_a_mirrored_model_is_edited_through_copies_on_every_replica():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "MIRRORED_OK" in proc.stdout, (
         proc.stdout[-3000:] + proc.stderr[-3000:])
+
+
+def _arrays_in(obj, path="analysis", seen=None, depth=0):
+    """Every NumPy array reachable from `obj` through hope_keras objects, dicts,
+    lists and tuples: ``{path: array}``."""
+    seen = set() if seen is None else seen
+    out = {}
+    if id(obj) in seen or depth > 6:
+        return out
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        out[path] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(_arrays_in(v, f"{path}[{k!r}]", seen, depth + 1))
+    elif isinstance(obj, (list, tuple)):
+        for k, v in enumerate(obj):
+            out.update(_arrays_in(v, f"{path}[{k}]", seen, depth + 1))
+    elif type(obj).__module__.startswith("hope_keras") and hasattr(obj, "__dict__"):
+        for k, v in vars(obj).items():
+            out.update(_arrays_in(v, f"{path}.{k}", seen, depth + 1))
+    return out
+
+
+def test_the_analysis_keeps_no_view_of_the_weights(monkeypatch):
+    """`analyze` reads the weights through views of the variables' buffers
+    (`hope_keras._host_buffers.read_values`) where it copies them at once: nothing it
+    keeps may be such a view, or the editor's in-place writes would change it. Every
+    array of an analysis (dense and sketched groups) is the same after every group
+    of the model was edited in place."""
+    from hope_keras import cache as cache_lib
+    from hope_keras.graph import walk
+
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 8)  # "fc" (9 wide) sketched
+    model = small_resnet(seed=3)
+    rng = np.random.default_rng(3)
+    for w in model.weights:  # no zero biases: their edits must show
+        if w.path.endswith("bias"):
+            w.assign(rng.normal(0, 0.1, w.shape).astype("float32"))
+    analysis = hope_keras.analyze(model)
+    assert any(isinstance(c, cache_lib.SketchCache) for c in analysis.caches.values())
+    before = {k: np.array(v) for k, v in _arrays_in(analysis).items()}
+    assert len(before) > 50
+    editor = edit.ModelEditor(model, walk(model))
+    for name, group in analysis.graph.groups.items():
+        with editor.step():
+            editor.prune(name, 0)
+            if group.kind == "neurons":
+                editor.merge(name, 1, 2, edit.ParentCoefficients(
+                    0.6, 0.4, 1.1, 0.9, 1.3, 0.2))
+    editor.commit()
+    changed = [k for k, v in _arrays_in(analysis).items()
+               if k in before and not np.array_equal(v, before[k], equal_nan=True)]
+    assert not changed, changed[:5]
