@@ -1,6 +1,9 @@
 """Shared test helpers: small Keras models built in the test, with non-trivial BN."""
 
 import os
+import subprocess
+import sys
+import textwrap
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -76,6 +79,31 @@ def outputs_equal(a, b, x, rtol=1e-5, atol=1e-6):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+_TWO_CPUS = textwrap.dedent("""
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    sys.path.insert(0, sys.argv[1])
+""")
+
+
+def run_on_two_logical_cpus(script: str, timeout: int = 300) -> None:
+    """Runs `script` in a fresh Python process whose CPU is split into two logical
+    devices (``/cpu:0``, ``/cpu:1``: `tf.distribute.MirroredStrategy` needs them set
+    before TensorFlow starts), with the tests folder importable; it must print
+    ``MIRRORED_OK``."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow",
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", _TWO_CPUS + textwrap.dedent(script), tests],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0 and "MIRRORED_OK" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-3000:])
 
 
 def plant_duplicate(model, producer, consumer, src, dst, noise=0.05, seed=0):

@@ -1,16 +1,13 @@
 """DEFT training: frozen/masked weights stay bit-identical, dynamic decoupling,
 optimizer serialisation, model.fit == custom loop, MirroredStrategy on 2 CPUs."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
 import numpy as np
 import pytest
 
-from conftest import small_resnet
+from conftest import run_on_two_logical_cpus, small_resnet
 from hope_keras import deft
 
 
@@ -144,14 +141,8 @@ def test_model_fit_and_custom_loop_give_the_same_update():
 
 
 _MIRRORED = textwrap.dedent("""
-    import os, sys
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras, numpy as np
-    sys.path.insert(0, sys.argv[1])
     from conftest import small_resnet
     from hope_keras import deft
 
@@ -187,13 +178,7 @@ _MIRRORED = textwrap.dedent("""
 
 
 def test_trainer_under_mirrored_strategy_on_two_logical_cpus():
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow",
-               CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", _MIRRORED, tests], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "MIRRORED_OK" in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-3000:])
+    run_on_two_logical_cpus(_MIRRORED)
 
 
 def test_core_is_bit_identical_after_fine_tuning_with_shock_reduction():

@@ -11,15 +11,13 @@ copies written back by `commit` (GPU variables, distributed ones).
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 
 import hope_keras
-from conftest import copy_model, plant_duplicate, small_resnet
+from conftest import plant_duplicate, run_on_two_logical_cpus, small_resnet
 from hope_keras import edit
 from hope_keras.engine import Encoder
 
@@ -402,14 +400,8 @@ def test_a_held_back_ctrl_c_is_raised_at_the_next_check(ctrl_c):
 
 
 _MIRRORED = textwrap.dedent("""
-    import os, sys
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import numpy as np
-    sys.path.insert(0, sys.argv[1])
     from conftest import copy_model, small_resnet
     import hope_keras
     from hope_keras._host_buffers import buffer_view
@@ -433,13 +425,7 @@ def test_a_mirrored_model_is_edited_through_copies_on_every_replica():
     in a subprocess) is no plain resource variable: the editor copies it and
     `commit` assigns every replica, which end equal to the same compression on one
     device (edited in place, only one replica's buffer would change)."""
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow",
-               CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", _MIRRORED, tests], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "MIRRORED_OK" in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-3000:])
+    run_on_two_logical_cpus(_MIRRORED)
 
 
 def _arrays_in(obj, path="analysis", seen=None, depth=0):

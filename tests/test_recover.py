@@ -6,9 +6,6 @@ heads are distilled on their logits and restored, that labels and errors behave,
 (in a subprocess with two logical CPUs) that MirroredStrategy matches one device.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -16,7 +13,7 @@ import numpy as np
 import pytest
 
 import hope_keras
-from conftest import copy_model, mlp, small_resnet
+from conftest import copy_model, mlp, run_on_two_logical_cpus, small_resnet
 from hope_keras.recover import Distiller
 
 L = keras.layers
@@ -165,14 +162,8 @@ def test_bad_input_is_refused_and_model_untouched():
 
 
 _MIRRORED = textwrap.dedent("""
-    import os, sys
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras, numpy as np
-    sys.path.insert(0, sys.argv[1])
     from conftest import copy_model, mlp, small_resnet
     import hope_keras
 
@@ -210,13 +201,7 @@ _MIRRORED = textwrap.dedent("""
 
 
 def test_recover_under_mirrored_strategy_matches_one_device():
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow",
-               CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", _MIRRORED, tests], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "MIRRORED_OK" in proc.stdout, (
-        proc.stdout[-3000:] + proc.stderr[-3000:])
+    run_on_two_logical_cpus(_MIRRORED)
 
 
 def test_subclassed_student_is_distilled_as_logits():
