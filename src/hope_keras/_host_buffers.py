@@ -85,6 +85,7 @@ def read_values(var) -> np.ndarray:
     if found is None:
         arr = np.asarray(var.numpy() if hasattr(var, "numpy") else var)
     else:
-        arr = found[0].view()
+        arr = found[0]
+    arr = arr.view()  # read-only without touching the caller's array (an ndarray given)
     arr.flags.writeable = False
     return arr

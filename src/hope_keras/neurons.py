@@ -29,12 +29,9 @@ def _np(variable) -> np.ndarray:
     return np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable)
 
 
-def _read(variable) -> np.ndarray:
-    """`_np` without the copy where TensorFlow allows (`read_values`): for reads
-    copied or reduced at once, never kept (the editor writes the variables in place)."""
-    if not hasattr(variable, "numpy"):
-        return np.asarray(variable)
-    return read_values(variable)
+# `_np` without the copy where TensorFlow allows: for reads copied or reduced at
+# once, never kept (the editor writes the variables in place).
+_read = read_values
 
 
 def consumer_rows(kernel: np.ndarray, kind: str, channels: int) -> np.ndarray:
