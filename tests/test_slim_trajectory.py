@@ -102,6 +102,20 @@ def test_replay_equals_direct_run_and_save_load_round_trips(compressed, tmp_path
         np.testing.assert_array_equal(a, b)
 
 
+def test_fingerprint_is_the_hash_of_the_weights_as_copied(compressed, monkeypatch):
+    """The run's fingerprint (hashed on a thread from views of the weights while the
+    tables fill) is the model's before the run, byte for byte the hash of copies of
+    its weights: trajectories saved before views were used still replay."""
+    from hope_keras import _keras_graph
+    from hope_keras.trajectory import fingerprint
+
+    original, _, result = compressed
+    graph = hope_keras.analyze(original).graph
+    from_views = fingerprint(original, graph)
+    monkeypatch.setattr(_keras_graph, "weight_view", lambda w: np.array(w.numpy()))
+    assert fingerprint(original, graph) == from_views == result.trajectory.meta["fingerprint"]
+
+
 def test_replay_refuses_another_model_and_leaves_it_untouched(compressed):
     _, model, result = compressed
     other = small_resnet(seed=99)

@@ -33,7 +33,8 @@ from hope_keras import _keras_graph as kg
 from hope_keras import bn_stats, costs
 from hope_keras import layers as layer_rules
 from hope_keras.analysis import Analysis, analyze
-from hope_keras.cache import SketchCache, build_group_cache, build_sketch_cache, extract_rows
+from hope_keras.cache import (SketchCache, _background, build_group_cache, build_sketch_cache,
+                             extract_rows)
 from hope_keras.candidates import MergeTable
 from hope_keras.edit import ModelEditor, ParentCoefficients, defer_keyboard_interrupt
 from hope_keras.neurons import extract_group
@@ -554,6 +555,9 @@ class Encoder:
                 analysis, caches={k: v.copy() for k, v in analysis.caches.items()})
         self.analysis = analysis
         _check_finite_weights(model, analysis.graph.flat)
+        # The trajectory's fingerprint is hashed on a thread while the tables fill
+        # (hashlib releases the GIL; nothing edits the model before __init__ ends).
+        hashed = _background().submit(fingerprint, model, analysis.graph)
         self.actions = set(actions)
         self.merge_scale = merge_scale
         self.refresh = refresh
@@ -604,7 +608,7 @@ class Encoder:
         self._push_all()
         self.trajectory = Trajectory({
             "model_name": model.name,
-            "fingerprint": fingerprint(model, self.graph),
+            "fingerprint": hashed.result(),
             "groups": [[n, g.size] for n, g in self.graph.groups.items()],
             "blocks": [b.name for b in self.graph.blocks],
             "block_groups": {b.name: list(b.groups) for b in self.graph.blocks},

@@ -85,8 +85,8 @@ def fingerprint(model, graph, sample: Optional[int] = None) -> str:
                 h.update(str(tuple(w.shape)).encode())
                 h.update(np.ascontiguousarray(arr[::max(1, arr.size // sample)]).view(np.uint8))
                 continue
-            # Its bytes in place (any dtype), not a bytes copy of a large kernel.
-            h.update(np.ascontiguousarray(w.numpy()).reshape(-1).view(np.uint8))
+            # Its bytes in place (any dtype): no copy of a large kernel.
+            h.update(np.ascontiguousarray(weight_view(w)).reshape(-1).view(np.uint8))
     return h.hexdigest()
 
 
