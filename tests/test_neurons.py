@@ -9,6 +9,26 @@ from hope_keras.graph import walk
 from hope_keras.neurons import consumer_rows, extract_group, rows_to_kernel
 
 
+def test_neurons_state_keeps_filters_in_kernel_dtype_and_folds_in_float64(rng):
+    """A "neurons" group's filters stay in the kernel's dtype (a copy: half the bytes
+    of float64); the folded vectors are bit for bit those of a float64 copy."""
+    inputs = keras.Input((5,))
+    y = L.BatchNormalization(name="bn")(L.Dense(4, name="p")(inputs))
+    model = keras.Model(inputs, L.Dense(2, name="q")(L.ReLU()(y)))
+    randomize_bn(model)
+    state = extract_group(model, walk(model).groups["p"])
+    kernel = model.get_layer("p").kernel
+    assert state.w_raw.dtype == np.float32
+    bn = model.get_layer("bn")
+    scale = bn.gamma.numpy().astype(np.float64) / np.sqrt(
+        bn.moving_variance.numpy().astype(np.float64) + bn.epsilon)
+    ref = scale[:, None] * kernel.numpy().astype(np.float64).T
+    assert state.w_eff.dtype == np.float64
+    np.testing.assert_array_equal(state.w_eff, ref)
+    kernel.assign(np.zeros((5, 4), "float32"))  # the state does not follow the model
+    np.testing.assert_array_equal(state.w_eff, ref)
+
+
 @pytest.mark.parametrize("center,scale,use_bias", [(True, True, True), (False, True, True),
                                                    (True, False, False), (False, False, True)])
 def test_folded_dense_neurons_reproduce_bn_output(center, scale, use_bias, rng):

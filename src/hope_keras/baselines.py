@@ -91,7 +91,7 @@ class BaselineResult:
 
 # ----------------------------------------------------------------------- scoring
 def _filter_norm(state, ord_: int) -> np.ndarray:
-    return np.linalg.norm(state.w_raw, ord=ord_, axis=1)
+    return np.linalg.norm(np.asarray(state.w_raw, dtype=np.float64), ord=ord_, axis=1)
 
 
 def scores(analysis: Analysis, method: str) -> Dict[str, np.ndarray]:
@@ -109,7 +109,8 @@ def scores(analysis: Analysis, method: str) -> Dict[str, np.ndarray]:
         elif method == "l2":
             s = _filter_norm(st, 2)
         elif method == "l1_joint":
-            s = np.abs(st.w_raw).sum(axis=1) + np.abs(st.u).sum(axis=1)
+            s = (np.abs(np.asarray(st.w_raw, dtype=np.float64)).sum(axis=1)
+                 + np.abs(st.u).sum(axis=1))
         elif method == "bn_scale":
             s = np.abs(st.gamma)
         else:
@@ -220,7 +221,8 @@ def _merge_vectors(state, bn_aware: bool) -> np.ndarray:
     """
     if bn_aware:
         return state.v
-    return np.concatenate([state.w_raw, state.bias[:, None]], axis=1)
+    return np.concatenate([np.asarray(state.w_raw, dtype=np.float64), state.bias[:, None]],
+                          axis=1)
 
 
 def neuron_merging(model, density: float, criterion: str = "auto", bn_aware: bool = True,
