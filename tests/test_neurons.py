@@ -134,3 +134,15 @@ def test_coupled_state_builds_its_arrays_on_access_from_the_weights_as_extracted
         state.p_init, np.count_nonzero(w_raw, axis=1) + bias_nnz + np.count_nonzero(u, axis=1)
         + 8)  # 4 per BatchNormalization channel
     assert state.size == 8 and state.w_raw.dtype == state.u.dtype == np.float64
+
+
+def test_check_finite_counts_nan_and_inf_and_accepts_huge_finite_values():
+    from hope_keras.neurons import _check_finite
+
+    _check_finite("p", "kernel", np.array([1e308, 1e308, -1e308]))  # the sum overflows
+    _check_finite("p", "kernel", np.ones((3, 4), np.float32))
+    for bad in (np.nan, np.inf, -np.inf):
+        x = np.ones((3, 4), np.float32)
+        x[1, 2] = x[2, 0] = bad
+        with pytest.raises(ValueError, match="Layer 'p' has 2 NaN/Inf value"):
+            _check_finite("p", "kernel", x)

@@ -121,6 +121,11 @@ class LayerState:
 
 
 def _check_finite(layer_name: str, what: str, array: np.ndarray) -> None:
+    # One float64 sum first (no boolean array of the weights' size): NaN or Inf
+    # anywhere makes it NaN or ±Inf; a finite sum means every value is finite.
+    with np.errstate(over="ignore", invalid="ignore"):  # float64 weights near 1e308
+        if np.isfinite(np.sum(array, dtype=np.float64)):
+            return
     if not np.all(np.isfinite(array)):
         bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
         raise ValueError(
