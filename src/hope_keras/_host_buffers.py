@@ -36,6 +36,23 @@ def buffer_view(var, min_bytes: int = 0) -> Optional[Tuple[np.ndarray, object]]:
     >>> found is None or bool(np.array_equal(found[0], layer.kernel.numpy()))
     True
     """
+    found = _host_read(var, min_bytes)
+    if found is None:
+        return None
+    view, held, target = found
+    try:
+        again = target.value()._numpy()
+    except Exception:  # noqa: BLE001 - any failure: the copying path
+        return None
+    if not (view.flags.writeable and np.shares_memory(view, again)):
+        return None
+    return view, held
+
+
+def _host_read(var, min_bytes: int = 0):
+    """``(array, tensor, variable)`` of one read of a plain TensorFlow resource
+    variable of at least `min_bytes` (the array wraps the read's host buffer), else
+    None."""
     if keras.backend.backend() != "tensorflow":
         return None
     import tensorflow as tf
@@ -49,13 +66,11 @@ def buffer_view(var, min_bytes: int = 0) -> Optional[Tuple[np.ndarray, object]]:
     try:
         held = target.value()
         view = held._numpy()  # no copy: TensorFlow's own host buffer
-        again = target.value()._numpy()
     except Exception:  # noqa: BLE001 - any failure: the copying path
         return None
-    if not (isinstance(view, np.ndarray) and view.flags.writeable
-            and view.shape == tuple(target.shape) and np.shares_memory(view, again)):
+    if not (isinstance(view, np.ndarray) and view.shape == tuple(target.shape)):
         return None
-    return view, held
+    return view, held, target
 
 
 def still_aliased(var, view: np.ndarray) -> bool:
@@ -67,8 +82,8 @@ def still_aliased(var, view: np.ndarray) -> bool:
 
 
 def read_values(var) -> np.ndarray:
-    """The values of variable `var` as a NumPy array: a read-only view of its host
-    buffer where `buffer_view` finds one, else ``var.numpy()`` (a copy). For reads
+    """The values of variable `var` as a NumPy array: a read-only view of a read's
+    host buffer (a plain TensorFlow variable), else ``var.numpy()`` (a copy). For reads
     that copy or reduce the values at once: the view changes with the variable
     (the editor writes in place), so it must not be kept.
 
@@ -81,7 +96,7 @@ def read_values(var) -> np.ndarray:
     >>> bool(np.array_equal(values, layer.kernel.numpy())), values.flags.writeable
     (True, False)
     """
-    found = buffer_view(var)
+    found = _host_read(var)  # one read: values only, whether or not it aliases
     if found is None:
         arr = np.asarray(var.numpy() if hasattr(var, "numpy") else var)
     else:

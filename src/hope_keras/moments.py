@@ -115,8 +115,8 @@ def _linear_source(layer, rule, mean, var):
         # Summed over the kernel's positions one (C_in, C_out) slice at a time in
         # float64, in the order k.sum(0) adds them (the same values): no float64 copy
         # of the kernel and its square (ResNet-50: 400 MB of fresh memory).
-        first = k[0].astype(np.float64)
-        w_sum, w_sq = first.copy(), first * first
+        w_sum = k[0].astype(np.float64)  # a fresh array: summed into in place
+        w_sq = w_sum * w_sum
         for pos in range(1, k.shape[0]):
             block = k[pos].astype(np.float64)
             w_sum += block
