@@ -130,14 +130,13 @@ def warped_correlation(rho_eff, gamma_i, wnorm_i, gamma_j, wnorm_j):
     """
     rho = _clip(_f64(rho_eff), -_RHO_CLIP, _RHO_CLIP)
     ni, nj = _f64(wnorm_i), _f64(wnorm_j)
-    rho, gi, ni, gj, nj = np.broadcast_arrays(
-        rho, np.abs(_f64(gamma_i)), ni, np.abs(_f64(gamma_j)), nj
-    )
+    # Each side's |γ|/‖w‖ in its own shape (a row, a column: not n × n divisions),
+    # the same value for every active pair; inactive pairs are 0 below.
+    fi = _safe_div(np.abs(_f64(gamma_i)), np.where(ni > 0, ni, 1.0))
+    fj = _safe_div(np.abs(_f64(gamma_j)), np.where(nj > 0, nj, 1.0))
     active = (ni > 0) & (nj > 0)
     with np.errstate(over="ignore", invalid="ignore"):
-        ratio = _safe_div(gi, np.where(active, ni, 1.0)) * _safe_div(
-            gj, np.where(active, nj, 1.0)
-        )
+        ratio = fi * fj
         x = 2.0 * rho / ((1.0 - rho) * (1.0 + rho)) * ratio  # 2 kappa
     x = _clip(np.where(np.isnan(x), 0.0, x), -1e300, 1e300)  # ±inf → ±1e300
     rt = x / (1.0 + np.hypot(1.0, x))
