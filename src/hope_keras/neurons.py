@@ -191,13 +191,15 @@ def reader_slices(layer, positions: np.ndarray, native: bool = False) -> List[np
         idx = positions if w.expand == 1 else (
             positions[..., None] * w.expand + np.arange(w.expand)).reshape(n, -1)
         flat = idx.reshape(-1)
-        if flat.size == arr.shape[w.axis] and np.array_equal(flat, np.arange(flat.size)):
-            taken = np.moveaxis(arr, w.axis, 0)  # every channel in order: no gather copy
-        else:
-            taken = np.moveaxis(np.take(arr, flat, axis=w.axis), w.axis, 0)
-        # A copy either way: no view of the variable's buffer is kept.
-        out.append((np.array(taken, order="C") if native else
-                    taken.astype(np.float64, order="C")).reshape(n, -1))
+        whole = flat.size == arr.shape[w.axis] and np.array_equal(flat, np.arange(flat.size))
+        # Every channel in order: no gather copy (then copied below: no view of the
+        # variable's buffer is kept).
+        taken = np.moveaxis(arr if whole else np.take(arr, flat, axis=w.axis), w.axis, 0)
+        if not native:
+            taken = taken.astype(np.float64, order="C")
+        elif whole:
+            taken = np.array(taken, order="C")
+        out.append(np.ascontiguousarray(taken).reshape(n, -1))
     return out
 
 
