@@ -303,3 +303,19 @@ def test_deft_trainer_refuses_source_data_it_cannot_score_before_training():
     with pytest.raises(ValueError, match="retention=None"):
         trainer.evaluate(source_val=(x, y))
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+
+
+def test_analyze_pins_a_sketched_group_with_nan_weights_naming_layer_and_count(monkeypatch):
+    from hope_keras import cache as cache_lib
+
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 8)  # every group of the mlp sketched
+    model = mlp(seed=6)
+    var = model.get_layer("fc0").kernel
+    value = var.numpy()
+    value.flat[[1, 5]] = (np.nan, np.inf)
+    var.assign(value)
+    analysis = hope_keras.analyze(model)
+    reasons = {p.layer: p.reason for p in analysis.pinned}
+    assert "fc0" in reasons and "fc0" not in {g.name for g in analysis.groups}
+    assert "Layer 'fc0' has 2 NaN/Inf value(s) in its kernel" in reasons["fc0"]
+    assert any(isinstance(c, cache_lib.SketchCache) for c in analysis.caches.values())

@@ -778,7 +778,7 @@ def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512
 
     if kernel not in ("approx", "exact"):
         raise ValueError(f"kernel must be 'approx' or 'exact'. Received: kernel={kernel!r}")
-    from hope_keras.neurons import bn_arrays
+    from hope_keras.neurons import _check_finite, bn_arrays
 
     memo = {}
 
@@ -788,11 +788,7 @@ def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512
             v = getattr(get(layer), attr)
             # No copy where TensorFlow allows (read-only; the rows read are copied).
             arr = read_values(v) if hasattr(v, "numpy") else np.asarray(v)
-            if not np.all(np.isfinite(arr)):
-                bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
-                raise ValueError(
-                    f"Layer '{layer}' has {bad} NaN/Inf value(s) in its {attr}. hope_keras "
-                    "cannot score such a layer: fix or re-train the weights first.")
+            _check_finite(layer, attr, arr)
             memo[key] = arr
         return memo[key]
 
