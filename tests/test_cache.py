@@ -156,3 +156,40 @@ def test_gram_backends_agree_and_the_option_is_checked(monkeypatch):
     np.testing.assert_array_equal(cache_lib.gram(x), cache_lib.gram(x, backend="numpy"))
     with pytest.raises(ValueError, match="backend must be .* Received: backend='cuda'"):
         cache_lib.gram(x, backend="cuda")
+
+
+def test_wide_float32_cache_equals_the_float64_formulas_bit_for_bit(monkeypatch):
+    # Wide groups (float32 tables) round w_eff and b bᵀ a chunk at a time and keep
+    # u in the readers' dtype: the same bits as rounding the float64 arrays whole.
+    from hope_keras import neurons
+
+    model = mlp((40, 12), seed=11)
+    group = walk(model).groups["fc0"]
+    reference = extract_group(model, group)  # float64 u (narrower than NATIVE_U_WIDTH)
+    assert reference.u.dtype == np.float64
+    monkeypatch.setattr(neurons, "NATIVE_U_WIDTH", 32)
+    monkeypatch.setattr(cache_lib, "FLOAT32_WIDTH", 32)
+    monkeypatch.setattr(cache_lib, "CHUNK_ROWS", 7)  # several chunks, a ragged last one
+    state = extract_group(model, group)
+    assert state.u.dtype == np.float32
+    np.testing.assert_array_equal(state.u, reference.u)
+    np.testing.assert_array_equal(state.u_sq_norms(), reference.u_sq_norms())
+    c = cache_lib.build_group_cache(state)
+    w32 = reference.w_eff.astype(np.float32)  # the whole float64 array, rounded once
+    gram_w = cache_lib.gram(w32, dtype=np.float32)
+    b = reference.b_eff
+    assert c.gram_w.dtype == np.float32
+    np.testing.assert_array_equal(c.gram_w, gram_w)
+    np.testing.assert_array_equal(c.gram_v, gram_w + np.outer(b, b).astype(np.float32))
+    np.testing.assert_array_equal(c.gram_u, cache_lib.gram(reference.u, dtype=np.float32))
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_scaled_rows_rounds_like_the_whole_product(order, monkeypatch):
+    monkeypatch.setattr(cache_lib, "CHUNK_ROWS", 1)  # blocks of 27 columns, a ragged last
+    rng = np.random.default_rng(0)
+    w = np.asarray(rng.normal(size=(37, 300)).astype(np.float32), order=order)
+    scale = rng.uniform(0.1, 3.0, 37)
+    out = cache_lib._scaled_rows(scale, w, np.float32)
+    np.testing.assert_array_equal(out, (scale[:, None] * w).astype(np.float32))
+    assert out.flags["F_CONTIGUOUS" if order == "F" else "C_CONTIGUOUS"]

@@ -110,7 +110,7 @@ def scores(analysis: Analysis, method: str) -> Dict[str, np.ndarray]:
             s = _filter_norm(st, 2)
         elif method == "l1_joint":
             s = (np.abs(np.asarray(st.w_raw, dtype=np.float64)).sum(axis=1)
-                 + np.abs(st.u).sum(axis=1))
+                 + np.abs(np.asarray(st.u, dtype=np.float64)).sum(axis=1))
         elif method == "bn_scale":
             s = np.abs(st.gamma)
         else:

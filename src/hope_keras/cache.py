@@ -888,6 +888,16 @@ class OnDemandState(LayerState):
         return f"OnDemandState(group={self.group.name!r}, size={self.size})"
 
 
+def _scaled_rows(scale: np.ndarray, w: np.ndarray, dtype) -> np.ndarray:
+    """``(scale[:, None] * w).astype(dtype)`` (products in float64, then rounded)
+    in the memory order of `w`, a block of its last axis at a time."""
+    out = np.empty_like(w, dtype=dtype)  # keeps w's layout: the Gram product reads the same
+    step = max(1, (CHUNK_ROWS * 1024) // max(w.shape[0], 1))
+    for s in range(0, w.shape[1], step):
+        out[:, s:s + step] = scale[:, None] * w[:, s:s + step]
+    return out
+
+
 def build_group_cache(state: LayerState, kernel: str = "approx") -> GroupCache:
     """Builds the cache of one group from its extracted neurons.
 
@@ -916,11 +926,21 @@ def build_group_cache(state: LayerState, kernel: str = "approx") -> GroupCache:
         raise ValueError(f"kernel must be 'approx' or 'exact'. Received: kernel={kernel!r}")
     n = state.size
     dtype = np.float32 if n >= FLOAT32_WIDTH else np.float64
-    w_eff = state.w_eff
+    # Wide groups: no float64 temporaries of n × d or n × n (the same values, rounded
+    # a chunk at a time; 128 MB each for a 4096 × 4096 array): on a virtual machine a
+    # cold `analyze` spends most of its time in the kernel's page faults on fresh
+    # memory (docs/benchmarks.md, "Scale").
+    w_eff = state.w_eff if dtype == np.float64 else _scaled_rows(state.scale, state.w_raw, dtype)
     b = state.b_eff
     gram_w = gram(w_eff, dtype=dtype)
     del w_eff
-    gram_v = gram_w + np.outer(b, b).astype(dtype)
+    if dtype == np.float64:
+        gram_v = gram_w + np.outer(b, b)
+    else:
+        gram_v = np.empty_like(gram_w)
+        for s in range(0, n, CHUNK_ROWS):
+            np.add(gram_w[s:s + CHUNK_ROWS], np.outer(b[s:s + CHUNK_ROWS], b).astype(dtype),
+                   out=gram_v[s:s + CHUNK_ROWS])
     gram_u = gram(state.u, dtype=dtype)
     gamma = np.abs(state.gamma).astype(np.float64)
     beta = state.beta.astype(np.float64).copy()

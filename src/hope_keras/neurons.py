@@ -64,6 +64,14 @@ def rows_to_kernel(rows: np.ndarray, kind: str, shape: Tuple[int, ...]) -> np.nd
     return rows.reshape(channels, s, -1).transpose(1, 0, 2).reshape(shape)
 
 
+#: ``"neurons"`` groups at least this wide keep their output vectors ``u`` in the
+#: readers' dtype: `hope_keras.cache.build_group_cache` rounds them to float32 for its
+#: Gram product there (`hope_keras.cache.FLOAT32_WIDTH`, the same width), and a float64
+#: copy of a 4096 × 4096 reader is 128 MB of fresh memory, what a cold `analyze` pays
+#: most for on a virtual machine (docs/benchmarks.md, "Scale").
+NATIVE_U_WIDTH = 2048
+
+
 @dataclasses.dataclass
 class LayerState:
     """The arrays of one neuron group, float64, one row per neuron.
@@ -76,7 +84,9 @@ class LayerState:
         bias: Producer bias ``c``, ``(n,)`` (zeros when the producer has none).
         gamma, beta, mean, var: BN scale, shift, moving mean and variance, ``(n,)``.
         eps: BN epsilon.
-        u: Output vectors, ``(n, m)``: consumer slices concatenated.
+        u: Output vectors, ``(n, m)``: consumer slices concatenated; float64, or in
+            the readers' dtype for a ``"neurons"`` group of `NATIVE_U_WIDTH` neurons
+            or more (whose Gram products are float32: `hope_keras.cache`).
         u_split: Column offsets of each consumer's slice in ``u``.
         p_init: Static parameter footprint of each neuron (spec section 4).
     """
@@ -117,7 +127,8 @@ class LayerState:
 
     def u_sq_norms(self) -> np.ndarray:
         """``‖u_i‖²`` of each neuron (float64)."""
-        return np.einsum("ij,ij->i", self.u, self.u)
+        u = np.asarray(self.u, dtype=np.float64)
+        return np.einsum("ij,ij->i", u, u)
 
 
 def _check_finite(layer_name: str, what: str, array: np.ndarray) -> None:
@@ -259,8 +270,8 @@ def extract_group(model, group: NeuronGroup, graph=None) -> LayerState:
         gamma, beta, mean, var, eps = bn_arrays(get(group.bn))
         n = w_raw.shape[0]
         positions = {c.layer: c.positions for c in group.readers}
-        u, split = _reader_u(get, group, positions) if positions else consumer_u(
-            _Getter(get), group.consumers, n)
+        u, split = _reader_u(get, group, positions, native=n >= NATIVE_U_WIDTH) \
+            if positions else consumer_u(_Getter(get), group.consumers, n)
         has_bias = 1 if getattr(producer, "use_bias", False) else 0
         p_init = (
             np.count_nonzero(w_raw, axis=1) + has_bias + np.count_nonzero(u, axis=1) + 4
@@ -280,10 +291,10 @@ def _columns(arrays):
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=1)
 
 
-def _reader_u(get, group, positions):
+def _reader_u(get, group, positions, native: bool = False):
     parts, split = [], [0]
     for c in group.consumers:
-        rows = _columns(reader_slices(get(c.layer), positions[c.layer]))
+        rows = _columns(reader_slices(get(c.layer), positions[c.layer], native=native))
         parts.append(rows)
         split.append(split[-1] + rows.shape[1])
     return _columns(parts), split
