@@ -926,21 +926,18 @@ def build_group_cache(state: LayerState, kernel: str = "approx") -> GroupCache:
         raise ValueError(f"kernel must be 'approx' or 'exact'. Received: kernel={kernel!r}")
     n = state.size
     dtype = np.float32 if n >= FLOAT32_WIDTH else np.float64
-    # Wide groups: no float64 temporaries of n × d or n × n (the same values, rounded
-    # a chunk at a time; 128 MB each for a 4096 × 4096 array): on a virtual machine a
-    # cold `analyze` spends most of its time in the kernel's page faults on fresh
-    # memory (docs/benchmarks.md, "Scale").
-    w_eff = state.w_eff if dtype == np.float64 else _scaled_rows(state.scale, state.w_raw, dtype)
+    # No float64 temporaries of n × d or n × n besides the tables (the same values,
+    # rounded a chunk at a time; 128 MB each for a 4096 × 4096 array): on a virtual
+    # machine a cold `analyze` spends most of its time in the kernel's page faults on
+    # fresh memory (docs/benchmarks.md, "Scale").
+    w_eff = _scaled_rows(state.scale, state.w_raw, dtype)
     b = state.b_eff
     gram_w = gram(w_eff, dtype=dtype)
     del w_eff
-    if dtype == np.float64:
-        gram_v = gram_w + np.outer(b, b)
-    else:
-        gram_v = np.empty_like(gram_w)
-        for s in range(0, n, CHUNK_ROWS):
-            np.add(gram_w[s:s + CHUNK_ROWS], np.outer(b[s:s + CHUNK_ROWS], b).astype(dtype),
-                   out=gram_v[s:s + CHUNK_ROWS])
+    gram_v = np.empty_like(gram_w)  # gram_w + b bᵀ
+    for s in range(0, n, CHUNK_ROWS):
+        np.add(gram_w[s:s + CHUNK_ROWS], np.outer(b[s:s + CHUNK_ROWS], b).astype(dtype),
+               out=gram_v[s:s + CHUNK_ROWS])
     gram_u = gram(state.u, dtype=dtype)
     gamma = np.abs(state.gamma).astype(np.float64)
     beta = state.beta.astype(np.float64).copy()
