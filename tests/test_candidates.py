@@ -938,3 +938,46 @@ def test_prefetched_parent_rows_equal_the_rows_after_the_merge(monkeypatch):
     c.replace_with_parent(6, 11, *coef)
     c.clear(12)  # a later change of the cache: the rows are computed again
     assert c._prefetched("u", np.array([6]), None) is None
+
+
+@pytest.mark.parametrize("sketch", [True, False])
+def test_runs_with_sketched_groups_use_one_blas_thread_and_restore_it(monkeypatch, sketch):
+    """A run whose sketched groups merge computes their parents' rows on a background
+    thread: its loop holds BLAS to one thread (OpenBLAS's others would take the main
+    thread's core) and gives the setting back afterwards, even when a step fails;
+    runs without sketched groups leave it alone."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from hope_keras import cache as cache_lib
+
+    def blas_threads():
+        return {m["num_threads"] for m in threadpoolctl.threadpool_info()
+                if m["user_api"] == "blas"}
+
+    if sketch:
+        monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+    seen = []
+    execute = Encoder.execute
+
+    def watched(self, action):
+        seen.append(blas_threads())
+        return execute(self, action)
+
+    monkeypatch.setattr(Encoder, "execute", watched)
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        if not blas_threads():
+            pytest.skip("NumPy without a BLAS threadpoolctl can see")
+        model = clustered_mlp(3)
+        enc = Encoder(model, merge_search="top_k")
+        assert any(isinstance(gs.cache, cache_lib.SketchCache)
+                   for gs in enc.groups.values()) == sketch
+        enc.run(steps=6, verbose=False)
+        assert blas_threads() == {2}
+        assert len(seen) == 6 and all(s == ({1} if sketch else {2}) for s in seen)
+
+        def failing(self, action):
+            raise RuntimeError("a failing step")
+
+        monkeypatch.setattr(Encoder, "execute", failing)
+        with pytest.raises(RuntimeError, match="a failing step"):
+            enc.run(steps=10, verbose=False)
+        assert blas_threads() == {2}

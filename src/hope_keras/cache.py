@@ -673,6 +673,12 @@ def _background():
     return _BACKGROUND
 
 
+def wait_background() -> None:
+    """Returns once the background products submitted so far are done."""
+    if _BACKGROUND is not None:
+        _BACKGROUND.submit(lambda: None).result()
+
+
 def sorted_unique(keys):
     """``np.unique`` of a 1-D integer array by sorting (NumPy's hash-based path is
     several times slower at these sizes)."""

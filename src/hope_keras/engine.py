@@ -16,6 +16,7 @@ grow with the number of layers.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import ctypes
 import dataclasses
@@ -34,7 +35,7 @@ from hope_keras import bn_stats, costs
 from hope_keras import layers as layer_rules
 from hope_keras.analysis import Analysis, analyze
 from hope_keras.cache import (SketchCache, _background, build_group_cache, build_sketch_cache,
-                             extract_rows)
+                              extract_rows, wait_background)
 from hope_keras.candidates import MergeTable
 from hope_keras.edit import ModelEditor, ParentCoefficients, defer_keyboard_interrupt
 from hope_keras.neurons import extract_group
@@ -367,6 +368,25 @@ def _blas_threads(n: int):
     import threadpoolctl
 
     return threadpoolctl.threadpool_limits(n, user_api="blas")
+
+
+@contextlib.contextmanager
+def _run_threads(sketched: bool):
+    """The run loop's BLAS threads: one where sketched groups merge. Their merged
+    parents' Gram rows are products on a background thread
+    (`SketchCache.prefetch_parent_rows`) while the main thread edits the model;
+    with OpenBLAS's own threads on every core that product takes the main
+    thread's core (the 4 × 8192 MLP's first 3000 steps: 28.73–30.09 s, 26.60–28.81
+    s with one thread, CPU time halved; docs/benchmarks.md). Products still running
+    are waited for before the limit is lifted."""
+    if not sketched:
+        yield
+        return
+    with _blas_threads(1):
+        try:
+            yield
+        finally:
+            wait_background()
 
 
 def _release_free_memory() -> None:
@@ -1104,7 +1124,9 @@ class Encoder:
         try:
             # Ctrl-C takes effect between steps: held back for the whole loop (one
             # signal handler, not two per step) and raised before the next step.
-            with defer_keyboard_interrupt() as deliver_pending:
+            sketched = any(isinstance(gs.cache, SketchCache) and gs.merges
+                           for gs in self.groups.values())
+            with defer_keyboard_interrupt() as deliver_pending, _run_threads(sketched):
                 while True:
                     deliver_pending()
                     reason = done()
