@@ -176,6 +176,45 @@ def test_interrupted_bookkeeping_keeps_model_and_trajectory_but_refuses_to_conti
         e.value.encoder.run(density=DENSITY, verbose=False)
 
 
+def test_a_custom_loop_interrupted_in_the_bookkeeping_refuses_to_continue(monkeypatch):
+    """`next_action` / `execute` by hand (the class docstring's custom loop): a step
+    recorded, then interrupted in the table updates, leaves an encoder that raises
+    at its next call instead of going on from half-updated tables."""
+    from hope_keras import cache
+
+    model = _model()
+    enc = Encoder(model, hope_keras.analyze(model))
+    while (action := enc.next_action()).kind != "merge":
+        enc.execute(action)
+    _interrupt_on_call(monkeypatch, cache.GroupCache, "replace_with_parent", 1, before=True)
+    with pytest.raises(KeyboardInterrupt):
+        enc.execute(action)
+    monkeypatch.undo()
+    assert enc.trajectory.steps[-1].kind == "merge"  # recorded and written
+    _assert_model_is_replay(model, enc.trajectory)
+    for call in (enc.next_action, lambda: enc.execute(action),
+                 lambda: enc.run(density=DENSITY, verbose=False)):
+        with pytest.raises(RuntimeError, match="cannot continue"):
+            call()
+
+
+def test_a_custom_loop_failing_before_the_record_goes_on(monkeypatch, reference):
+    """A step that fails before it is recorded (here inside the merge's edits, which
+    the editor undoes) leaves nothing behind: the loop goes on to the same run."""
+    model = _model()
+    enc = Encoder(model, hope_keras.analyze(model))
+    calls = _interrupt_on_call(monkeypatch, edit.ModelEditor, "merge", 1)
+    while calls["n"] == 0:
+        action = enc.next_action()
+        try:
+            enc.execute(action)
+        except KeyboardInterrupt:
+            pass
+    monkeypatch.undo()
+    enc.run(density=DENSITY, verbose=False)
+    _assert_same_run(enc.trajectory, model, reference)
+
+
 def _variable_class(model):
     return type(model.weights[0])
 

@@ -842,6 +842,7 @@ class Encoder:
     def next_action(self, max_removed: Optional[int] = None) -> Optional[Action]:
         """The cheapest valid `Action` (evictions removing more than `max_removed`
         neurons are skipped), or None."""
+        self._check_not_stale()
         skipped = []
         found = None
         while self._heap:
@@ -862,11 +863,33 @@ class Encoder:
         return None if found is None else found[5]
 
     # --------------------------------------------------------------- execute
+    def _check_not_stale(self) -> None:
+        if self._stale:
+            raise RuntimeError(
+                "This encoder was interrupted while updating its tables after step "
+                f"{len(self.trajectory)}: it cannot continue. The model and its "
+                "trajectory agree: save the trajectory, or replay it on the original "
+                "model and start a new run.")
+
     def execute(self, action: Action) -> Step:
-        """Executes one action: edit the model, record, refresh the caches."""
+        """Executes one action: edit the model, record, refresh the caches.
+
+        If it fails (or is interrupted) after the step was recorded, the model and
+        the trajectory hold the step but the tables may be half updated: the encoder
+        then refuses to go on (`next_action`, `execute` and `run` raise)."""
         if not isinstance(action, Action):
             raise TypeError(f"execute takes an engine Action (see Encoder.next_action). "
                             f"Received: {action!r}")
+        self._check_not_stale()
+        recorded = len(self.trajectory)
+        try:
+            return self._execute(action)
+        except BaseException:
+            # Recorded, then interrupted: the tables may be half updated.
+            self._stale = len(self.trajectory) > recorded
+            raise
+
+    def _execute(self, action: Action) -> Step:
         if action.kind == "evict":
             return self._evict(action)
         unit, i, j = action.unit, action.i, action.j
@@ -1108,12 +1131,7 @@ class Encoder:
                 return "steps"
             return None
 
-        if self._stale:
-            raise RuntimeError(
-                "This encoder was interrupted while updating its tables after step "
-                f"{len(self.trajectory)}: it cannot continue. The model and its "
-                "trajectory agree: save the trajectory, or replay it on the original "
-                "model and start a new run.")
+        self._check_not_stale()
         bar, work_done = self._progress_bar(target_active, params, flops, steps, verbose)
 
         def show():
@@ -1138,13 +1156,7 @@ class Encoder:
                     if action is None:
                         reason = "no_action"
                         break
-                    recorded = len(self.trajectory)
-                    try:
-                        self.execute(action)
-                    except BaseException:
-                        # Recorded, then interrupted: the tables may be half updated.
-                        self._stale = len(self.trajectory) > recorded
-                        raise
+                    self.execute(action)
                     show()
         finally:
             try:
