@@ -940,6 +940,31 @@ def test_prefetched_parent_rows_equal_the_rows_after_the_merge(monkeypatch):
     assert c._prefetched("u", np.array([6]), None) is None
 
 
+def test_overlapping_one_thread_limits_restore_the_setting_once_all_are_out():
+    """Two encoders in two threads hold the one-thread limit at overlapping times and
+    may leave in either order: the limit stays while either holds it, and the setting
+    from before comes back when the last one leaves (not the first one's view of it,
+    one thread, which nested limits would restore last)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from hope_keras import engine
+
+    def blas_threads():
+        return {m["num_threads"] for m in threadpoolctl.threadpool_info()
+                if m["user_api"] == "blas"}
+
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        if not blas_threads():
+            pytest.skip("NumPy without a BLAS threadpoolctl can see")
+        first, second = engine._one_blas_thread(), engine._one_blas_thread()
+        first.__enter__()
+        second.__enter__()
+        assert blas_threads() == {1}
+        first.__exit__(None, None, None)  # the first in leaves first
+        assert blas_threads() == {1}
+        second.__exit__(None, None, None)
+        assert blas_threads() == {2}
+
+
 @pytest.mark.parametrize("sketch", [True, False])
 def test_runs_with_sketched_groups_use_one_blas_thread_and_restore_it(monkeypatch, sketch):
     """A run whose sketched groups merge computes their parents' rows on a background

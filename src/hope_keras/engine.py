@@ -25,6 +25,7 @@ import heapq
 import math
 import numbers
 import os
+import threading
 from typing import Dict, Iterable, Optional
 
 import keras
@@ -362,12 +363,30 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _blas_threads(n: int):
-    """A context limiting BLAS (NumPy's OpenBLAS/MKL) to `n` threads
-    (`threadpoolctl`)."""
+_ONE_THREAD_LOCK = threading.Lock()
+_one_thread_holders = [0, None]  # how many hold the limit, and its threadpoolctl limiter
+
+
+@contextlib.contextmanager
+def _one_blas_thread():
+    """BLAS (NumPy's OpenBLAS/MKL) limited to one thread (`threadpoolctl`) while any
+    holder is inside: the first in sets the limit, the last out restores what was
+    there before. Two encoders in two threads can overlap; limits nested per holder
+    would be restored out of order and leave the process at one thread."""
     import threadpoolctl
 
-    return threadpoolctl.threadpool_limits(n, user_api="blas")
+    with _ONE_THREAD_LOCK:
+        if _one_thread_holders[0] == 0:
+            _one_thread_holders[1] = threadpoolctl.threadpool_limits(1, user_api="blas")
+        _one_thread_holders[0] += 1
+    try:
+        yield
+    finally:
+        with _ONE_THREAD_LOCK:
+            _one_thread_holders[0] -= 1
+            if _one_thread_holders[0] == 0:
+                limiter, _one_thread_holders[1] = _one_thread_holders[1], None
+                limiter.restore_original_limits()
 
 
 @contextlib.contextmanager
@@ -382,7 +401,7 @@ def _run_threads(sketched: bool):
     if not sketched:
         yield
         return
-    with _blas_threads(1):
+    with _one_blas_thread():
         try:
             yield
         finally:
@@ -730,7 +749,7 @@ class Encoder:
             return
         # One BLAS thread per worker: OpenBLAS's own threads would spin on the cores
         # the workers use (15.1 s instead of 8.7 s for the MLP's four fills).
-        with _blas_threads(1), concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        with _one_blas_thread(), concurrent.futures.ThreadPoolExecutor(workers) as pool:
             tables = list(pool.map(self._merge_table, now))
         for gs, table in zip(now, tables):
             gs.table = table
