@@ -1,6 +1,9 @@
 """DEFT training: frozen/masked weights stay bit-identical, dynamic decoupling,
 optimizer serialisation, model.fit == custom loop, MirroredStrategy on 2 CPUs."""
 
+import os
+import subprocess
+import sys
 import textwrap
 
 import keras
@@ -113,6 +116,38 @@ def test_optimizer_config_roundtrip_and_model_save(tmp_path):
     assert isinstance(loaded.optimizer, deft.ElasticOptimizer)
     assert loaded.optimizer.get_config() == config
     assert int(loaded.optimizer.iterations) == int(opt.iterations) == 3
+
+
+def test_a_saved_elastic_model_loads_in_a_fresh_process_after_importing_deft(tmp_path):
+    """As docs/deft.md says: `import hope_keras` alone (which imports nothing
+    heavy) does not register `ElasticOptimizer` with Keras; `import hope_keras.deft`
+    before `load_model` does."""
+    _, p, _, target, x, y = _setup()
+    target.compile(deft.ElasticOptimizer(keras.optimizers.SGD(0.05), p),
+                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    target.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    path = tmp_path / "m.keras"
+    target.save(path)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "want.npy", target.predict(x, verbose=0))
+    script = textwrap.dedent(f'''
+        import sys
+        import numpy as np, keras
+        import {{module}}
+        try:
+            m = keras.saving.load_model({str(path)!r})
+        except TypeError as e:
+            print("refused:", e); sys.exit(3)
+        got = m.predict(np.load({str(tmp_path / "x.npy")!r}), verbose=0)
+        assert type(m.optimizer).__name__ == "ElasticOptimizer"
+        assert np.array_equal(got, np.load({str(tmp_path / "want.npy")!r}))
+        ''')
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    for module, rc in (("hope_keras.deft", 0), ("hope_keras", 3)):
+        proc = subprocess.run([sys.executable, "-c", script.format(module=module)],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == rc, (module, proc.stdout, proc.stderr[-2000:])
+    assert "ElasticOptimizer" in proc.stdout
 
 
 def test_optimizer_refuses_weight_decay_and_bad_maps():
