@@ -157,6 +157,25 @@ def test_bad_input_is_refused_and_model_untouched():
         hope_keras.recover(model, x, teacher=mlp())
     with pytest.raises(TypeError, match="data must be"):
         hope_keras.recover(model, "images.npy", teacher=teacher)
+    for lr in (float("nan"), 0.0, -1.0, "1e-3", True):
+        with pytest.raises(ValueError, match=f"learning_rate=.*{lr!r}"):
+            hope_keras.recover(model, x, teacher=teacher, learning_rate=lr)
+    for bs in (0, 2.5):
+        with pytest.raises(ValueError, match=f"batch_size={bs!r}"):
+            hope_keras.recover(model, x, teacher=teacher, batch_size=bs)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_diverging_training_is_reported_and_the_weights_put_back():
+    """A learning rate far too high makes the weights non-finite: `recover` says so
+    (not that the data holds NaNs) and gives the model back as it was, BN
+    statistics included (they are re-estimated before training)."""
+    teacher, model = _compressed()
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(FloatingPointError, match="diverged.*put back.*Lower the learning"):
+        hope_keras.recover(model, _images(64), teacher=teacher, epochs=2, verbose=0,
+                           optimizer=keras.optimizers.SGD(1e12))
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
 

@@ -26,6 +26,7 @@ channels after `recover` as before; it also preserves unstructured sparsity.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Optional
 
@@ -503,6 +504,9 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
     Raises:
         ValueError: on a bad argument, no teacher and no labels, or output shapes
             that differ (the model is then unchanged).
+        FloatingPointError: when training makes weights NaN/Inf (a learning rate
+            too high). Any error once the work has begun puts the model's weights
+            back as they were (an interrupt with Ctrl-C leaves them as they are).
 
     Example:
 
@@ -523,6 +527,15 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
     """
     if not isinstance(epochs, numbers.Integral) or epochs < 0:
         raise ValueError(f"epochs must be an integer ≥ 0. Received: epochs={epochs!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
+            or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer ≥ 1. Received: "
+                         f"batch_size={batch_size!r}")
+    if optimizer is None and (isinstance(learning_rate, bool)
+                              or not isinstance(learning_rate, numbers.Real)
+                              or not 0.0 < float(learning_rate) < math.inf):
+        raise ValueError(f"learning_rate must be a finite number > 0. Received: "
+                         f"learning_rate={learning_rate!r}")
     if batchnorm not in _BN_MODES:
         raise ValueError(f"batchnorm must be one of {_BN_MODES}. Received: "
                          f"batchnorm={batchnorm!r}")
@@ -549,7 +562,27 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             reestimate_batchnorm_statistics(model, bn_data, batches=steps_per_epoch,
                                             batch_size=batch_size)
 
-    reestimate_bn()
+    before = model.get_weights()  # put back if anything below fails
+    try:
+        reestimate_bn()
+        history = _train(model, distiller, strategy, optimizer, fit_data, epochs,
+                         verbose, batch_size, steps_per_epoch, fit_kwargs, reestimate_bn)
+    except Exception:
+        model.set_weights(before)
+        raise
+    _, kind = _softmax_head(model)
+    with strategy.scope():
+        model.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(
+                          from_logits=kind is None),
+                      metrics=["accuracy"])
+    return history
+
+
+def _train(model, distiller, strategy, optimizer, fit_data, epochs, verbose, batch_size,
+           steps_per_epoch, fit_kwargs, reestimate_bn):
+    """`recover`'s distillation and second re-estimation; raises if training made
+    the weights non-finite."""
     history = keras.callbacks.History()
     history.set_model(model)
     if epochs > 0:
@@ -565,13 +598,19 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             verbose = 1 if interactive() else 0
         history = distiller.fit(**fit_data, epochs=epochs, verbose=verbose,
                                 steps_per_epoch=steps_per_epoch, **fit_kwargs)
+        bad = [v.path for v in model.trainable_weights
+               if not np.isfinite(keras.ops.convert_to_numpy(v)).all()]
+        if bad:
+            try:
+                lr = f"{float(keras.ops.convert_to_numpy(optimizer.learning_rate)):g}"
+            except Exception:  # a schedule or an optimizer without one
+                lr = "?"
+            raise FloatingPointError(
+                f"Training diverged: {len(bad)} weight(s) became NaN/Inf (first: "
+                f"{bad[0]!r}) with {type(optimizer).__name__} at learning rate {lr}. "
+                f"The model's weights were put back as they were before recover. "
+                f"Lower the learning rate (learning_rate=, or your optimizer's).")
         reestimate_bn()
-    _, kind = _softmax_head(model)
-    with strategy.scope():
-        model.compile(optimizer=optimizer,
-                      loss=keras.losses.SparseCategoricalCrossentropy(
-                          from_logits=kind is None),
-                      metrics=["accuracy"])
     return history
 
 
