@@ -133,6 +133,76 @@ def test_plan_save_load_roundtrip_and_apply_once(tmp_path):
         DeftPlan.load(tmp_path / "bad.npz")
 
 
+def _rewrite(src, dst, meta_edit=None, drop=(), arrays=None):
+    """A copy of saved plan `src` at `dst`, its metadata or arrays altered."""
+    import json
+
+    with np.load(src, allow_pickle=False) as data:
+        out = {k: data[k] for k in data.files if k not in drop}
+    meta = json.loads(str(out["meta"]))
+    if meta_edit:
+        meta_edit(meta)
+    out["meta"] = np.array(json.dumps(meta))
+    out.update(arrays or {})
+    with open(dst, "wb") as f:
+        np.savez(f, **out)
+    return dst
+
+
+@pytest.mark.parametrize("how, message", [
+    ("drop j_0", "missing entry 'j_0'"),
+    ("drop head", "missing entry 'head'"),
+    ("short e_0", "elasticity of group .* has shape \\(3,\\)"),
+    ("elasticity 2", "elasticities of group .* not all in \\[0, 1\\]"),
+    ("vessel 999", "vessels of group .* out of range: \\[999\\]"),
+    ("vessel 1.5", "vessel of .* not a whole number: 1.5"),
+    ("vessel of no group", "vessels name group 'nope'"),
+    ("merge out of range", "merge 0 .* not a merge of two neurons"),
+])
+def test_a_corrupt_plan_file_is_refused_naming_the_file(tmp_path, how, message):
+    """`DeftPlan.load` names the file and what is wrong with it; a plan altered in
+    memory is refused by `apply` before it edits anything."""
+    model = mlp((12, 10), seed=3)
+    plant_duplicate(model, "fc0", "fc1", src=1, dst=5, noise=0.0)
+    p = deft.plan(model, percentile=30)
+    assert p.merges, "the fixture's plan merges"
+    src = tmp_path / "plan.npz"
+    p.save(src)
+    g0 = next(iter(p.groups))
+
+    def vessel(value, group=g0):
+        return lambda meta: meta["vessels"].__setitem__(group, [value])
+
+    def merge_out(meta):
+        meta["merges"][0]["i"] = 10 ** 6
+
+    edits = {
+        "drop j_0": dict(drop=("j_0",)),
+        "drop head": dict(meta_edit=lambda meta: meta.pop("head")),
+        "short e_0": dict(arrays={"e_0": np.ones(3)}),
+        "elasticity 2": dict(arrays={"e_0": np.full(p.groups[g0], 2.0)}),
+        "vessel 999": dict(meta_edit=vessel(999)),
+        "vessel 1.5": dict(meta_edit=vessel(1.5)),
+        "vessel of no group": dict(meta_edit=vessel(0, "nope")),
+        "merge out of range": dict(meta_edit=merge_out),
+    }
+    bad = _rewrite(src, tmp_path / "bad.npz", **edits[how])
+    with pytest.raises(ValueError, match=f"bad.npz.*{message}"):
+        DeftPlan.load(bad)
+
+
+def test_apply_checks_the_plan_before_editing():
+    model = small_resnet(seed=1)
+    p = deft.plan(model, percentile=40)
+    g0 = next(iter(p.groups))
+    p.vessels[g0] = [999]
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError, match="out of range: \\[999\\]"):
+        p.apply(model)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_plan_rejects_a_non_dense_head():
     inputs = keras.Input((6,))
     x = keras.layers.ReLU()(keras.layers.BatchNormalization()(

@@ -378,6 +378,52 @@ class DeftPlan:
                 f"'{path}' is not a hope_keras DEFT plan (format {meta.get('format')!r}, "
                 f"version {meta.get('version')!r}; expected {FORMAT!r} version {VERSION})."
             )
+        try:
+            plan = cls._from_saved(meta, arrays)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            what = f"missing entry {e}" if isinstance(e, KeyError) else str(e)
+            raise ValueError(f"'{path}' is not a valid DEFT plan file: {what}. Save "
+                             f"the plan again with DeftPlan.save.") from None
+        try:
+            plan.validate()
+        except ValueError as e:
+            raise ValueError(f"'{path}': {e}") from None
+        return plan
+
+    def validate(self) -> None:
+        """Checks that the plan is consistent (what `load` and `apply` rely on):
+        per group, vectors of its width and elasticities in [0, 1]; vessels and
+        merges inside their groups. Raises ValueError naming the first problem."""
+        for g, n in self.groups.items():
+            for what, arrs in (("j_prune", self.j_prune), ("c_rem", self.c_rem),
+                               ("elasticity", self.elasticity)):
+                a = np.asarray(arrs.get(g))
+                if a.shape != (n,):
+                    raise ValueError(f"the plan's {what} of group {g!r} has shape "
+                                     f"{a.shape}, not ({n},) as the group's width.")
+            e = np.asarray(self.elasticity[g], dtype=np.float64)
+            if not np.all((e >= 0.0) & (e <= 1.0)):
+                raise ValueError(f"the plan's elasticities of group {g!r} are not all in "
+                                 f"[0, 1] (min {np.nanmin(e)}, max {np.nanmax(e)}).")
+        for g, slots in self.vessels.items():
+            if g not in self.groups:
+                raise ValueError(f"the plan's vessels name group {g!r}, which it does "
+                                 f"not have (groups: {sorted(self.groups)}).")
+            bad = [j for j in slots if not 0 <= j < self.groups[g]]
+            if bad:
+                raise ValueError(f"the plan's vessels of group {g!r} ({self.groups[g]} "
+                                 f"neurons) hold slots out of range: {bad[:5]}.")
+        for k, st in enumerate(self.merges):
+            n = self.groups.get(st.unit)
+            whole = all(isinstance(x, numbers.Integral) for x in (st.i, st.j))
+            if st.kind != "merge" or n is None or not whole \
+                    or not (0 <= st.i < n and 0 <= st.j < n):
+                raise ValueError(f"the plan's merge {k} ({st.kind} {st.unit!r}, "
+                                 f"{st.i}, {st.j}) is not a merge of two neurons of one "
+                                 f"of its groups.")
+
+    @classmethod
+    def _from_saved(cls, meta, arrays) -> "DeftPlan":
         groups = {g: int(n) for g, n in meta["groups"]}
         le = {}
         for k, n in enumerate(meta["layer_elasticity_names"]):
@@ -391,7 +437,8 @@ class DeftPlan:
             j_prune={g: arrays[f"j_{k}"] for k, g in enumerate(groups)},
             c_rem={g: arrays[f"c_{k}"] for k, g in enumerate(groups)},
             merges=[_step_from_json(s) for s in meta["merges"]],
-            vessels={g: [int(i) for i in v] for g, v in meta["vessels"].items()},
+            vessels={g: [_whole(i, f"vessel of {g!r}") for i in v]
+                     for g, v in meta["vessels"].items()},
             elasticity={g: arrays[f"e_{k}"] for k, g in enumerate(groups)},
             layer_elasticity=le,
             input_drift={n: arrays[f"d_{k}"]
@@ -399,6 +446,14 @@ class DeftPlan:
             fingerprint=meta["fingerprint"], options=meta["options"],
             tau_groups=meta.get("tau_groups"),
         )
+
+
+def _whole(x, what: str) -> int:
+    """`x` as an int, if it is a whole number (a slot index read from a file)."""
+    if isinstance(x, bool) or not isinstance(x, (numbers.Integral, float)) \
+            or not math.isfinite(x) or x != int(x):
+        raise ValueError(f"a {what} is not a whole number: {x!r}")
+    return int(x)
 
 
 def _json_float(x):
@@ -750,6 +805,7 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
             f"Model '{model.name}' does not match the plan: groups missing {missing}, "
             f"groups of another size {wrong}."
         )
+    plan.validate()  # before any edit: an inconsistent plan leaves the model as it is
     g = g.with_groups({k: g.groups[k] for k in plan.groups}, blocks=())
     if check and fingerprint(model, g) != plan.fingerprint:
         raise ValueError(
