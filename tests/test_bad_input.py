@@ -165,7 +165,14 @@ def test_corrupt_trajectory_metadata_and_fields_name_the_file(tmp_path):
 
     coef = arrays["coef"].copy()
     coef[merge] = 1e300
+    active = arrays["active_after"].astype(np.float64)
+    active[1] = np.nan
+    frac = arrays["i"].astype(np.float64)
+    frac[0] += 0.5
     cases = {
+        variant("nanactive", active_after=active): "'active_after' holds values that are "
+                                                   "not whole numbers \\(step 1: nan\\)",
+        variant("fraci", i=frac): "'i' holds values that are not whole numbers \\(step 0",
         variant("metalist", meta=np.array(json.dumps([1, 2]))): "metadata is a list",
         variant("nofp", meta=np.array(json.dumps({k: v for k, v in meta.items()
                                                   if k != "fingerprint"}))):
@@ -178,6 +185,11 @@ def test_corrupt_trajectory_metadata_and_fields_name_the_file(tmp_path):
         with pytest.raises(ValueError, match=message) as e:
             hope_keras.Trajectory.load(path)
         assert path in str(e.value)
+    # Metadata without the model's name loads; a mismatch then still says what to do.
+    unnamed = hope_keras.Trajectory.load(variant("noname", meta=np.array(json.dumps(
+        {k: v for k, v in meta.items() if k != "model_name"}))))
+    with pytest.raises(ValueError, match="recorded on model '\\?' with other weights"):
+        unnamed.replay(mlp(seed=99), step=1)
 
 
 @pytest.mark.parametrize("value", ["0.5", True, 1.5, float("nan")])

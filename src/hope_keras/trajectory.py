@@ -259,6 +259,14 @@ class Trajectory:
             if k not in ("kind", "unit") and not np.issubdtype(arrays[k].dtype, np.number):
                 raise ValueError(f"{where}: field {k!r} holds {arrays[k].dtype} values, "
                                  "not numbers.")
+        for k in ("i", "j", "active_after"):
+            a = arrays[k]
+            if not np.issubdtype(a.dtype, np.integer):
+                whole = np.isfinite(a) & (a == np.round(a))
+                if not whole.all():
+                    raise ValueError(f"{where}: field {k!r} holds values that are not "
+                                     f"whole numbers (step {int(np.argmin(whole))}: "
+                                     f"{float(a[np.argmin(whole)])!r}).")
         if not isinstance(meta.get("fingerprint"), str) or not isinstance(
                 meta.get("options", {}), dict):
             raise ValueError(f"{where}: its fingerprint / options metadata is missing or "
@@ -353,8 +361,9 @@ class Trajectory:
             recorded = {name: size for name, size in self.meta["groups"]}
             current = {name: size for name, size in sizes if name in recorded}
             if current != recorded or fingerprint(model, g) != self.meta["fingerprint"]:
+                name = self.meta.get("model_name", "?")
                 raise ValueError(
-                    f"This trajectory was recorded on model '{self.meta['model_name']}' "
+                    f"This trajectory was recorded on model '{name}' "
                     f"with other weights than model '{model.name}' has now (fingerprint "
                     "mismatch). Replay it on the original, uncompressed model "
                     "(e.g. reload it from its file), or pass check=False."
