@@ -4,12 +4,14 @@ The standard: a clear error that names what was received and what to do, and the
 user's models untouched.
 """
 
+import keras
 import numpy as np
 import pytest
 
 import hope_keras
 from conftest import copy_model, mlp
 from hope_keras import baselines
+from hope_keras.engine import Encoder
 
 
 def _weights(model):
@@ -331,3 +333,22 @@ def test_analyze_pins_a_sketched_group_with_nan_weights_naming_layer_and_count(m
     assert "fc0" in reasons and "fc0" not in {g.name for g in analysis.groups}
     assert "Layer 'fc0' has 2 NaN/Inf value(s) in its kernel" in reasons["fc0"]
     assert any(isinstance(c, cache_lib.SketchCache) for c in analysis.caches.values())
+
+
+def test_a_flops_budget_on_unknown_spatial_dimensions_is_refused_untouched():
+    """FLOPs of a convolution need its output's height and width: with an input of
+    unknown size, a FLOPs budget would count every convolution as 1 × 1 and rank
+    (and stop) by that. Refused before any edit, as `profile` refuses; density and
+    parameter budgets do not need it."""
+    inputs = keras.Input((None, None, 3))
+    x = keras.layers.Conv2D(8, 3, name="conv")(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    before = _weights(model)
+    with pytest.raises(ValueError, match="'conv' .*unknown output dimension.*fixed input"):
+        hope_keras.compress(model, flops=0.5, verbose=False)
+    _assert_untouched(model, before)
+    with pytest.raises(ValueError, match="unknown output dimension"):
+        Encoder(model, budget="flops")
+    hope_keras.compress(model, density=0.5, verbose=False)

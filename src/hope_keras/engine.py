@@ -604,6 +604,8 @@ class Encoder:
         self.budget = budget
         a = self.analysis
         self.graph = a.graph
+        if budget == "flops":
+            self._check_flops_countable()
         # The cost says which groups it can price (the paper's: its neuron layers).
         scope = getattr(self.cost, "groups", "all")
         self.groups = {name: _GroupState(name, a.caches[name], a.states[name].p_init)
@@ -671,9 +673,22 @@ class Encoder:
         """Re-ranks every action for another budget kind."""
         if budget not in BUDGETS:
             raise ValueError(f"budget must be one of {BUDGETS}. Received: budget={budget!r}")
+        if budget == "flops":
+            self._check_flops_countable()
         if budget != self.budget:
             self.budget = budget
             self._push_all()
+
+    def _check_flops_countable(self) -> None:
+        """A FLOPs budget needs every layer's FLOPs: refused (before any edit) when a
+        layer has an unknown spatial dimension, as `hope_keras.profile` refuses."""
+        if not getattr(self, "_flops_countable", False):
+            from hope_keras.profile import _node_flops
+
+            fg = self.graph.flat
+            for node in fg.nodes:
+                _node_flops(node, fg)
+            self._flops_countable = True
 
     def _push_all(self) -> None:
         self._heap = []
