@@ -352,3 +352,21 @@ def test_a_flops_budget_on_unknown_spatial_dimensions_is_refused_untouched():
     with pytest.raises(ValueError, match="unknown output dimension"):
         Encoder(model, budget="flops")
     hope_keras.compress(model, density=0.5, verbose=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(density=2), "density must be in \\(0, 1\\]. Received: density=2"),
+    (dict(density="0.5"), "density must be a number .* Received: density='0.5'"),
+    (dict(params=float("nan")), "params must be in \\(0, 1\\]"),
+    (dict(flops=0), "flops must be in \\(0, 1\\]"),
+    (dict(steps=-1), "steps must be an integer ≥ 0. Received: steps=-1"),
+    (dict(steps=2.5), "steps=2.5"),
+])
+def test_encoder_run_checks_its_budgets_as_compress_does(kwargs, message):
+    model = mlp(seed=9)
+    before = _weights(model)
+    enc = Encoder(model)
+    with pytest.raises(ValueError, match=message):
+        enc.run(verbose=False, **kwargs)
+    _assert_untouched(model, before)
+    assert len(enc.trajectory) == 0

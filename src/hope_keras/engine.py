@@ -1148,6 +1148,9 @@ class Encoder:
         called again to continue. ``verbose``: progress bar, ``"auto"`` (when
         standard output is a terminal), True or False.
         """
+        density, params, flops = (_fraction(name, value) for name, value in (
+            ("density", density), ("params", params), ("flops", flops)))
+        _check_steps(steps)
         target_active = (math.floor(density * self.num_neurons + 1e-9)
                          if density is not None else None)
         kind = ("density" if density is not None else "params" if params is not None
@@ -1305,9 +1308,7 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
     """
     density, params, flops = (_fraction(name, value) for name, value in (
         ("density", density), ("params", params), ("flops", flops)))
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, numbers.Integral)
-                              or steps < 0):
-        raise ValueError(f"steps must be an integer ≥ 0. Received: steps={steps!r}")
+    _check_steps(steps)
     bn_stats.check_correction(correct_statistics)
     enc = Encoder(model, analysis=analysis, cost=cost, actions=actions,
                   merge_scale=merge_scale, refresh=refresh, kernel=kernel, verbose=verbose,
@@ -1362,6 +1363,12 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         analysis=enc.analysis,
         model=model,
     )
+
+
+def _check_steps(steps) -> None:
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, numbers.Integral)
+                              or steps < 0):
+        raise ValueError(f"steps must be an integer ≥ 0. Received: steps={steps!r}")
 
 
 def _fraction(name, value):
