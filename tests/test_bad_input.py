@@ -370,3 +370,19 @@ def test_encoder_run_checks_its_budgets_as_compress_does(kwargs, message):
         enc.run(verbose=False, **kwargs)
     _assert_untouched(model, before)
     assert len(enc.trajectory) == 0
+
+
+def test_batchnorm_reestimation_refuses_bad_data_untouched():
+    """Wrong input shape (named, not a traced function's traceback), a batch size of
+    0, and a single sample (every Dense BN's variance would become 0)."""
+    model = mlp(seed=10)
+    before = _weights(model)
+    x = np.random.default_rng(0).normal(size=(64, 6)).astype("float32")
+    with pytest.raises(ValueError, match="batches have shape \\(64, 7\\).*\\(None, 6\\)"):
+        hope_keras.reestimate_batchnorm_statistics(model, np.zeros((64, 7), "float32"))
+    with pytest.raises(ValueError, match="batch_size=0"):
+        hope_keras.reestimate_batchnorm_statistics(model, x, batch_size=0)
+    with pytest.raises(ValueError, match="one value per channel \\(1 sample"):
+        hope_keras.reestimate_batchnorm_statistics(model, x[:1])
+    _assert_untouched(model, before)
+    hope_keras.reestimate_batchnorm_statistics(model, x)  # the good data goes through

@@ -56,6 +56,21 @@ def _batchnorm_layers(model):
     return bns
 
 
+def _check_input_shape(model, x) -> None:
+    """The first batch's array against a single-input model's input shape (its known
+    dimensions): a mismatch named here, not deep inside a traced function."""
+    inputs = getattr(model, "inputs", None) or []
+    if len(inputs) != 1 or not hasattr(x, "shape"):
+        return
+    want = tuple(inputs[0].shape)
+    got = tuple(x.shape)
+    if len(got) != len(want) or any(w is not None and w != g
+                                    for w, g in zip(want[1:], got[1:])):
+        raise ValueError(
+            f"The data's batches have shape {got}, but model '{model.name}' takes "
+            f"inputs of shape {want}. Nothing was changed.")
+
+
 def _iter_batches(data, batch_size):
     """Yields the model input ``x`` of each batch of ``data``."""
     if isinstance(data, np.ndarray) or (
@@ -243,6 +258,10 @@ def reestimate_batchnorm_statistics(
     """
     if isinstance(batches, numbers.Number) and batches < 1:
         raise ValueError(f"batches must be positive or None, got {batches}.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
+            or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer ≥ 1. Received: "
+                         f"batch_size={batch_size!r}")
     bns = _batchnorm_layers(model)
     if not bns:
         if verbose:
@@ -259,6 +278,8 @@ def reestimate_batchnorm_statistics(
     for x in _iter_batches(data, batch_size):
         if batches is not None and seen >= batches:
             break
+        if seen == 0:
+            _check_input_shape(model, x)
         moments = step(x)
         for i, (count_b, mean_b, m2_b) in enumerate(moments):
             count_b = float(count_b)
@@ -275,6 +296,12 @@ def reestimate_batchnorm_statistics(
             print(f"  batch {seen}: {samples} samples")
     if seen == 0:
         raise ValueError("data yielded no batches.")
+    few = [bn.name for bn, count in zip(bns, n) if count < 2]
+    if few:
+        raise ValueError(
+            f"The BatchNormalization layer(s) {', '.join(few)} saw one value per channel "
+            f"({samples} sample(s)): their variance would be 0. Give more samples "
+            f"(hundreds are typical). Nothing was changed.")
     # Checked before any layer is written: a NaN in the data would reach every BN.
     check_finite_statistics([bn.name for bn in bns], mean, m2,
                             "The statistics measured for the BatchNormalization layer(s)",
