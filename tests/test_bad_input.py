@@ -386,3 +386,16 @@ def test_batchnorm_reestimation_refuses_bad_data_untouched():
         hope_keras.reestimate_batchnorm_statistics(model, x[:1])
     _assert_untouched(model, before)
     hope_keras.reestimate_batchnorm_statistics(model, x)  # the good data goes through
+
+
+def test_wrong_types_are_named():
+    model = mlp(seed=11)
+    before = _weights(model)
+    with pytest.raises(TypeError, match="analysis must be a hope_keras.Analysis.*'x' of "
+                                        "type str"):
+        hope_keras.compress(model, density=0.5, analysis="x", verbose=False)
+    with pytest.raises(TypeError, match="correct_statistics needs .*None of type NoneType"):
+        hope_keras.correct_statistics(model, None)
+    with pytest.raises(TypeError, match="file path .*Received: None"):
+        hope_keras.Trajectory.load(None)
+    _assert_untouched(model, before)

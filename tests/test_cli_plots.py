@@ -107,6 +107,20 @@ def test_cli_errors_have_shell_exit_codes(model_file, tmp_path, capsys):
     assert status("replay", model_file, str(bad), "--step", "1", "--out",
                   str(tmp_path / "y.keras")) == 1
     assert "bad.npz" in capsys.readouterr().err
+    # A model whose weights are not those recorded: the advice names the CLI's option,
+    # which then replays.
+    traj = str(tmp_path / "t.npz")
+    hope_keras.compress(keras.models.load_model(model_file), density=0.6,
+                        verbose=False).trajectory.save(traj)
+    other = str(tmp_path / "other.keras")
+    small_resnet(seed=22).save(other)
+    capsys.readouterr()
+    assert status("replay", other, traj, "--step", "2", "--out",
+                  str(tmp_path / "z.keras")) == 1
+    err = capsys.readouterr().err
+    assert "fingerprint mismatch" in err and "--no-check" in err and "check=False" not in err
+    assert status("replay", other, traj, "--step", "2", "--out", str(tmp_path / "z.keras"),
+                  "--no-check", "--quiet") == 0
 
 
 def test_plot_functions_write_non_empty_files(tmp_path):

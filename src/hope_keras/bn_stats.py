@@ -239,7 +239,8 @@ def reestimate_batchnorm_statistics(
 
     Raises:
         ValueError: If ``data`` yields no batch, or for an unsupported layer
-            (see ``model``).
+            (see ``model``); for batches of another shape than the model's input,
+            ``batch_size`` below 1, or one value per channel (nothing is written).
 
     Example:
         >>> import numpy as np, keras
@@ -396,7 +397,12 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
     ['bn1', 'bn2']
     """
     from hope_keras import moments as moments_lib
+    from hope_keras.analysis import Analysis
 
+    if not isinstance(analysis, Analysis):
+        raise TypeError(f"correct_statistics needs the hope_keras.Analysis of the model "
+                        f"taken before compressing it (CompressionResult.analysis). "
+                        f"Received: {analysis!r} of type {type(analysis).__name__}")
     flat = analysis.graph.flat
     mine = {id(layer) for layer in kg.flatten(model).layers.values()}
     if not all(id(layer) in mine for layer in flat.layers.values()):

@@ -150,6 +150,14 @@ def _compress(args):
         hope_keras.profile(small, reference=model, latency=args.latency).summary()
 
 
+def _replay_on(trajectory, model, no_check, **target):
+    """`Trajectory.replay`, its advice in this command's terms (``--no-check``)."""
+    try:
+        trajectory.replay(model, check=not no_check, **target)
+    except ValueError as e:
+        raise ValueError(str(e).replace("pass check=False", "pass --no-check")) from None
+
+
 def _replay(args):
     import hope_keras
 
@@ -157,7 +165,7 @@ def _replay(args):
     trajectory = hope_keras.Trajectory.load(args.trajectory)
     target = {k: getattr(args, k) for k in ("density", "params", "flops", "step")
               if getattr(args, k) is not None}
-    trajectory.replay(model, **target)
+    _replay_on(trajectory, model, args.no_check, **target)
     out = model if args.no_slim else hope_keras.slim(model)
     out.save(args.out)
     if not args.quiet:
@@ -174,7 +182,7 @@ def _report(args):
     model = None
     if args.model:  # replayed first: a model the trajectory does not fit writes nothing
         model = _load(args.model)
-        trajectory.replay(model, step=len(trajectory))
+        _replay_on(trajectory, model, args.no_check, step=len(trajectory))
     plots.report(trajectory, args.out)
     if not args.quiet:
         print(f"Wrote {args.out}")
@@ -318,6 +326,9 @@ def _parser():
     r.add_argument("--out", required=True, help="where to save the result (.keras)")
     r.add_argument("--no-slim", action="store_true",
                    help="save the edited model at full size instead of the slimmed one")
+    r.add_argument("--no-check", action="store_true",
+                   help="replay on a model whose weights differ from those recorded (the "
+                        "steps must still fit its groups)")
     r.set_defaults(fn=_replay)
 
     rep = command("report", "plot a trajectory (needs matplotlib)")
@@ -326,6 +337,9 @@ def _parser():
     rep.add_argument("--model", help="the original .keras model: also print the "
                      "profile of the trajectory's result against it")
     rep.add_argument("--latency", action="store_true", help="with --model: also time")
+    rep.add_argument("--no-check", action="store_true",
+                     help="with --model: replay on it even if its weights differ from "
+                          "those recorded")
     rep.set_defaults(fn=_report)
 
     e = command("export", "convert a model to TensorFlow Lite")

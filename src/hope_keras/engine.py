@@ -589,6 +589,7 @@ class Encoder:
         if analysis is None:
             analysis = analyze(model, kernel=kernel, verbose=verbose)
         else:  # the run mutates the caches: keep the caller's analysis intact
+            _check_analysis(analysis)
             analysis.check(model)  # of this model, and not stale
             analysis = dataclasses.replace(
                 analysis, caches={k: v.copy() for k, v in analysis.caches.items()})
@@ -1363,6 +1364,12 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         analysis=enc.analysis,
         model=model,
     )
+
+
+def _check_analysis(analysis) -> None:
+    if not isinstance(analysis, Analysis):
+        raise TypeError(f"analysis must be a hope_keras.Analysis (hope_keras.analyze(model)). "
+                        f"Received: {analysis!r} of type {type(analysis).__name__}")
 
 
 def _check_steps(steps) -> None:

@@ -216,6 +216,9 @@ class Trajectory:
     @classmethod
     def load(cls, path: str) -> "Trajectory":
         """Reads a trajectory written by `save`; a clear error if the file is not one."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"Trajectory.load takes a file path (str or os.PathLike). "
+                            f"Received: {path!r} of type {type(path).__name__}")
         if not os.path.exists(path):
             raise FileNotFoundError(f"No trajectory file at '{path}'.")
         hint = "Re-create it with hope_keras.compress(...).trajectory.save(path)."
