@@ -478,6 +478,8 @@ def test_bad_arguments_and_unsupported_layers():
         dm.compress_mlp(model, order=2, center=[0.0, 0.0, 0.0])
     with pytest.raises(ValueError, match="output layer"):
         dm.compress_mlp(model, order=2, layers=["out"])
+    with pytest.raises(ValueError, match="sample points must be an integer ≥ 1.*Received: 0"):
+        dm.compress_mlp(model, order=2, samples=0, measure=True)
     conv = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4, activation="tanh"),
                              keras.layers.Dropout(0.1, name="drop"), keras.layers.Dense(1)])
     with pytest.raises(ValueError, match="'drop'.*Dropout"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import time
 import warnings
 from typing import Dict, List, Optional, Sequence, Union
@@ -196,6 +197,9 @@ def sample_ball(n: int, d: int, radius: float, center=None, seed: int = 0) -> np
     assert (x ** 2).sum(1).max() <= 4.0 + 1e-12
     ```
     """
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"The number of sample points must be an integer ≥ 1 (the "
+                         f"center is one of them). Received: {n!r}")
     rng = np.random.default_rng(seed)
     c = _center(center, d)
     g = rng.normal(size=(n, d))
