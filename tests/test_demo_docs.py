@@ -34,6 +34,9 @@ def test_benchmarks_md_prints_what_make_demo_computes():
         # Sizes are exact (the same trajectory); an accuracy may move by a few of the
         # 2000 test images on another CPU (TensorFlow's kernels round differently and
         # images at a decision boundary flip): 8 images at density 0.4 between stop
-        # 33's machine and stop 34's, the same code and sizes.
+        # 33's machine and stop 34's, 12 at density 0.4 (6 at 0.3, 3 at 0.5) between
+        # stop 42's and stop 43's (an AMD EPYC), the same code and sizes. 20 images
+        # (1 %) is the tolerance: a code change that moves the accuracy more, or any
+        # size, fails here.
         assert (d0, p0, pr0, fr0) == (d1, p1, round(pr1, 3), round(fr1, 3)), stale
-        assert abs(a0 - a1) <= 0.005, stale
+        assert abs(a0 - a1) <= 0.01, stale
