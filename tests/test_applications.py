@@ -1,5 +1,4 @@
-"""keras.applications, one test per family at small input sizes (issue "Every
-keras.applications CNN"): `analyze` reads the model, ≥ 80 % of the hidden channels
+"""keras.applications, one test per family at small input sizes: `analyze` reads the model, ≥ 80 % of the hidden channels
 are compressible, `compress(density=0.8)` + `slim` equals the in-place model to 1e-4
 (relative to the output scale), the live parameter count is exact, and the saved
 `.keras` reloads in safe mode.

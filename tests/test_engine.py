@@ -369,10 +369,9 @@ def test_default_cost_evicts_the_later_of_two_like_blocks_first():
 
 def test_paper_cost_reproduces_the_previous_default_trajectory():
     """tests/data/demo_paper_trajectory_v1.npz: the bundled demo CNN compressed to
-    density 0.3 by the engine of commit 2faf675, when the paper's cost was the default
-    (kept as cost="paper"): the same actions, step for step, and the same costs and
-    parent coefficients up to float64 rounding (bit for bit until the Gram products
-    moved from TensorFlow's matmul to NumPy's on CPUs, stop 22)."""
+    density 0.3 with the paper's cost by an earlier engine: cost="paper" gives the same
+    actions, step for step, and the same costs and parent coefficients up to float64
+    rounding (the Gram products are NumPy's on CPUs, the recording TensorFlow's)."""
     from hope_keras.data import load_demo_model
     from pathlib import Path
 
