@@ -55,6 +55,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
+from _common import add_quick, quick_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -485,7 +486,14 @@ def main(argv=None):
                    help="allocation × within-layer ranking × statistics")
     p.add_argument("--split", choices=SPLITS, default="heldout",
                    help="the split --diagnose --report prints")
+    add_quick(p)  # 200 + 200 images, target 0.8, six methods, results in quick_dir()
     args = p.parse_args(argv)
+    if args.quick:
+        global RESULTS, TARGETS
+        RESULTS, TARGETS, args.report = quick_dir(), (0.8,), False
+        args.n_sel, args.n_heldout = 200, 200
+        args.methods = ["hope", "hope_sc", "bn_scale_global", "bn_scale_layer",
+                        "bn_scale_global_sc", "bn_scale_layer_sc"]  # both checks
     if args.diagnose:
         if not args.report:
             diagnose(args.model, args.n_sel, args.n_heldout)
