@@ -20,7 +20,7 @@ def main():
     args = ap.parse_args()
     print("devices:", [d.device_type for d in tf.config.list_logical_devices()])
     model = calibrated_resnet50(size=QUICK_RESNET_SIZE if args.quick else 224)
-    density = 0.9 if args.quick else 0.5
+    density = 0.98 if args.quick else 0.5
     before = peak_rss_gb()
     t = time.perf_counter()
     analysis = hope_keras.analyze(model)

@@ -55,6 +55,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
 from _common import add_quick, quick_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
