@@ -1,4 +1,4 @@
-"""Per-group capacities and Gram tables (spec sections 2, 3 and 5).
+"""Per-group capacities and Gram tables (docs/theory.md §1, §3 and §4).
 
 For each ``"neurons"`` group the cache holds:
 

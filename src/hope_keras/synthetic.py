@@ -29,7 +29,7 @@ __all__ = ["synthesize_inputs", "stream_readers", "StreamReference",
            "correct_stream_readers"]
 
 #: Batch size, Adam steps and learning rate of `synthesize_inputs`, chosen on the
-#: selection split of the ResNet-50 fixture (docs/quality.md, "Decision 6").
+#: selection split of the ResNet-50 fixture (docs/quality.md, "The BNs that read a residual stream").
 SYNTHETIC_INPUTS = 16
 SYNTHETIC_STEPS = 100
 LEARNING_RATE = 0.1
