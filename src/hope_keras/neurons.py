@@ -68,7 +68,7 @@ def rows_to_kernel(rows: np.ndarray, kind: str, shape: Tuple[int, ...]) -> np.nd
 #: readers' dtype: `hope_keras.cache.build_group_cache` rounds them to float32 for its
 #: Gram product there (`hope_keras.cache.FLOAT32_WIDTH`, the same width), and a float64
 #: copy of a 4096 × 4096 reader is 128 MB of fresh memory, what a cold `analyze` pays
-#: most for on a virtual machine (docs/benchmarks.md, "Scale").
+#: most for on a virtual machine (measured with `benchmarks/scale.py vgg16`).
 NATIVE_U_WIDTH = 2048
 
 
