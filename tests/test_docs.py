@@ -55,6 +55,9 @@ HISTORY = {
         r"|\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* 20\d\d\b", re.I),
 }
 #: A commit hash: 7 to 40 hex digits with at least one letter and one digit, as a word.
+#: Digits-only runs (parameter counts such as 25636712, 0.3333333333333333, SELU's
+#: constants) are numbers, not hashes, and pass; so does `eviction_diagnostic.py`'s
+#: `--stop 0.5` option, which is no work item (the lookbehind above).
 COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 
 
