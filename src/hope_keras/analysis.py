@@ -15,7 +15,7 @@ from hope_keras import cache as cache_lib
 from hope_keras.cache import GroupCache, PruneCache, build_group_cache
 from hope_keras.neurons import (LayerState, bn_arrays, coupled_capacity, eviction_p_init,
                                 extract_group)
-from hope_keras.progress import progress
+from hope_keras.progress import progress, resolve_verbose
 
 
 #: Values of each weight in `Analysis.fingerprint` (a full hash of ResNet-50 @224's
@@ -375,7 +375,10 @@ def analyze(model, kernel: str = "approx", verbose="auto") -> Analysis:
     blocks = tuple(b for b in g.blocks if all(x in groups for x in b.groups))
     g = g.with_groups(groups, blocks=blocks, pinned=pinned)
     caches: Dict[str, object] = {}
-    for name in progress(list(groups), verbose=verbose, what="cache"):
+    if resolve_verbose(verbose):
+        print(f"Analyzing '{model.name}': pricing the neurons of {len(groups)} groups "
+              "from their weights and BatchNormalization statistics.")
+    for name in progress(list(groups), verbose=verbose, what="group"):
         if name in sketched:
             caches[name] = sketched[name]
         elif groups[name].kind == "neurons":

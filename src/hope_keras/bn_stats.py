@@ -532,7 +532,8 @@ def synthetic_inputs(model, verbose="auto"):
     x = _load_synthetic(path, model)
     if x is None:
         try:
-            x = synthetic.synthesize_inputs(model, verbose=verbose)
+            x = synthetic.synthesize_inputs(model, num=synthetic.SYNTHETIC_INPUTS,
+                                            steps=synthetic.SYNTHETIC_STEPS, verbose=verbose)
         except ValueError as e:
             import warnings
 

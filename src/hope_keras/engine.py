@@ -1369,6 +1369,12 @@ class Encoder:
 
         self._check_not_stale()
         self._start_correction()
+        if resolve_verbose(verbose):
+            goal = ", ".join(f"{k}={v}" for k, v in (("density", density), ("params", params),
+                                                     ("flops", flops), ("steps", steps))
+                             if v is not None) or "no admissible action left"
+            print(f"Compressing '{self.model.name}' ({goal}): the cheapest of "
+                  f"{'/'.join(sorted(self.actions))} at each step.")
         bar, work_done = self._progress_bar(target_active, params, flops, steps, verbose)
 
         def show():
