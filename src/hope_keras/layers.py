@@ -621,6 +621,35 @@ def _register_ops():
     for name, op in ops:
         if name in classes:
             register(classes[name], _ScalarOpRule(op))
+    _register_activation_ops()
+
+
+def _register_activation_ops():
+    """Elementwise activations called as `keras.ops` (``keras.ops.relu(x)`` in a
+    traced subclassed model, or in a Functional one): channelwise, like the layers."""
+    from hope_keras import activations as acts
+
+    A = keras.activations
+    fixed = {"Relu": A.relu, "Relu6": A.relu6, "Sigmoid": A.sigmoid, "Silu": A.silu,
+             "Selu": A.selu, "Softplus": A.softplus, "HardSigmoid": A.hard_sigmoid,
+             "HardSilu": A.hard_silu}
+    nn = kg.optional_classes("ops.nn", list(fixed) + ["LeakyRelu", "Gelu"])
+    for name, fn in fixed.items():
+        if name in nn:
+            register(nn[name], ChannelwiseRule(activation=lambda op, fn=fn: fn,
+                                               data_format=False))
+    if "LeakyRelu" in nn:
+        register(nn["LeakyRelu"], ChannelwiseRule(
+            activation=lambda op: acts.leaky_relu(float(op.negative_slope)),
+            data_format=False))
+    if "Gelu" in nn:
+        register(nn["Gelu"], ChannelwiseRule(
+            activation=lambda op: acts.get("gelu_approximate" if op.approximate else "gelu"),
+            data_format=False))
+    tanh = kg.optional_classes("ops.numpy", ["Tanh"])
+    if "Tanh" in tanh:
+        register(tanh["Tanh"], ChannelwiseRule(activation=lambda op: A.tanh,
+                                               data_format=False))
 
 
 def scalar_operand(node):
