@@ -217,6 +217,17 @@ class ChannelwiseRule(LayerRule):
         return self._activation(layer) if callable(self._activation) else self._activation
 
 
+class _PermuteRule(ChannelwiseRule):
+    """`Permute` that keeps the channel axis last (MTCNN's ``Permute((2, 1, 3))``
+    swaps height and width): channel ``c`` stays channel ``c``."""
+
+    def check(self, layer, rank=None):
+        dims = tuple(layer.dims)
+        if dims and dims[-1] == len(dims):
+            return None
+        return f"a Permute{dims} that moves the channel axis"
+
+
 class _BatchNormRule(ChannelwiseRule):
     def __init__(self):
         super().__init__([WeightAxis(a, 0) for a in
@@ -580,6 +591,7 @@ def _register_builtins():
                                       data_format=False))
     register(L.Softmax, UnsupportedRule("applies softmax across channels"))
     register(L.Flatten, FlattenRule())
+    register(L.Permute, _PermuteRule(passthrough=True, data_format=False))
     register(L.Reshape, _ReshapeRule())
     for c, op in ((L.Add, "add"), (L.Subtract, "subtract"), (L.Multiply, "multiply"),
                   (L.Average, "average"), (L.Maximum, "maximum"), (L.Minimum, "minimum")):
