@@ -128,14 +128,16 @@ PHOTOS_HELD = ("camera.png", "coins.png", "page.png", "motorcycle_right.png",
 
 
 def photo_crops(names, n, size, seed):
-    """`n` random size×size RGB crops (0–255) of the photos, each halved first."""
+    """`n` random size×size RGB crops (0–255) of the photos, each halved first
+    (unless that leaves a side shorter than `size`)."""
     rng = np.random.default_rng(seed)
     imgs = [_png(nm) for nm in names]
     out = []
     for k in range(n):
         im = imgs[k % len(imgs)]
         h, w = im.shape[:2]
-        im = keras.ops.convert_to_numpy(keras.ops.image.resize(im[None], (h // 2, w // 2)))[0]
+        if min(h, w) // 2 > size:
+            im = keras.ops.convert_to_numpy(keras.ops.image.resize(im[None], (h // 2, w // 2)))[0]
         i = rng.integers(0, im.shape[0] - size)
         j = rng.integers(0, im.shape[1] - size)
         out.append(im[i:i + size, j:j + size])
@@ -162,11 +164,17 @@ def hed_functional(hed, size):
     layers, for a fixed input size, is this."""
     L = keras.layers
     x = keras.Input((size, size, 3))
-    c1 = hed.block1(x)
-    c2 = hed.block2(c1)
-    c3 = hed.block3(c2)
-    c4 = hed.block4(c3)
-    c5 = hed.block5(c4)
+
+    def run(block, h):  # the block's own layers (its Sequential was built for 64×64)
+        for layer in block.layers:
+            h = layer(h)
+        return h
+
+    c1 = run(hed.block1, x)
+    c2 = run(hed.block2, c1)
+    c3 = run(hed.block3, c2)
+    c4 = run(hed.block4, c3)
+    c5 = run(hed.block5, c4)
     sides = [hed.dsn1(c1)] + [
         L.Resizing(size, size, interpolation="bilinear")(dsn(c))
         for dsn, c in ((hed.dsn2, c2), (hed.dsn3, c3), (hed.dsn4, c4), (hed.dsn5, c5))]

@@ -72,7 +72,7 @@ def input_shape_of(model) -> Optional[tuple]:
         shape = next(iter(shapes.values()))
         if isinstance(shape, (tuple, list)) and all(
                 d is None or isinstance(d, int) for d in shape):
-            return tuple(shape)
+            return (None,) + tuple(shape[1:])  # a first call's batch size is no constraint
     return None
 
 
