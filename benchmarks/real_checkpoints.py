@@ -69,6 +69,9 @@ MARKERS = {
 }
 TARGETS = (0.8, 0.6, 0.5)
 
+# TensorFlow 2.21's oneDNN CPU kernels crash (segfault) in training steps of the fer
+# model (`fit`, hence `recover`), with or without hope_keras; its plain kernels do not.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 for _name in ("onet", "hed", "fer"):  # lz4 must be importable before joblib is
     sys.path.insert(0, str(CACHE / _name))
 sys.path.insert(0, str(ROOT / "src"))

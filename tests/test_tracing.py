@@ -131,3 +131,33 @@ def test_python_control_flow_on_a_tensor_is_refused():
 def test_unbuilt_subclassed_model_asks_for_a_build():
     with pytest.raises(TracingError, match="input shape is unknown"):
         hope_keras.analyze(BlockNet())
+
+
+class ResizeNet(keras.Model):
+    """A resize between two compressible groups (HED's side outputs, FPN-style)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = keras.Sequential([layers.Conv2D(12, 3, padding="same"),
+                                   layers.BatchNormalization(), layers.ReLU()])
+        self.b = keras.Sequential([layers.Conv2D(10, 3, padding="same"),
+                                   layers.BatchNormalization(), layers.ReLU()])
+        self.up = layers.Resizing(16, 16)
+        self.head = layers.Conv2D(1, 1)
+
+    def call(self, x):
+        h = ops.image.resize(self.a(x), (12, 12))
+        return self.head(self.up(self.b(h)))
+
+
+def test_resize_between_groups_is_seen_through():
+    rng = np.random.default_rng(1)
+    net = ResizeNet()
+    x = rng.normal(size=(8, 8, 8, 3)).astype("float32")
+    net(x)
+    _trained_like(net, rng)
+    analysis = hope_keras.analyze(net)
+    assert sorted(g.size for g in analysis.groups) == [10, 12]
+    hope_keras.compress(net, density=0.5, verbose=False)
+    np.testing.assert_allclose(np.asarray(hope_keras.slim(net)(x)), np.asarray(net(x)),
+                               atol=1e-4, rtol=1e-4)

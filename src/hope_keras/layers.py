@@ -573,6 +573,7 @@ def _register_builtins():
         L.ZeroPadding1D, L.ZeroPadding2D, L.ZeroPadding3D,
         L.Cropping1D, L.Cropping2D, L.Cropping3D,
         L.UpSampling1D, L.UpSampling2D, L.UpSampling3D,
+        L.Resizing,  # HED's side outputs: per-channel spatial resampling
     ]
     for c in passthrough:
         register(c, ChannelwiseRule(passthrough=True))
@@ -658,6 +659,9 @@ def _register_activation_ops():
         register(nn["Gelu"], ChannelwiseRule(
             activation=lambda op: acts.get("gelu_approximate" if op.approximate else "gelu"),
             data_format=False))
+    resize = kg.optional_classes("ops.image", ["Resize"])
+    if "Resize" in resize:  # keras.ops.image.resize: per-channel, like `Resizing`
+        register(resize["Resize"], ChannelwiseRule(passthrough=True))
     tanh = kg.optional_classes("ops.numpy", ["Tanh"])
     if "Tanh" in tanh:
         register(tanh["Tanh"], ChannelwiseRule(activation=lambda op: A.tanh,

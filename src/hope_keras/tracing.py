@@ -109,7 +109,8 @@ def _failed_operation(error, tb, call_code) -> str:
         module = callee.filename.split("site-packages" + os.sep)[-1]
         called = f", which calls {callee.name} in {module}"
     message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return f"{where}{called}: {type(error).__name__}: {message[:300].rstrip('.')}"
+    message = message.split(". ")[0].rstrip(".")  # its first sentence
+    return f"{where}{called}: {type(error).__name__}: {message[:300]}"
 
 
 def traced(model, input_shape: Optional[tuple] = None):
