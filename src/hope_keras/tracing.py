@@ -11,8 +11,8 @@ What cannot be traced is refused, naming the first operation that failed: a
 TensorFlow function (``tf.nn.relu(x)``, ``tf.concat``) applied to a symbolic tensor,
 Python control flow on a tensor's value (``if ops.mean(x) > 0``), or a `call` whose
 result depends on something besides its layers (checked by running both on the same
-random batch). docs/api.md ("Subclassed models") shows how to rebuild such a model
-as a Functional one from the same layers.
+random batch). docs/quickstart.md ("Models from elsewhere") shows how to rebuild
+such a model as a Functional one from the same layers.
 
 Example:
 
@@ -181,7 +181,7 @@ def traced(model, input_shape: Optional[tuple] = None):
             f"that failed: {_failed_operation(e, e.__traceback__, code)}. Use "
             "keras.ops (e.g. keras.ops.relu, keras.ops.concatenate) instead, or "
             "rebuild the model as a Functional one from the same layers "
-            "(docs/api.md, \"Subclassed models\").") from e
+            "(docs/quickstart.md, \"Models from elsewhere\").") from e
     _check_same(model, functional, shape, name, kwargs)
     _TRACED[model] = functional
     return functional
@@ -209,4 +209,4 @@ def _check_same(model, functional, shape, name, kwargs) -> None:
                 "on a random batch: its `call` depends on something besides its "
                 "layers and keras.ops (Python state, layers made inside `call`, the "
                 "training flag). Rebuild it as a Functional model from the same "
-                "layers (docs/api.md, \"Subclassed models\").")
+                "layers (docs/quickstart.md, \"Models from elsewhere\").")
