@@ -71,7 +71,7 @@ def test_family(name, tmp_path):
     model, x = _prepare(name, FAMILIES[name](), rng)
     analysis = hope_keras.analyze(model)
     assert analysis.coverage() >= MIN_COVERAGE.get(name, 0.8), analysis.pinned_summary()
-    result = hope_keras.compress(model, density=0.8, analysis=analysis, verbose=False)
+    result = hope_keras.Encoder(model, analysis=analysis, verbose=False).compress(density=0.8)
     small = hope_keras.slim(model)
     y, ys = model.predict(x, verbose=0), small.predict(x, verbose=0)
     assert np.abs(y - ys).max() <= 1e-4 * max(1.0, float(np.abs(y).max()))
@@ -95,7 +95,7 @@ def test_convnext_streams_prune_through_layer_norms_and_slim_exactly(tmp_path):
     analysis = hope_keras.analyze(model)
     streams = [g.name for g in analysis.graph.groups.values() if g.stream]
     assert len(streams) == 4
-    hope_keras.compress(model, density=0.9, analysis=analysis, verbose=False)
+    hope_keras.Encoder(model, analysis=analysis, verbose=False).compress(density=0.9)
     editor = ModelEditor(model, analysis.graph)
     for name in streams:
         for i in range(0, 64, 8):

@@ -28,7 +28,7 @@ def test_an_analysis_of_another_model_is_refused_and_neither_model_is_edited():
     analysis = hope_keras.analyze(first, verbose=False)
     w1, w2 = _weights(first), _weights(second)
     with pytest.raises(ValueError, match="another model object.*Nothing was changed"):
-        hope_keras.compress(second, density=0.5, analysis=analysis, verbose=False)
+        hope_keras.Encoder(second, analysis=analysis, verbose=False).compress(density=0.5)
     with pytest.raises(ValueError, match="another model object"):
         baselines.prune(second, 0.5, analysis=analysis)
     _assert_untouched(first, w1)
@@ -38,15 +38,14 @@ def test_an_analysis_of_another_model_is_refused_and_neither_model_is_edited():
 def test_a_stale_analysis_is_refused():
     model = mlp(seed=2)
     analysis = hope_keras.analyze(model, verbose=False)
-    hope_keras.compress(model, density=0.7, analysis=analysis, verbose=False)  # fresh: fine
+    hope_keras.Encoder(model, analysis=analysis, verbose=False).compress(density=0.7)  # fresh: fine
     before = _weights(model)
     with pytest.raises(ValueError, match="changed since this analysis.*stale"):
-        hope_keras.compress(model, density=0.5, analysis=analysis, verbose=False)
+        hope_keras.Encoder(model, analysis=analysis, verbose=False).compress(density=0.5)
     _assert_untouched(model, before)
     # A copy with the same weights is another object: analyze it.
     with pytest.raises(ValueError, match="another model object"):
-        hope_keras.compress(copy_model(model), density=0.5, analysis=analysis,
-                            verbose=False)
+        hope_keras.Encoder(copy_model(model), analysis=analysis, verbose=False).compress(density=0.5)
 
 
 @pytest.mark.parametrize("where", ["fc0/kernel", "fc1_bn/gamma", "head/kernel"])
@@ -350,7 +349,7 @@ def test_a_flops_budget_on_unknown_spatial_dimensions_is_refused_untouched():
         hope_keras.compress(model, flops=0.5, verbose=False)
     _assert_untouched(model, before)
     with pytest.raises(ValueError, match="unknown output dimension"):
-        Encoder(model, budget="flops")
+        Encoder(model).run(flops=0.5)
     hope_keras.compress(model, density=0.5, verbose=False)
 
 
@@ -393,7 +392,7 @@ def test_wrong_types_are_named():
     before = _weights(model)
     with pytest.raises(TypeError, match="analysis must be a hope_keras.Analysis.*'x' of "
                                         "type str"):
-        hope_keras.compress(model, density=0.5, analysis="x", verbose=False)
+        hope_keras.Encoder(model, analysis="x", verbose=False).compress(density=0.5)
     with pytest.raises(TypeError, match="correct_statistics needs .*None of type NoneType"):
         hope_keras.correct_statistics(model, None)
     with pytest.raises(TypeError, match="file path .*Received: None"):

@@ -59,8 +59,12 @@ def test_bounded_scan_reproduces_the_exhaustive_trajectory(seed, cost, options):
     for k in (None, 1, 3, "auto"):
         model = clustered_mlp(seed)
         analysis = hope_keras.analyze(model, kernel=options.get("kernel", "approx"))
-        runs[k] = hope_keras.compress(model, cost=cost, verbose=False, merge_candidates=k,
-                                      analysis=analysis, **budget, **options)
+        actions = options.get("actions", ("prune", "merge", "evict"))
+        priced = hope_keras.costs.get({"name": cost, **{
+            key: value for key, value in options.items() if key != "actions"}})
+        runs[k] = hope_keras.Encoder(model, cost=priced, actions=actions, analysis=analysis,
+                                     verbose=False,
+                                     search=dict(merge_candidates=k)).compress(**budget)
     ref = _steps(runs[None])
     assert sum(s[0] == "merge" for s in ref) >= 5  # the fixture exercises merges
     for k in (1, 3, "auto"):
@@ -88,8 +92,12 @@ def test_compact_dense_tables_reproduce_the_exhaustive_trajectory(monkeypatch, c
                 candidates.MergeTable._fill_dense, tables))
         model = clustered_mlp(seed)
         analysis = hope_keras.analyze(model, kernel=options.get("kernel", "approx"))
-        runs[k] = hope_keras.compress(model, cost=cost, verbose=False, merge_candidates=k,
-                                      analysis=analysis, **budget, **options)
+        actions = options.get("actions", ("prune", "merge", "evict"))
+        priced = hope_keras.costs.get({"name": cost, **{
+            key: value for key, value in options.items() if key != "actions"}})
+        runs[k] = hope_keras.Encoder(model, cost=priced, actions=actions, analysis=analysis,
+                                     verbose=False,
+                                     search=dict(merge_candidates=k)).compress(**budget)
     assert tables and all(t.compact and t.lo.dtype == np.float32 and t.kc is None
                           for t in tables)
     ref = _steps(runs[None])
@@ -140,8 +148,7 @@ def _steps_of(enc):
 
 
 def test_bounded_scan_on_a_residual_net_matches_the_exhaustive_one():
-    runs = [hope_keras.compress(small_resnet(seed=3), density=0.4, verbose=False,
-                                merge_candidates=k) for k in (None, 2, "auto")]
+    runs = [hope_keras.Encoder(small_resnet(seed=3), search=dict(merge_candidates=k), verbose=False).compress(density=0.4) for k in (None, 2, "auto")]
     assert _steps(runs[0]) == _steps(runs[1]) == _steps(runs[2])
 
 
@@ -149,7 +156,7 @@ def _after_merges(count, **options):
     """A one-hidden-layer clustered MLP after `count` merges of the greedy engine
     (edits committed): ``(model, encoder)``."""
     model = clustered_mlp(2, widths=(30,))
-    enc = Encoder(model, **options)
+    enc = Encoder(model, search=options)
     merges = 0
     while merges < count:
         action = enc.next_action()
@@ -302,13 +309,13 @@ def test_merge_candidates_option():
                                        hope.rank)
     assert Encoder(model).merge_candidates == 16
     assert Encoder(model, cost=custom).merge_candidates is None  # no bounds: exhaustive
-    enc = Encoder(model, cost=custom, merge_candidates=2)
+    enc = Encoder(model, cost=custom, search=dict(merge_candidates=2))
     assert enc.groups["fc0"].table.bound is None and enc.groups["fc0"].table.k == 2
     assert enc.next_action() is not None
     for bad in (0, -1, 2.5, True, "all"):
         with pytest.raises(ValueError, match="merge_candidates.*Received"):
-            Encoder(model, merge_candidates=bad)
-    result = hope_keras.compress(model, steps=2, verbose=False, merge_candidates=None)
+            Encoder(model, search=dict(merge_candidates=bad))
+    result = hope_keras.Encoder(model, search=dict(merge_candidates=None), verbose=False).compress(steps=2)
     assert result.trajectory.meta["options"]["merge_candidates"] is None
 
 
@@ -400,8 +407,7 @@ def test_top_k_search_selects_the_cheapest_pair_it_holds(seed):
     keeps a partner while its group has two live neurons."""
     # A random MLP (on clustered_mlp few partners always hold the best pair), one
     # partner per row (with two, the oriented table held the best pair here).
-    enc = Encoder(mlp((24, 20), d_in=7, seed=seed), actions=("merge",), merge_candidates=1,
-                  merge_search="top_k")
+    enc = Encoder(mlp((24, 20), d_in=7, seed=seed), actions=("merge",), search=dict(merge_candidates=1, merge_search="top_k"))
     assert enc.trajectory.meta["options"]["merge_search"] == "top_k"
     differs = 0
     for _ in range(24):
@@ -430,8 +436,7 @@ def _top_k_misses(seed, k, oriented, monkeypatch):
     from hope_keras import candidates
 
     monkeypatch.setattr(candidates, "ORIENTED", oriented)
-    enc = Encoder(mlp((24, 20), d_in=7, seed=seed), actions=("merge",), merge_candidates=k,
-                  merge_search="top_k")
+    enc = Encoder(mlp((24, 20), d_in=7, seed=seed), actions=("merge",), search=dict(merge_candidates=k, merge_search="top_k"))
     misses = 0
     for _ in range(24):
         for name, gs in enc.groups.items():
@@ -464,12 +469,12 @@ def test_top_k_search_runs_stay_exact_and_validate_the_option():
     """A top-k run on a residual net edits the model as its trajectory says (slim
     equals the model edited in place), and a bad merge_search is refused."""
     model = small_resnet(seed=3)
-    result = hope_keras.compress(model, density=0.4, verbose=False, merge_search="top_k")
+    result = hope_keras.Encoder(model, search=dict(merge_search="top_k"), verbose=False).compress(density=0.4)
     assert sum(s.kind == "merge" for s in result.trajectory.steps) >= 3
     x = np.random.default_rng(0).normal(size=(4, 10, 10, 3)).astype("float32")
     np.testing.assert_allclose(hope_keras.slim(model)(x), model(x), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="merge_search.*Received"):
-        Encoder(small_resnet(seed=3), merge_search="fast")
+        Encoder(small_resnet(seed=3), search=dict(merge_search="fast"))
 
 
 def test_auto_merge_search_is_top_k_only_in_the_widest_groups(monkeypatch):
@@ -482,7 +487,7 @@ def test_auto_merge_search_is_top_k_only_in_the_widest_groups(monkeypatch):
     def run(search=None):
         # One partner per row: there the two searches differ (see above).
         kwargs = {} if search is None else {"merge_search": search}
-        enc = Encoder(mlp((24, 20), d_in=7, seed=0), merge_candidates=1, **kwargs)
+        enc = Encoder(mlp((24, 20), d_in=7, seed=0), search=dict(merge_candidates=1, **kwargs))
         certify = {name: gs.table.certify for name, gs in enc.groups.items()
                    if gs.merges}
         enc.run(density=0.5, verbose=False)
@@ -524,7 +529,7 @@ def test_sketched_groups_select_exactly_priced_merges_and_edit_exactly(monkeypat
         ref = getattr(exact, "gram_" + which)[a, b]
         scale = np.sqrt(exact.gram_diag(which)[a] * exact.gram_diag(which)[b])
         assert np.all(np.abs(est - ref) <= 5.0 / np.sqrt(cache_lib.SKETCH_DIM) * scale + 1e-9)
-    enc = Encoder(model, analysis=analysis, merge_search=search)
+    enc = Encoder(model, analysis=analysis, search=dict(merge_search=search))
     merges = 0
     while enc.active > 0.4 * enc.num_neurons:
         action = enc.next_action()
@@ -656,7 +661,7 @@ def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatc
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
     model = clustered_mlp(3)
-    enc = Encoder(model, merge_search="top_k")
+    enc = Encoder(model, search=dict(merge_search="top_k"))
     gs = enc.groups["fc0"]
     c = gs.cache
     assert isinstance(c, cache_lib.SketchCache)
@@ -706,7 +711,7 @@ def test_wide_sketched_groups_re_price_more_pairs_a_round(monkeypatch):
         return original(self, i, j)
 
     monkeypatch.setattr(cache_lib.SketchCache, "exact_pairs", spy)
-    enc = Encoder(clustered_mlp(5), merge_search="top_k")
+    enc = Encoder(clustered_mlp(5), search=dict(merge_search="top_k"))
     enc.run(density=0.5, verbose=False)
     assert max(rounds[24]) == 7 and max(rounds[20]) == 3
 
@@ -718,7 +723,7 @@ def test_sum_residual_bounds_by_capacity_match_the_scan_over_every_partner():
     above the O(n) computation (a bound stays a bound, no partner is missed) and
     within its rounding margin (1e-7 of the capacities) of it."""
     model = clustered_mlp(5, widths=(40, 30))
-    enc = Encoder(model, merge_candidates=4)
+    enc = Encoder(model, search=dict(merge_candidates=4))
     gs = enc.groups["fc0"]
     table = enc._merge_table(gs)
     assert table.sum_residual and not table.dense
@@ -787,7 +792,7 @@ def test_a_parents_bound_row_equals_the_pairwise_bounds(monkeypatch, sketched):
 
     if sketched:
         monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
-    enc = Encoder(clustered_mlp(2), merge_search="top_k")
+    enc = Encoder(clustered_mlp(2), search=dict(merge_search="top_k"))
     for gs in enc.groups.values():
         assert isinstance(gs.cache, cache_lib.SketchCache) == sketched
         n = gs.cache.size
@@ -820,7 +825,7 @@ def test_sketched_runs_read_the_same_weights_through_the_column_cache(monkeypatc
 
     def run():
         model = small_resnet(seed=3) if convolutional else clustered_mlp(4)
-        enc = Encoder(model, merge_search="top_k")
+        enc = Encoder(model, search=dict(merge_search="top_k"))
         enc.run(density=0.4, verbose=False)
         return enc
 
@@ -855,7 +860,7 @@ def test_top_k_tables_filled_in_threads_give_the_same_run(monkeypatch):
 
     def run(pairs):
         monkeypatch.setattr(engine, "PARALLEL_FILL_PAIRS", pairs)
-        enc = Encoder(clustered_mlp(5, widths=(24, 20, 22)), merge_search="top_k")
+        enc = Encoder(clustered_mlp(5, widths=(24, 20, 22)), search=dict(merge_search="top_k"))
         enc.run(density=0.4, verbose=False)
         return enc
 
@@ -898,7 +903,7 @@ def test_parent_rows_computed_in_the_background_are_the_ones_computed_after(monk
     def run():
         # Wider than a row's preselection (32), so the bound row is read; its values
         # are compared directly by the next test.
-        enc = Encoder(clustered_mlp(6, widths=(96, 80)), merge_search="top_k")
+        enc = Encoder(clustered_mlp(6, widths=(96, 80)), search=dict(merge_search="top_k"))
         enc.run(density=0.4, verbose=False)
         return [(s.kind, s.unit, s.i, s.j, s.J, s.coef) for s in enc.trajectory.steps]
 
@@ -920,7 +925,7 @@ def test_prefetched_parent_rows_equal_the_rows_after_the_merge(monkeypatch):
     from hope_keras import cache as cache_lib
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
-    enc = Encoder(clustered_mlp(7, widths=(40, 36)), merge_search="top_k")
+    enc = Encoder(clustered_mlp(7, widths=(40, 36)), search=dict(merge_search="top_k"))
     c = enc.groups["fc0"].cache
     assert isinstance(c, cache_lib.SketchCache)
     coef = (0.7, 0.45, 1.1, 0.8, 1.3, -0.2)
@@ -992,7 +997,7 @@ def test_runs_with_sketched_groups_use_one_blas_thread_and_restore_it(monkeypatc
         if not blas_threads():
             pytest.skip("NumPy without a BLAS threadpoolctl can see")
         model = clustered_mlp(3)
-        enc = Encoder(model, merge_search="top_k")
+        enc = Encoder(model, search=dict(merge_search="top_k"))
         assert any(isinstance(gs.cache, cache_lib.SketchCache)
                    for gs in enc.groups.values()) == sketch
         enc.run(steps=6, verbose=False)

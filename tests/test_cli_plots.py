@@ -75,14 +75,20 @@ def test_cli_compress_replay_report(model_file, tmp_path, capsys):
     status, stdout = _in_process(capsys, "analyze", model_file)
     assert status == 0 and "b1_add" in stdout and "Pinned" in stdout
 
-    topk = str(tmp_path / "topk.npz")
+    # --data: the statistics re-estimated on the inputs, as compress(data=) does.
+    images = np.random.default_rng(5).normal(size=(80, 10, 10, 3)).astype("float32")
+    np.save(tmp_path / "x.npy", images)
+    with_data = str(tmp_path / "data.npz")
     status, _ = _in_process(capsys, "compress", model_file, "--density", "0.5", "--out",
-                            str(tmp_path / "topk.keras"), "--trajectory", topk,
-                            "--merge-search", "top_k", "--correct-statistics", "auto",
-                            "--quiet")
+                            str(tmp_path / "data.keras"), "--trajectory", with_data,
+                            "--data", str(tmp_path / "x.npy"), "--quiet")
     assert status == 0
-    options = hope_keras.Trajectory.load(topk).meta["options"]
-    assert options["merge_search"] == "top_k" and options["correct_statistics"] == "auto"
+    options = hope_keras.Trajectory.load(with_data).meta["options"]
+    assert options["correct_statistics"] == "data"
+    expected = keras.models.load_model(model_file)
+    hope_keras.compress(expected, density=0.5, data=images, verbose=False)
+    np.testing.assert_allclose(keras.models.load_model(tmp_path / "data.keras")(x),
+                               expected(x), rtol=1e-5, atol=1e-5)
 
 
 def test_cli_errors_have_shell_exit_codes(model_file, tmp_path, capsys):
@@ -102,6 +108,14 @@ def test_cli_errors_have_shell_exit_codes(model_file, tmp_path, capsys):
     assert "already met" in capsys.readouterr().err
     assert status("compress", model_file, "--out", str(tmp_path / "x.keras")) == 2  # no budget
     assert "one of the arguments" in capsys.readouterr().err
+    assert status("compress", model_file, "--density", "0.5", "--out",
+                  str(tmp_path / "x.keras"), "--data", str(tmp_path / "none.npy")) == 2
+    assert "none.npy" in capsys.readouterr().err
+    np.save(tmp_path / "wrong.npy", np.zeros((4, 3)))
+    assert status("compress", model_file, "--density", "0.5", "--out",
+                  str(tmp_path / "x.keras"), "--data", str(tmp_path / "wrong.npy")) == 1
+    err = capsys.readouterr().err
+    assert "wrong.npy" in err and "(4, 3)" in err
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"junk")
     assert status("replay", model_file, str(bad), "--step", "1", "--out",

@@ -47,8 +47,7 @@ def test_corrected_statistics_match_monte_carlo_after_pruning():
     bn1.moving_mean.assign(m0.astype("float32"))
     bn1.moving_variance.assign(v0.astype("float32"))
     analysis = hope_keras.analyze(model)
-    hope_keras.compress(model, steps=2, actions=("prune",), verbose=False,
-                        analysis=analysis, correct_statistics=False)
+    hope_keras.Encoder(model, actions=("prune",), analysis=analysis, correction=False, verbose=False).compress(steps=2)
     m1, v1, se = _bn1_input_moments(model)
     assert np.max(np.abs(m1 - m0) / se) > 50  # the pruning moved bn1's input
     new = hope_keras.correct_statistics(model, analysis)
@@ -98,13 +97,11 @@ def test_compress_option_equals_the_function_after_prune_only_runs(mode):
     """After prunes only, "auto" and True both correct every BN, exactly as
     `correct_statistics` called after the run; the option is recorded and replayed."""
     ref = _two_layer_mlp(0)
-    ref_result = hope_keras.compress(ref, steps=6, actions=("prune",), verbose=False,
-                                     correct_statistics=False)
+    ref_result = hope_keras.Encoder(ref, actions=("prune",), correction=False, verbose=False).compress(steps=6)
     expected = hope_keras.correct_statistics(ref, ref_result.analysis)
     assert sorted(expected) == ["fc0_bn", "fc1_bn"]
     model = _two_layer_mlp(0)
-    result = hope_keras.compress(model, steps=6, actions=("prune",), verbose=False,
-                                 correct_statistics=mode)
+    result = hope_keras.Encoder(model, actions=("prune",), correction=mode, verbose=False).compress(steps=6)
     assert result.trajectory.meta["options"]["correct_statistics"] == mode
     for a, b in zip(model.get_weights(), ref.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -148,9 +145,9 @@ def test_auto_leaves_the_statistics_behind_merges_and_replays_prefixes():
 
 def test_correction_option_and_exclude_are_validated():
     model = _two_layer_mlp(2)
-    with pytest.raises(ValueError, match="correct_statistics must be.*Received: "
-                                         "correct_statistics='yes'"):
-        hope_keras.compress(model, steps=1, verbose=False, correct_statistics="yes")
+    with pytest.raises(ValueError, match="correction must be.*Received: "
+                                         "correction='yes'"):
+        hope_keras.Encoder(model, correction="yes", verbose=False).compress(steps=1)
     analysis = hope_keras.analyze(model)
     with pytest.raises(ValueError, match="exclude names no group.*'fc9'"):
         hope_keras.correct_statistics(model, analysis, exclude=["fc9"])
@@ -215,8 +212,7 @@ def test_correction_keeps_an_evicted_branch_without_gamma_beta_at_zero(mode):
         bn.moving_variance.assign(rng.uniform(0.5, 2, bn.moving_variance.shape)
                                   .astype("float32"))
     count0 = model.count_params()
-    result = hope_keras.compress(model, steps=1, actions=("evict",), verbose=False,
-                                 correct_statistics=mode)
+    result = hope_keras.Encoder(model, actions=("evict",), correction=mode, verbose=False).compress(steps=1)
     assert [s.kind for s in result.trajectory.steps] == ["evict"]
     np.testing.assert_array_equal(model.get_layer("bn2").moving_mean.numpy(), 0.0)
     small = hope_keras.slim(model)

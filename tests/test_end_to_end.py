@@ -25,8 +25,7 @@ def test_resnet50_compress_half_density_then_slim():
     # "surrogate": the synthetic inputs of the default's stream-reader correction take
     # ~110 s at 224×224 (benchmarks/scale.py --correct-statistics auto); they are
     # tested on small networks (test_synthetic.py) and every family (make test-apps).
-    result = hope_keras.compress(model, density=0.5, verbose=False,
-                                 correct_statistics="surrogate")
+    result = hope_keras.Encoder(model, correction="surrogate", verbose=False).compress(density=0.5)
     assert result.density == pytest.approx(0.5, abs=1 / 7616)
     small = hope_keras.slim(model)
     assert small.count_params() < 0.8 * model.count_params()

@@ -59,7 +59,7 @@ def test_merging_duplicated_neurons_with_sum_scale_leaves_outputs_unchanged(out_
     _set(nxt, "kernel", lambda w: np.where((np.arange(6) == 4)[:, None], out_scale * w[1] + 0.3,
                                            w))
     before = copy_model(model)
-    enc = Encoder(model, actions=("merge",), merge_scale="sum")
+    enc = Encoder(model, cost=hope_keras.costs.HopeCost(merge_scale="sum"), actions=("merge",))
     gs = enc.groups["fc0"]
     cap = gs.cache.capacity
     J = hope_keras.costs.j_merge(cap[1] ** 2 + cap[4] ** 2, gs.cache.B[1, 4],
@@ -240,8 +240,7 @@ def test_until_no_action_keeps_one_neuron_per_layer():
                                                         ("sum", "neighbors", "exact")])
 def test_options_run_and_slim_matches(merge_scale, refresh, kernel):
     model = small_resnet(seed=6)
-    hope_keras.compress(model, density=0.4, merge_scale=merge_scale, refresh=refresh,
-                        kernel=kernel, verbose=False)
+    hope_keras.Encoder(model, cost=hope_keras.costs.HopeCost(merge_scale=merge_scale, kernel=kernel), search=dict(refresh=refresh), verbose=False).compress(density=0.4)
     assert outputs_equal(hope_keras.slim(model), model, _x(model))
 
 
@@ -255,7 +254,7 @@ def test_met_or_unreachable_budgets_raise_and_leave_model_untouched():
     with pytest.raises(ValueError, match="out of reach"):
         hope_keras.compress(model, params=0.01, verbose=False)
     with pytest.raises(ValueError, match="merge_scale"):
-        hope_keras.compress(model, density=0.5, merge_scale="half", verbose=False)
+        hope_keras.Encoder(model, cost=hope_keras.costs.HopeCost(merge_scale="half"), verbose=False).compress(density=0.5)
     with pytest.raises(ValueError, match="actions"):
         hope_keras.compress(model, density=0.5, actions=("shrink",), verbose=False)
     for a, b in zip(weights, model.get_weights()):
@@ -387,7 +386,8 @@ def test_paper_cost_reproduces_the_previous_default_trajectory():
         assert new.J == pytest.approx(old.J, rel=1e-10)
         assert new.DR == pytest.approx(old.DR, rel=1e-10)
         np.testing.assert_allclose(new.coef, old.coef, rtol=1e-9, atol=1e-12)
-    assert result.trajectory.meta["options"]["cost"] == {"name": "paper"}
+    assert result.trajectory.meta["options"]["cost"] == {
+        "name": "paper", "merge_scale": "sum", "kernel": "approx", "mean_compensation": False}
 
 
 def test_cost_option_resolves_names_and_objects_and_rejects_others():
@@ -410,8 +410,7 @@ def test_mean_compensation_moves_the_pruned_mean_into_the_consumer_bias():
     model = mlp((6, 5), seed=11)
     x = _x(model, n=4)
     before = copy_model(model)
-    result = hope_keras.compress(model, steps=1, actions=("prune",),
-                                 mean_compensation=True, verbose=False)
+    result = hope_keras.Encoder(model, cost=hope_keras.costs.HopeCost(mean_compensation=True), actions=("prune",), verbose=False).compress(steps=1)
     (step,) = result.trajectory.steps
     assert result.trajectory.meta["options"]["mean_compensation"] is True
     bn = before.get_layer(step.unit + "_bn")
@@ -487,7 +486,8 @@ def test_hope_cost_ranks_a_flops_budget_by_the_geometric_mean_of_neurons_and_flo
         editor.commit()
         return base - _flops(hope_keras.slim(m))
 
-    enc = Encoder(model, budget="flops")
+    enc = Encoder(model)
+    enc.set_budget("flops")
     readers = {"stem": 2, "b1a": 1, "c2": 1, "fc": 1}  # as in the test above
     drs = []
     for name in enc.groups:
@@ -556,7 +556,8 @@ def test_default_cost_prices_residual_streams_and_no_streams_leaves_them_whole()
         touched = {s.unit for s in result.trajectory.steps if s.kind != "evict"}
         assert ("stem" not in touched) == stream_kept, touched
         assert result.trajectory.meta["options"]["cost"] == {
-            "name": "hope", "groups": "no_streams" if stream_kept else "all"}
+            "name": "hope", "groups": "no_streams" if stream_kept else "all",
+            "merge_scale": "sum", "kernel": "approx", "mean_compensation": False}
         assert outputs_equal(hope_keras.slim(m), m, x, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="groups must be one of"):
         hope_keras.costs.HopeCost(groups="streams")
@@ -593,7 +594,7 @@ def test_neighbor_refresh_skips_groups_the_cost_leaves_whole():
     from hope_keras.data import load_demo_data, load_demo_model
 
     model = load_demo_model()
-    result = hope_keras.compress(model, density=0.4, refresh="neighbors", verbose=False)
+    result = hope_keras.Encoder(model, search=dict(refresh="neighbors"), verbose=False).compress(density=0.4)
     assert result.density == pytest.approx(0.4, abs=0.01)
     x = load_demo_data()[0][:64]
     assert outputs_equal(hope_keras.slim(model), model, x)

@@ -158,8 +158,7 @@ def test_engine_merge_changes_the_model_as_its_recorded_parent_predicts(consumer
     seed = 20 + CONSUMERS.index(consumer)
     original = _single_group_model(consumer, center, scale, seed)
     model = copy_model(original)
-    result = hope_keras.compress(model, steps=1, actions=("merge",), merge_scale=merge_scale,
-                                 verbose=False)
+    result = hope_keras.Encoder(model, cost=hope_keras.costs.HopeCost(merge_scale=merge_scale), actions=("merge",), verbose=False).compress(steps=1)
     (step,) = result.trajectory.steps
     assert step.kind == "merge" and step.unit == "p"
     assert np.isfinite(step.coef).all() and step.coef[4] ** 2 > 1e-3
@@ -242,17 +241,16 @@ def _predict_after_merge(model, group, i, j, coef, x):
 def test_every_merge_of_a_run_moves_the_output_as_the_parent_predicts(merge_scale):
     original = _chain(seed=31)
     x = _x(original, 6)
-    run = hope_keras.compress(copy_model(original), steps=14, merge_scale=merge_scale,
-                              verbose=False)
+    run = hope_keras.Encoder(copy_model(original), cost=hope_keras.costs.HopeCost(merge_scale=merge_scale), verbose=False).compress(steps=14)
     merges = [k for k, s in enumerate(run.trajectory.steps) if s.kind == "merge"]
     assert len(merges) >= 2, [s.kind for s in run.trajectory.steps]
     for k in merges:
         s = run.trajectory.steps[k]
         before = copy_model(original)
         if k:
-            hope_keras.compress(before, steps=k, merge_scale=merge_scale, verbose=False)
+            hope_keras.Encoder(before, cost=hope_keras.costs.HopeCost(merge_scale=merge_scale), verbose=False).compress(steps=k)
         after = copy_model(original)
-        hope_keras.compress(after, steps=k + 1, merge_scale=merge_scale, verbose=False)
+        hope_keras.Encoder(after, cost=hope_keras.costs.HopeCost(merge_scale=merge_scale), verbose=False).compress(steps=k + 1)
         expected = _predict_after_merge(before, s.unit, s.i, s.j, s.coef, x)
         got = np.asarray(after(x), dtype=np.float64)
         moved = np.abs(np.asarray(before(x)) - expected).max()
@@ -317,8 +315,7 @@ def test_engine_eviction_equals_the_shortcut_only_model():
     x = _x(model)
     expected = np.asarray(_shortcut_only(model)(x))
     # The edit alone (the stream readers' statistics correction would move c2_bn).
-    result = hope_keras.compress(model, steps=1, actions=("evict",), verbose=False,
-                                 correct_statistics=False)
+    result = hope_keras.Encoder(model, actions=("evict",), correction=False, verbose=False).compress(steps=1)
     assert [(s.kind, s.unit) for s in result.trajectory.steps] == [("evict", "b1_add")]
     np.testing.assert_allclose(np.asarray(model(x)), expected, rtol=1e-5, atol=1e-6)
 

@@ -69,12 +69,10 @@ def _model():
 
 @pytest.fixture(scope="module")
 def reference():
-    """The uninterrupted run: its steps and final weights. Without compress's
-    statistics correction after the run: an interrupted run is continued with
-    `Encoder.run`, which does not take it."""
+    """The uninterrupted run: its steps and final weights, statistics corrected (an
+    interrupted run continued with `Encoder.run` is corrected at its end the same way)."""
     model = _model()
-    result = hope_keras.compress(model, density=DENSITY, verbose=False,
-                                 correct_statistics=False)
+    result = hope_keras.compress(model, density=DENSITY, verbose=False)
     kinds = [s.kind for s in result.trajectory.steps]
     assert {"prune", "merge", "evict"} <= set(kinds)
     return result.trajectory, [w.copy() for w in model.get_weights()]
@@ -183,7 +181,7 @@ def test_a_custom_loop_interrupted_in_the_bookkeeping_refuses_to_continue(monkey
     from hope_keras import cache
 
     model = _model()
-    enc = Encoder(model, hope_keras.analyze(model))
+    enc = Encoder(model, analysis=hope_keras.analyze(model))
     while (action := enc.next_action()).kind != "merge":
         enc.execute(action)
     _interrupt_on_call(monkeypatch, cache.GroupCache, "replace_with_parent", 1, before=True)
@@ -202,7 +200,7 @@ def test_a_custom_loop_failing_before_the_record_goes_on(monkeypatch, reference)
     """A step that fails before it is recorded (here inside the merge's edits, which
     the editor undoes) leaves nothing behind: the loop goes on to the same run."""
     model = _model()
-    enc = Encoder(model, hope_keras.analyze(model))
+    enc = Encoder(model, analysis=hope_keras.analyze(model))
     calls = _interrupt_on_call(monkeypatch, edit.ModelEditor, "merge", 1)
     while calls["n"] == 0:
         action = enc.next_action()
@@ -255,6 +253,8 @@ def test_interrupting_the_write_back_still_writes_every_step(how, reference, mon
     monkeypatch.setattr(owner, name, real)
     assert calls["n"] > 5  # the assignments went on after the interrupt
     assert len(enc.trajectory) == len(reference[0])
+    _assert_model_is_replay(model, enc.trajectory)  # every step, not corrected
+    enc.correct_statistics()  # what the interrupted run did not reach
     _assert_same_run(enc.trajectory, model, reference)
 
 
@@ -280,6 +280,7 @@ def test_an_error_in_the_write_back_restores_the_variables_already_written(monke
         # The editor kept its edits (also those of the variables it had written and
         # put back): committing again gives the uninterrupted run.
         enc.editor.commit()
+        enc.correct_statistics()
         _assert_same_run(enc.trajectory, model, reference)
 
 
@@ -451,7 +452,7 @@ _MIRRORED = textwrap.dedent("""
         mirrored = copy_model(model)
     assert buffer_view(mirrored.weights[0]) is None  # one replica's buffer
     for m in (single, mirrored):
-        hope_keras.compress(m, density=0.5, verbose=False, correct_statistics=False)
+        hope_keras.Encoder(m, correction=False, verbose=False).compress(density=0.5)
     for a, w in zip(single.get_weights(), mirrored.weights):
         for replica in w.value.values:
             np.testing.assert_array_equal(replica.numpy(), a, err_msg=w.path)

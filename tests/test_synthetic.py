@@ -1,5 +1,5 @@
 """Synthetic inputs (`hope_keras.synthesize_inputs`) and the stream readers' correction
-they drive (`compress(correct_statistics="auto")`), checked against re-estimation of the
+they drive (`compress`'s data-free correction), checked against re-estimation of the
 statistics on the same inputs, which the correction must reproduce when the reference
 statistics are those inputs' own."""
 
@@ -353,7 +353,7 @@ def test_the_correction_equals_re_estimation_when_the_reference_is_exact():
 
 def test_auto_corrects_the_readers_of_a_moved_stream_when_replayed_too():
     """A prune inside the block moves the stream: replaying the trajectory with
-    correct_statistics="auto" (as `compress` records it) gives the stream reader c2_bn
+    the "auto" correction (as `compress` records it) gives the stream reader c2_bn
     new statistics, which "surrogate" leaves; two replays give the same model."""
     from hope_keras.engine import Action
 
@@ -397,7 +397,7 @@ def test_inputs_that_cannot_be_made_leave_the_readers_with_a_warning(monkeypatch
     model, plain = small_resnet(seed=7), small_resnet(seed=7)
     with pytest.warns(UserWarning, match="diverged.*keep their statistics"):
         hope_keras.compress(model, density=0.6, verbose=False)
-    hope_keras.compress(plain, density=0.6, verbose=False, correct_statistics="surrogate")
+    hope_keras.Encoder(plain, correction="surrogate", verbose=False).compress(density=0.6)
     for a, b in zip(model.get_weights(), plain.get_weights()):
         np.testing.assert_array_equal(a, b)
 

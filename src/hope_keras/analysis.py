@@ -15,7 +15,7 @@ from hope_keras import cache as cache_lib
 from hope_keras.cache import GroupCache, PruneCache, build_group_cache
 from hope_keras.neurons import (LayerState, bn_arrays, coupled_capacity, eviction_p_init,
                                 extract_group)
-from hope_keras.progress import progress
+from hope_keras.progress import progress, resolve_verbose
 
 
 #: Values of each weight in `Analysis.fingerprint` (a full hash of ResNet-50 @224's
@@ -102,6 +102,7 @@ class Analysis:
         caches: The `GroupCache` (``"neurons"`` groups) or `PruneCache` per group.
         moments: Per-tensor ``(mean, variance)`` of the data-free moment
             propagation (`hope_keras.moments`).
+        kernel: The cross-kernel its caches were built with (``analyze``'s).
         fingerprint: A signature of the weights it read (`SIGNATURE_VALUES` values of
             each, `hope_keras.trajectory.fingerprint`): `check` refuses a model
             whose weights changed since.
@@ -116,6 +117,7 @@ class Analysis:
     caches: Dict[str, object]
     moments: Dict[str, tuple] = dataclasses.field(default_factory=dict, repr=False)
     fingerprint: str = dataclasses.field(default="", repr=False)
+    kernel: str = "approx"
 
     def check(self, model) -> str:
         """Raises ValueError unless this is an analysis of `model` as it is now.
@@ -300,7 +302,7 @@ def _uncalibrated_reason(group, anchored) -> Optional[str]:
     return None
 
 
-def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
+def analyze(model, kernel: str = "approx", verbose="auto") -> Analysis:
     """Finds every channel HOPE can compress and scores it, data-free.
 
     Walks the model (`hope_keras.graph.walk`, nested models included), folds each
@@ -315,7 +317,8 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
     Args:
         model: A built Functional or Sequential `keras.Model`.
         kernel: Cross-kernel: ``"approx"`` (the paper's, default) or ``"exact"``.
-        verbose: Show a progress bar while the caches are built.
+        verbose: ``"auto"`` (default: a progress bar while the caches are built,
+            when standard output is a terminal or a notebook), True or False.
 
     Returns:
         An `Analysis` with ``groups``, ``blocks``, ``pinned``, ``coverage()`` and
@@ -373,7 +376,10 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
     blocks = tuple(b for b in g.blocks if all(x in groups for x in b.groups))
     g = g.with_groups(groups, blocks=blocks, pinned=pinned)
     caches: Dict[str, object] = {}
-    for name in progress(list(groups), verbose=verbose, what="cache"):
+    if resolve_verbose(verbose):
+        print(f"Analyzing '{model.name}': pricing the neurons of {len(groups)} groups "
+              "from their weights and BatchNormalization statistics.")
+    for name in progress(list(groups), verbose=verbose, what="group"):
         if name in sketched:
             caches[name] = sketched[name]
         elif groups[name].kind == "neurons":
@@ -405,4 +411,4 @@ def analyze(model, kernel: str = "approx", verbose: bool = False) -> Analysis:
     from hope_keras.trajectory import fingerprint
 
     return Analysis(model.name, reports, block_reports, pinned, g, states, caches, moments,
-                    fingerprint=fingerprint(model, g, sample=SIGNATURE_VALUES))
+                    fingerprint=fingerprint(model, g, sample=SIGNATURE_VALUES), kernel=kernel)

@@ -185,7 +185,7 @@ def check_finite_statistics(names, means, m2s, what: str, tail: str) -> None:
 
 
 def reestimate_batchnorm_statistics(
-    model, data, batches=None, batch_size=256, verbose=0
+    model, data, batches=None, batch_size=256, verbose=0, only=None
 ):
     """Sets BatchNormalization moving statistics to population statistics.
 
@@ -231,6 +231,8 @@ def reestimate_batchnorm_statistics(
             datasets and iterables.
         verbose: 0 is silent, 1 prints one line per layer at the end, 2 also
             prints progress per batch.
+        only: Names of the BatchNormalization layers to re-estimate (None: all).
+            The others keep their statistics and run in inference mode.
 
     Returns:
         dict: Maps each BatchNormalization layer's name to a
@@ -264,6 +266,13 @@ def reestimate_batchnorm_statistics(
         raise ValueError(f"batch_size must be an integer ≥ 1. Received: "
                          f"batch_size={batch_size!r}")
     bns = _batchnorm_layers(model)
+    if only is not None:
+        only = set(only)
+        missing = only - {bn.name for bn in bns}
+        if missing:
+            raise ValueError(f"only= names no BatchNormalization layer of model "
+                             f"'{model.name}': {sorted(missing)}")
+        bns = [bn for bn in bns if bn.name in only]
     if not bns:
         if verbose:
             print("reestimate_batchnorm_statistics: no BatchNormalization layers.")
@@ -357,8 +366,8 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
     it loses accuracy on every model we measured (ResNet-50 at density 0.9: 81.1 %
     → 33.5 % on the selection split): the variance it predicts after merges
     (parents fold correlated neurons, the surrogate assumes independent channels) is
-    off by factors of 10 and more. ``compress(..., correct_statistics="auto")``, the
-    default, applies it only where the prediction's independence assumptions
+    off by factors of 10 and more. ``compress``'s data-free correction (the
+    default without ``data=``) applies it only where the prediction's independence assumptions
     survive the edits: not downstream of a merged group, an evicted block, or a sum
     (a residual ``Add``) whose input moved (`untrusted_tensors`). ``exclude`` names
     groups and blocks to leave out here.
@@ -390,9 +399,10 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
     >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization(name="bn1")(x))
     >>> x = keras.layers.BatchNormalization(name="bn2")(keras.layers.Dense(4)(x))
     >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
-    >>> result = hope_keras.compress(model, density=0.5, actions=("prune",), verbose=False,
-    ...                              correct_statistics=False)
-    >>> new = hope_keras.correct_statistics(model, result.analysis)
+    >>> enc = hope_keras.Encoder(model, actions=("prune",), correction=False, verbose=False)
+    >>> enc.run(density=0.5)
+    'budget'
+    >>> new = hope_keras.correct_statistics(model, enc.analysis)
     >>> sorted(new)
     ['bn1', 'bn2']
     """
@@ -412,17 +422,6 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
             f"this model (or CompressionResult.analysis).")
     skip = downstream_of(analysis.graph, exclude)
     return apply_correction(flat, analysis.moments, moments_lib.propagate(flat), skip)
-
-
-CORRECTIONS = (False, True, "auto", "surrogate")
-
-
-def check_correction(value):
-    """Validates `compress`'s ``correct_statistics`` option."""
-    if not any(value is v or (isinstance(v, str) and value == v) for v in CORRECTIONS):
-        raise ValueError(f"correct_statistics must be False, True, 'auto' or 'surrogate'. "
-                         f"Received: correct_statistics={value!r}")
-    return value
 
 
 # Synthetic inputs of the last few models (weights digest → inputs): several runs from
@@ -492,7 +491,7 @@ def _load_synthetic(path, model):
                              f"{(synthetic.SYNTHETIC_INPUTS,) + shape}, finite")
         return x
     except Exception as e:  # noqa: BLE001 - any unreadable file is made again
-        warnings.warn(f"correct_statistics='auto': ignoring the cached synthetic inputs "
+        warnings.warn(f"the data-free correction: ignoring the cached synthetic inputs "
                       f"{path} ({e}); making them again.", stacklevel=4)
         return None
 
@@ -512,44 +511,41 @@ def _save_synthetic(path, x) -> None:
             np.save(f, x, allow_pickle=False)
         os.replace(tmp, path)
     except OSError as e:
-        warnings.warn(f"correct_statistics='auto': could not keep the synthetic inputs "
+        warnings.warn(f"the data-free correction: could not keep the synthetic inputs "
                       f"in {path.parent} ({e}); set HOPE_KERAS_CACHE to a writable "
                       f"directory, or to 'off'.", stacklevel=4)
 
 
-def prepare_correction(model, graph, mode, verbose=False):
-    """What ``correct_statistics=mode`` needs from the model *before* its edits: for
-    ``"auto"`` on a model with residual streams, synthetic inputs and the stream
-    readers' reference (`hope_keras.synthetic.StreamReference`); None otherwise (or,
-    with a warning, when synthetic inputs cannot be made for this model)."""
-    if mode != "auto":
-        return None
+def synthetic_inputs(model, verbose="auto"):
+    """`hope_keras.synthesize_inputs` of `model` with the default settings, made once
+    per weights: kept in memory for the last few models and on disk
+    (`synthetic_cache_dir`). None, with a warning, when they cannot be made for
+    this model."""
     from hope_keras import synthetic
 
-    if not synthetic.stream_readers(graph):
-        return None
     digest = _weights_digest(model)
     x = _SYNTHETIC_INPUTS.get(digest)
     if x is not None:
         _SYNTHETIC_INPUTS.move_to_end(digest)
-    else:
-        path = _synthetic_file(digest)
-        x = _load_synthetic(path, model)
-        if x is None:
-            try:
-                x = synthetic.synthesize_inputs(model, verbose=verbose)
-            except ValueError as e:
-                import warnings
+        return x
+    path = _synthetic_file(digest)
+    x = _load_synthetic(path, model)
+    if x is None:
+        try:
+            x = synthetic.synthesize_inputs(model, num=synthetic.SYNTHETIC_INPUTS,
+                                            steps=synthetic.SYNTHETIC_STEPS, verbose=verbose)
+        except ValueError as e:
+            import warnings
 
-                warnings.warn(f"correct_statistics='auto': {e} The BatchNormalization "
-                              "layers that read residual streams keep their statistics.",
-                              stacklevel=3)
-                return None
-            _save_synthetic(path, x)
-        _SYNTHETIC_INPUTS[digest] = x
-        while len(_SYNTHETIC_INPUTS) > _SYNTHETIC_KEEP:
-            _SYNTHETIC_INPUTS.popitem(last=False)
-    return synthetic.StreamReference(model, graph, x)
+            warnings.warn(f"the data-free correction: {e} The BatchNormalization "
+                          "layers that read residual streams keep their statistics.",
+                          stacklevel=3)
+            return None
+        _save_synthetic(path, x)
+    _SYNTHETIC_INPUTS[digest] = x
+    while len(_SYNTHETIC_INPUTS) > _SYNTHETIC_KEEP:
+        _SYNTHETIC_INPUTS.popitem(last=False)
+    return x
 
 
 def _weights_digest(model) -> str:
@@ -563,25 +559,8 @@ def _weights_digest(model) -> str:
     return h.hexdigest()
 
 
-def finish_correction(graph, steps, mode, moments_before, reference=None) -> dict:
-    """Corrects the statistics after `steps` as ``correct_statistics=mode`` says:
-    the surrogate's prediction where it is trusted (`untrusted_tensors`), then the
-    moved stream readers measured on `reference`'s synthetic inputs (``"auto"``).
-    Returns ``{BN name: (mean, variance)}`` written."""
-    from hope_keras import moments as moments_lib
-
-    untrusted = untrusted_tensors(graph, steps, mode)
-    out = apply_correction(graph.flat, moments_before, moments_lib.propagate(graph.flat),
-                           untrusted)
-    if reference is not None:
-        from hope_keras import synthetic
-
-        out.update(synthetic.correct_stream_readers(reference, untrusted))
-    return out
-
-
 def untrusted_tensors(graph, steps, mode) -> set:
-    """Tensor keys whose predicted moments ``compress(correct_statistics=mode)`` does
+    """Tensor keys whose predicted moments the correction ``mode`` (`hope_keras.correction`) does
     not trust after `steps` (a trajectory's): none for True; for ``"auto"`` and
     ``"surrogate"``
     everything downstream of a merged group or an evicted block, and of a sum or

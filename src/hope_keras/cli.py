@@ -3,8 +3,7 @@
     hope-keras analyze MODEL.keras
     hope-keras compress MODEL.keras (--density D | --params P | --flops F | --steps N)
                         --out SLIM.keras [--trajectory T.npz] [--cost hope|paper]
-                        [--merge-scale sum|paper] [--refresh local|neighbors]
-                        [--actions prune,merge,evict] [--kernel approx|exact]
+                        [--actions prune,merge,evict] [--data X.npy]
                         [--latency] [--quiet]
     hope-keras replay MODEL.keras T.npz (--density D | --params P | --flops F | --step K)
                       --out OUT.keras [--no-slim]
@@ -168,10 +167,7 @@ def _compress(args):
         result = hope_keras.compress(
             model, density=args.density, params=args.params, flops=args.flops,
             steps=args.steps, cost=args.cost, actions=args.actions,
-            merge_scale=args.merge_scale, refresh=args.refresh, kernel=args.kernel,
-            merge_search=args.merge_search,
-            correct_statistics={"off": False, "on": True}.get(args.correct_statistics,
-                                                               args.correct_statistics),
+            data=_load_data(args.data, model) if args.data else None,
             verbose=False if args.quiet else "auto")
     except hope_keras.CompressionInterrupted as e:
         if args.trajectory:
@@ -191,6 +187,29 @@ def _compress(args):
               + (f" and {args.trajectory}" if args.trajectory else ""))
         # `model` is the in-place result: the original's shapes, hence its cost.
         hope_keras.profile(small, reference=model, latency=args.latency).summary()
+
+
+def _load_data(path, model):
+    """The unlabeled inputs of ``--data``: a ``.npy`` array, or the first array of a
+    ``.npz`` (its ``x`` if it has one), cast to the model's input dtype."""
+    import numpy as np
+
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"Could not read --data '{path}' as a .npy or .npz array ({e}).") \
+            from None
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            if not loaded.files:
+                raise ValueError(f"--data '{path}' holds no array.")
+            loaded = loaded["x" if "x" in loaded.files else loaded.files[0]]
+    want = tuple(model.inputs[0].shape[1:]) if len(model.inputs) == 1 else None
+    if want is not None and (loaded.ndim != len(want) + 1 or any(
+            w is not None and w != g for w, g in zip(want, loaded.shape[1:]))):
+        raise ValueError(f"--data '{path}' holds an array of shape {loaded.shape}; model "
+                         f"'{model.name}' takes inputs of shape {(None,) + want}.")
+    return loaded.astype(model.inputs[0].dtype if want is not None else "float32")
 
 
 def _replay_on(trajectory, model, no_check, **target):
@@ -354,28 +373,11 @@ def _parser():
                                         "plot the run")
     c.add_argument("--cost", choices=("hope", "paper"), default="hope",
                    help="the library's width-free cost (default) or the paper's J / P_init")
-    c.add_argument("--merge-scale", choices=("sum", "paper"), default="sum",
-                   help="a merged neuron keeps the pair's summed output (sum, default) "
-                        "or the paper's scale alpha*")
-    c.add_argument("--refresh", choices=("local", "neighbors"), default="local",
-                   help="after each action refresh the touched group (local, default) or "
-                        "also its neighbours")
     c.add_argument("--actions", type=_actions, default=ACTIONS,
                    help="comma-separated actions allowed (default: prune,merge,evict)")
-    c.add_argument("--kernel", choices=("approx", "exact"), default="approx",
-                   help="cross-kernel: the paper's zero-bias approximation (default) or "
-                        "the exact one")
-    c.add_argument("--merge-search", choices=("auto", "certified", "top_k"), default="auto",
-                   help="merge selection: the exhaustive scan's pair (certified), the best "
-                        "of each neuron's kept partners (top_k, faster), or auto (default: "
-                        "certified in groups narrower than 6144 neurons, top_k in wider)")
-    c.add_argument("--correct-statistics", choices=("off", "on", "auto", "surrogate"),
-                   default="auto",
-                   help="after the run, correct BatchNorm moving statistics data-free: "
-                        "auto (default: the surrogate where it is trusted, residual-"
-                        "stream readers measured on synthetic inputs), surrogate (the "
-                        "surrogate only), on (the surrogate for every BN) or off; see "
-                        "docs/deploy.md")
+    c.add_argument("--data", help="unlabeled inputs of the model (.npy, or .npz with "
+                                  "an array x): the BatchNorm statistics the run leaves "
+                                  "stale are re-estimated on them (default: data-free)")
     c.add_argument("--latency", action="store_true",
                    help="also time the original and the slimmed model")
     c.set_defaults(fn=_compress)
@@ -452,6 +454,8 @@ def main(argv=None) -> int:
         _check_output(sub, "--out", args.out, (".tflite",))
     if getattr(args, "trajectory", None) and args.command == "compress":
         _check_output(sub, "--trajectory", args.trajectory, (".npz",))
+    if getattr(args, "data", None) and not os.path.isfile(args.data):
+        sub.error(f"--data '{args.data}' is not a file")
     _check_distinct(sub, args)
     _import_tensorflow_quietly()
     try:

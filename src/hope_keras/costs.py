@@ -608,6 +608,14 @@ class Cost:
 
     name = "custom"
     groups = "all"
+    #: How an executed merge scales its parent: ``"sum"`` (capacity ``B``: the
+    #: pair's summed output) or ``"paper"`` (the paper's α*). ``J`` always uses α*.
+    merge_scale = "sum"
+    #: The cross-kernel of the caches: ``"approx"`` (zero-bias) or ``"exact"``.
+    kernel = "approx"
+    #: Whether a prune moves the pruned neuron's mean output into its consumers'
+    #: biases (under the BN surrogate).
+    mean_compensation = False
 
     def prune(self, c: PruneCandidates) -> np.ndarray:
         """``J`` of each prune candidate."""
@@ -625,11 +633,32 @@ class Cost:
         """The key the engine minimises (``DR``) for actions of cost ``J``."""
         raise NotImplementedError
 
+    def _set_options(self, merge_scale, kernel, mean_compensation) -> None:
+        """Validates and sets the settings every built-in cost takes."""
+        if merge_scale not in MERGE_SCALES:
+            raise ValueError(f"merge_scale must be one of {MERGE_SCALES}. "
+                             f"Received: merge_scale={merge_scale!r}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}. Received: kernel={kernel!r}")
+        if not isinstance(mean_compensation, (bool, np.bool_)):
+            raise ValueError(f"mean_compensation must be True or False. "
+                             f"Received: mean_compensation={mean_compensation!r}")
+        self.merge_scale, self.kernel = merge_scale, kernel
+        self.mean_compensation = bool(mean_compensation)
+
+    def options(self) -> dict:
+        """The settings that act outside the four price functions (recorded in a
+        trajectory's options): ``merge_scale``, ``kernel``, ``mean_compensation``."""
+        return {"merge_scale": self.merge_scale, "kernel": self.kernel,
+                "mean_compensation": bool(self.mean_compensation)}
+
     def get_config(self) -> dict:
         return {"name": self.name}
 
     def __repr__(self) -> str:
-        return f"<Cost {self.name!r}>"
+        extra = {k: v for k, v in self.get_config().items()
+                 if k != "name" and v != _DEFAULTS.get(k, v)}
+        return f"<Cost {self.name!r}" + "".join(f" {k}={v!r}" for k, v in extra.items()) + ">"
 
     @classmethod
     def from_functions(cls, name, prune, merge, evict, rank) -> "Cost":
@@ -665,6 +694,10 @@ class PaperCost(Cost):
     name = "paper"
     groups = "neurons"
 
+    def __init__(self, merge_scale: str = "sum", kernel: str = "approx",
+                 mean_compensation: bool = False):
+        self._set_options(merge_scale, kernel, mean_compensation)
+
     def prune(self, c):
         return j_prune(c.capacity, c.C, c.n)
 
@@ -676,6 +709,9 @@ class PaperCost(Cost):
 
     def rank(self, J, info):
         return J / info.p_init
+
+    def get_config(self) -> dict:
+        return {"name": self.name, **self.options()}
 
 
 class HopeCost(Cost):
@@ -714,20 +750,33 @@ class HopeCost(Cost):
 
     Args:
         groups: The scope, see `Cost` (``"no_streams"``, ``"all"``, ``"neurons"``).
+        merge_scale: How an executed merge scales its parent: ``"sum"`` (default,
+            capacity ``B``: the pair's summed output is kept) or ``"paper"`` (the
+            paper's α*). Measured on the quality benchmark, ``"paper"`` loses up to
+            31 points (docs/hope.md, "Merge scale").
+        kernel: The cross-kernel ``K(i, j)`` of the caches: ``"approx"`` (default,
+            the zero-bias approximation) or ``"exact"`` (docs/theory.md).
+        mean_compensation: Move each pruned neuron's mean output (under the BN
+            surrogate) into its consumers' biases (default False: measured without
+            gain on the default run, docs/hope.md).
 
     Example:
 
     >>> from hope_keras import costs
     >>> costs.get("hope").groups, costs.HopeCost(groups="no_streams").groups
     ('all', 'no_streams')
+    >>> costs.HopeCost(merge_scale="paper")
+    <Cost 'hope' merge_scale='paper'>
     """
 
     name = "hope"
 
-    def __init__(self, groups: str = "all"):
+    def __init__(self, groups: str = "all", merge_scale: str = "sum",
+                 kernel: str = "approx", mean_compensation: bool = False):
         if groups not in SCOPES:
             raise ValueError(f"groups must be one of {SCOPES}. Received: groups={groups!r}")
         self.groups = groups
+        self._set_options(merge_scale, kernel, mean_compensation)
 
     def prune(self, c):
         return j_prune(c.capacity, c.C, 1.0)
@@ -749,11 +798,15 @@ class HopeCost(Cost):
         return J / k
 
     def get_config(self) -> dict:
-        return {"name": self.name, "groups": self.groups}
+        return {"name": self.name, "groups": self.groups, **self.options()}
 
 
 _COSTS = {"paper": PaperCost, "hope": HopeCost}
 SCOPES = ("all", "no_streams", "neurons")
+MERGE_SCALES = ("sum", "paper")
+KERNELS = ("approx", "exact")
+_DEFAULTS = {"groups": "all", "merge_scale": "sum", "kernel": "approx",
+             "mean_compensation": False}
 
 
 def in_scope(scope: str, group) -> bool:
@@ -768,18 +821,28 @@ def in_scope(scope: str, group) -> bool:
 
 
 def get(identifier) -> Cost:
-    """Resolves a cost, Keras-style: a name (``"hope"``, ``"paper"``) or a `Cost`.
+    """Resolves a cost, Keras-style: a name (``"hope"``, ``"paper"``), a config dict
+    (`Cost.get_config`'s, as a trajectory records it) or a `Cost`.
 
     Example:
 
     >>> from hope_keras import costs
     >>> costs.get("paper"), costs.get(costs.get("hope"))
     (<Cost 'paper'>, <Cost 'hope'>)
+    >>> costs.get({"name": "hope", "kernel": "exact"})
+    <Cost 'hope' kernel='exact'>
     """
     if isinstance(identifier, Cost):
         return identifier
     if isinstance(identifier, str) and identifier in _COSTS:
         return _COSTS[identifier]()
+    if isinstance(identifier, dict) and identifier.get("name") in _COSTS:
+        config = {k: v for k, v in identifier.items() if k != "name"}
+        try:
+            return _COSTS[identifier["name"]](**config)
+        except TypeError as e:
+            raise ValueError(f"Cannot build cost {identifier['name']!r} from {identifier!r}: "
+                             f"{e}") from None
     raise ValueError(
         f"Unknown cost. Expected one of {sorted(_COSTS)} or a hope_keras.costs.Cost "
         f"instance. Received: cost={identifier!r}"

@@ -40,7 +40,7 @@ from hope_keras.cache import (SketchCache, _background, build_group_cache, build
 from hope_keras.candidates import MergeTable
 from hope_keras.edit import ModelEditor, ParentCoefficients, defer_keyboard_interrupt
 from hope_keras.neurons import extract_group
-from hope_keras.progress import WorkBar
+from hope_keras.progress import WorkBar, resolve_verbose
 from hope_keras.trajectory import Step, Trajectory, fingerprint
 
 ACTIONS = ("prune", "merge", "evict")
@@ -99,6 +99,9 @@ class CompressionResult:
         stopped: Why the run stopped: ``"budget"``, ``"no_action"`` or ``"steps"``.
         analysis: The `Analysis` of the model before compression.
         model: The compressed model (edited in place).
+        corrected: Names of the BatchNormalization layers whose statistics the run
+            corrected after its steps.
+        data: The ``data=`` given to `compress` (`recover` reuses it).
     """
 
     trajectory: Trajectory
@@ -109,12 +112,46 @@ class CompressionResult:
     analysis: Analysis
     model: Optional[keras.Model] = dataclasses.field(default=None, repr=False,
                                                      compare=False)
+    corrected: list = dataclasses.field(default_factory=list, repr=False)
+    data: object = dataclasses.field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:  # one line: the analysis' caches are not printed
         return (f"CompressionResult(model={self.trajectory.meta.get('model_name')!r}, "
                 f"steps={len(self.trajectory)}, density={self.density:.4f}, "
                 f"params_ratio={self.params_ratio:.4f}, flops_ratio={self.flops_ratio:.4f}, "
                 f"stopped={self.stopped!r})")
+
+    def recover(self, teacher=None, **kwargs):
+        """`hope_keras.recover` of the compressed model on the ``data`` given to
+        `compress`: distillation from ``teacher``, without the BatchNormalization
+        re-estimation before it (`compress` has just made it on the same data).
+
+        Call it before `hope_keras.slim` (pruned channels stay exactly zero, so
+        ``slim`` removes the same ones). Keyword arguments go to `hope_keras.recover`.
+
+        Example:
+
+        >>> import keras, numpy as np, hope_keras
+        >>> inputs = keras.Input((8,))
+        >>> h = keras.layers.Dense(16)(inputs)
+        >>> h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+        >>> teacher = keras.Model(inputs, keras.layers.Dense(3)(h))
+        >>> model = keras.models.clone_model(teacher)
+        >>> model.set_weights(teacher.get_weights())
+        >>> x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+        >>> result = hope_keras.compress(model, density=0.5, data=x, verbose=False)
+        >>> history = result.recover(teacher=teacher, epochs=1, verbose=0)
+        >>> sorted(history.history)
+        ['distillation_loss', 'loss']
+        """
+        from hope_keras.recover import recover
+
+        if self.model is None or self.data is None:
+            raise ValueError("CompressionResult.recover needs the data= given to compress; "
+                             "this run had none: call hope_keras.recover(model, data, "
+                             "teacher=...) instead.")
+        kwargs.setdefault("reestimate", "after")
+        return recover(self.model, self.data, teacher=teacher, **kwargs)
 
     def profile(self, **kwargs):
         """`hope_keras.profile` of ``slim(model)`` against the model as compressed.
@@ -509,28 +546,12 @@ BUDGETS = ("density", "params", "flops")
 MERGE_SEARCHES = ("auto", "certified", "top_k")
 
 
-class Encoder:
-    """The receding-horizon greedy HOPE encoder over one model.
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    """How the `Encoder` searches for the cheapest merge; the defaults select what
+    the exhaustive scan selects wherever that is practical.
 
-    Most users call `hope_keras.compress`; the encoder is exposed for custom loops:
-    `next_action` returns the cheapest `Action`, `execute` applies it.
-
-    Args:
-        model: The Keras model to compress in place.
-        analysis: Its `Analysis` (computed if omitted).
-        cost: A `hope_keras.costs.Cost` or its name: ``"hope"`` (default, the
-            width-free cost of docs/theory.md) or ``"paper"`` (the paper's
-            ``J / P_init``, spec sections 3–4).
-        actions: Subset of ``("prune", "merge", "evict")``.
-        merge_scale: ``"sum"`` (parent capacity B, keeps the summed output) or
-            ``"paper"`` (α*, eq. 12). The cost J always uses α*.
-        refresh: ``"local"`` (paper's decoupled cache) or ``"neighbors"`` (also
-            rebuild the caches of the producer- and consumer-side groups).
-        kernel: ``"approx"`` or ``"exact"`` cross-kernel.
-        budget: What the ranking's budget counts (``"density"``, ``"params"`` or
-            ``"flops"``); `run` sets it from the budget it is given.
-        mean_compensation: Replace each pruned neuron by its mean (under the BN
-            surrogate) in its consumers' biases (`ModelEditor.prune`).
+    Attributes:
         merge_candidates: Merge partners kept per neuron (an int ``k``), or None to
             price every pair at every step (the exhaustive scan, for checking).
             ``"auto"`` (default): for the built-in costs, whose bounds make the
@@ -539,58 +560,146 @@ class Encoder:
             `DENSE_PAIRS_MAX` neurons (priced once, when its bound first matters)
             and `DEFAULT_MERGE_CANDIDATES` in wider ones; None for other costs
             (with an int they get the best pair among the candidates).
-        merge_search: ``"certified"``: pairs (dense tables) or rows
-            (k-partner tables) the bounds cannot rule out are priced exactly, so the
-            merge selected is the exhaustive scan's. ``"top_k"``:
-            each neuron keeps the k partners of smallest merge residual among the
-            neurons of larger capacity (each pair in its smaller neuron's row) found
-            when its row was filled (refilled once three quarters of them are gone),
-            and the cheapest of those is selected, with no search outside them.
+        merge_search: ``"certified"``: pairs (dense tables) or rows (k-partner
+            tables) the bounds cannot rule out are priced exactly, so the merge
+            selected is the exhaustive scan's. ``"top_k"``: each neuron keeps the k
+            partners of smallest merge residual among the neurons of larger
+            capacity, found when its row was filled (refilled once three quarters
+            of them are gone), and the cheapest of those is selected.
             ``"auto"`` (default): ``"certified"`` in groups narrower than
             `AUTO_TOP_K_WIDTH` (6144) neurons, ``"top_k"`` in wider ones, where the
             certified search takes tenths of a second a step.
+        refresh: ``"local"`` (default: after an action only the touched group's
+            cache is updated, the paper's decoupled cache) or ``"neighbors"`` (also
+            rebuild the caches of the producer- and consumer-side groups: 2–6×
+            slower, with no consistent gain, docs/hope.md).
+
+    Example:
+
+    >>> from hope_keras import SearchOptions
+    >>> SearchOptions(merge_search="top_k").merge_search
+    'top_k'
     """
 
-    def __init__(self, model, analysis: Optional[Analysis] = None, cost="hope",
-                 actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
-                 kernel: str = "approx", verbose: bool = False, budget: str = "density",
-                 mean_compensation: bool = False, merge_candidates="auto",
-                 merge_search: str = "auto"):
+    merge_candidates: object = "auto"
+    merge_search: str = "auto"
+    refresh: str = "local"
+
+    def __post_init__(self):
+        k = self.merge_candidates
+        if k != "auto" and k is not None and (
+                isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
+            raise ValueError("merge_candidates must be 'auto', None or an integer ≥ 1. "
+                             f"Received: merge_candidates={k!r}")
+        if self.merge_search not in MERGE_SEARCHES:
+            raise ValueError(f"merge_search must be one of {MERGE_SEARCHES}. "
+                             f"Received: merge_search={self.merge_search!r}")
+        if self.refresh not in ("local", "neighbors"):
+            raise ValueError(f"refresh must be 'local' or 'neighbors'. "
+                             f"Received: refresh={self.refresh!r}")
+
+    @classmethod
+    def get(cls, identifier) -> "SearchOptions":
+        """None (the defaults), a dict of its fields or a `SearchOptions`."""
+        if identifier is None:
+            return cls()
+        if isinstance(identifier, cls):
+            return identifier
+        if isinstance(identifier, dict):
+            try:
+                return cls(**identifier)
+            except TypeError as e:
+                raise ValueError(f"search: {e}. Received: search={identifier!r}") from None
+        raise ValueError(f"search must be None, a dict or a hope_keras.SearchOptions. "
+                         f"Received: search={identifier!r}")
+
+
+class Encoder:
+    """The receding-horizon greedy HOPE encoder over one model.
+
+    Most users call `hope_keras.compress` (which is ``Encoder(...).run(...)`` with
+    its arguments checked first); the encoder is exposed for custom loops:
+    `next_action` returns the cheapest `Action`, `execute` applies it, and `run`
+    executes actions until a budget is met, then corrects the BatchNormalization
+    statistics the run left stale (`hope_keras.correction.StatisticsCorrection`).
+    A custom loop calls `correct_statistics` itself when it is done.
+
+    Args:
+        model: The Keras model to compress in place.
+        cost: A `hope_keras.costs.Cost`, its name (``"hope"``, the default: the
+            width-free cost of docs/theory.md; ``"paper"``: the paper's
+            ``J / P_init``) or its config dict. The cost also carries the merge
+            scale, the cross-kernel and mean compensation (`hope_keras.costs.HopeCost`).
+        actions: Subset of ``("prune", "merge", "evict")``.
+        analysis: Its `Analysis` (computed if omitted), made with the cost's kernel.
+        search: `SearchOptions` (or a dict of its fields): how merges are searched.
+        data: Unlabeled inputs (array, ``tf.data.Dataset`` or iterable of batches;
+            labels are ignored): the BatchNormalization statistics the run leaves
+            stale are re-estimated on them, and nothing synthetic is made.
+        correction: Without ``data``, how the statistics are corrected data-free:
+            ``"auto"`` (default), ``"surrogate"``, True or False
+            (`hope_keras.correction`), or a `StatisticsCorrection`.
+        verbose: ``"auto"`` (default: progress bars when standard output is a
+            terminal or a notebook), True or False.
+
+    Example:
+
+    >>> import keras, hope_keras
+    >>> inputs = keras.Input((8,))
+    >>> x = keras.layers.Dense(16)(inputs)
+    >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    >>> enc = hope_keras.Encoder(model, verbose=False)
+    >>> action = enc.next_action()
+    >>> step = enc.execute(action)
+    >>> enc.active, enc.num_neurons
+    (15, 16)
+    """
+
+    def __init__(self, model, *, cost="hope", actions=ACTIONS,
+                 analysis: Optional[Analysis] = None, search=None, data=None,
+                 correction="auto", verbose="auto"):
+        from hope_keras.correction import StatisticsCorrection
+
         actions = tuple(actions) if not isinstance(actions, str) else (actions,)
         bad = [a for a in actions if a not in ACTIONS]
         if bad or not actions:
             raise ValueError(f"actions must be a non-empty subset of {ACTIONS}. "
                              f"Received: actions={actions}")
-        if merge_scale not in ("sum", "paper"):
-            raise ValueError(f"merge_scale must be 'sum' or 'paper'. "
-                             f"Received: merge_scale={merge_scale!r}")
-        if refresh not in ("local", "neighbors"):
-            raise ValueError(f"refresh must be 'local' or 'neighbors'. "
-                             f"Received: refresh={refresh!r}")
-        if budget not in BUDGETS:
-            raise ValueError(f"budget must be one of {BUDGETS}. Received: budget={budget!r}")
+        search = SearchOptions.get(search)
+        if isinstance(correction, StatisticsCorrection):
+            if data is not None:
+                raise ValueError("Give data= or a StatisticsCorrection, not both.")
+            self.correction = correction
+        else:
+            self.correction = StatisticsCorrection(correction, data=data, verbose=verbose)
+        self.search = search
+        resolve_verbose(verbose)
+        self.verbose = verbose
+        merge_candidates, merge_search, refresh = (
+            search.merge_candidates, search.merge_search, search.refresh)
+        budget = "density"
         self.cost = costs.get(cost)
         builtin = type(self.cost) in (costs.PaperCost, costs.HopeCost)
         self._dense_pairs = merge_candidates == "auto" and builtin
         if merge_candidates == "auto":
             merge_candidates = DEFAULT_MERGE_CANDIDATES if builtin else None
-        elif merge_candidates is not None and (
-                isinstance(merge_candidates, bool)
-                or not isinstance(merge_candidates, (int, np.integer)) or merge_candidates < 1):
-            raise ValueError("merge_candidates must be 'auto', None or an integer ≥ 1. "
-                             f"Received: merge_candidates={merge_candidates!r}")
         self.merge_candidates = None if merge_candidates is None else int(merge_candidates)
-        if merge_search not in MERGE_SEARCHES:
-            raise ValueError(f"merge_search must be one of {MERGE_SEARCHES}. "
-                             f"Received: merge_search={merge_search!r}")
         self.merge_search = merge_search
         self._bound = self.cost.name if builtin else None
         self.model = model
+        merge_scale, kernel = self.cost.merge_scale, self.cost.kernel
+        mean_compensation = self.cost.mean_compensation
         if analysis is None:
             analysis = analyze(model, kernel=kernel, verbose=verbose)
         else:  # the run mutates the caches: keep the caller's analysis intact
             _check_analysis(analysis)
             analysis.check(model)  # of this model, and not stale
+            if analysis.kernel != kernel:
+                raise ValueError(
+                    f"The analysis was made with kernel={analysis.kernel!r} and the cost "
+                    f"{self.cost!r} uses kernel={kernel!r}: pass "
+                    f"hope_keras.analyze(model, kernel={kernel!r}) or no analysis.")
             analysis = dataclasses.replace(
                 analysis, caches={k: v.copy() for k, v in analysis.caches.items()})
         self.analysis = analysis
@@ -662,7 +771,9 @@ class Encoder:
                         "merge_scale": merge_scale, "refresh": refresh, "kernel": kernel,
                         "mean_compensation": self.mean_compensation,
                         "merge_candidates": self.merge_candidates,
-                        "merge_search": self.merge_search},
+                        "merge_search": self.merge_search,
+                        # the correction applied after the steps (set when applied)
+                        "correct_statistics": False},
         })
 
     @property
@@ -916,6 +1027,7 @@ class Encoder:
             raise TypeError(f"execute takes an engine Action (see Encoder.next_action). "
                             f"Received: {action!r}")
         self._check_not_stale()
+        self._start_correction()
         recorded = len(self.trajectory)
         try:
             return self._execute(action)
@@ -1118,6 +1230,70 @@ class Encoder:
             self._push_block(self.block_of[name])
 
     # ------------------------------------------------------------------- run
+    def compress(self, density=None, params=None, flops=None, steps=None) -> CompressionResult:
+        """`run` to the first budget given, as `hope_keras.compress` does: budgets
+        already met or out of reach are refused first (nothing changed), Ctrl-C raises
+        `CompressionInterrupted`, and the result is a `CompressionResult`.
+
+        Example:
+
+        >>> import keras, hope_keras
+        >>> inputs = keras.Input((8,))
+        >>> x = keras.layers.Dense(16)(inputs)
+        >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+        >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
+        >>> enc = hope_keras.Encoder(model, search={"merge_search": "top_k"}, verbose=False)
+        >>> enc.compress(density=0.5).density
+        0.5
+        """
+        density, params, flops = (_fraction(name, value) for name, value in (
+            ("density", density), ("params", params), ("flops", flops)))
+        _check_steps(steps)
+        self.check_budget(density=density, params=params, flops=flops)
+        try:
+            stopped = self.run(density=density, params=params, flops=flops, steps=steps)
+        except KeyboardInterrupt as e:
+            raise CompressionInterrupted(self.trajectory, self) from e
+        return CompressionResult(
+            trajectory=self.trajectory,
+            density=self.active / self.num_neurons,
+            params_ratio=self.sizes.params_ratio,
+            flops_ratio=self.sizes.flops_ratio,
+            stopped=stopped,
+            analysis=self.analysis,
+            model=self.model,
+            corrected=sorted(self.correction.last),
+            data=self.correction.data,
+        )
+
+    def check_budget(self, density=None, params=None, flops=None) -> None:
+        """Raises ValueError (nothing changed) when a budget is already met or out of
+        reach of this encoder's actions and the pinned layers."""
+        if density is not None and self.active <= math.floor(
+                density * self.num_neurons + 1e-9):
+            raise ValueError(
+                f"The budget density={density} is already met: the model has "
+                f"{self.active} live compressible neurons of {self.num_neurons} (density "
+                f"{self.active / self.num_neurons:.4f}). Nothing was changed.")
+        if params is not None and self.sizes.params_ratio <= params:
+            raise ValueError(f"The budget params={params} is already met (parameter ratio "
+                             f"{self.sizes.params_ratio:.4f}). Nothing was changed.")
+        if flops is not None and self.sizes.flops_ratio <= flops:
+            raise ValueError(f"The budget flops={flops} is already met (FLOPs ratio "
+                             f"{self.sizes.flops_ratio:.4f}). Nothing was changed.")
+        min_active, min_params, min_flops = self.min_reachable()
+        if density is not None and min_active > density * self.num_neurons + 1e-9:
+            raise ValueError(
+                f"density={density} is out of reach with actions={sorted(self.actions)}: "
+                f"at least {min_active} of {self.num_neurons} neurons remain (density "
+                f"{min_active / self.num_neurons:.4f}). Nothing was changed.")
+        if params is not None and min_params > params + 1e-12:
+            raise ValueError(f"params={params} is out of reach: pinned layers keep at least "
+                             f"{min_params:.4f} of the parameters. Nothing was changed.")
+        if flops is not None and min_flops > flops + 1e-12:
+            raise ValueError(f"flops={flops} is out of reach: pinned layers keep at least "
+                             f"{min_flops:.4f} of the FLOPs. Nothing was changed.")
+
     def min_reachable(self):
         """(min active neurons, min parameter ratio, min FLOPs ratio) reachable."""
         if not self.actions & {"prune", "merge"}:
@@ -1139,16 +1315,38 @@ class Encoder:
         counter.update(list(counter.params_now))
         return sum(per_group.values()), counter.params_ratio, counter.flops_ratio
 
-    def run(self, density=None, params=None, flops=None, steps=None, verbose="auto") -> str:
-        """Runs until the first budget is met or no action is admissible.
+    def correct_statistics(self) -> dict:
+        """Corrects the BatchNormalization statistics after the steps so far (the
+        encoder's `correction`); `run` calls it at its end. A later step or `run`
+        first puts back what it wrote. Returns ``{BN name: (mean, variance)}``."""
+        self._start_correction()
+        return self._finish_correction()
+
+    def _start_correction(self) -> None:
+        """Before an edit: what the correction needs of the model as it is (taken
+        once), and the statistics an earlier correction wrote put back."""
+        self.correction.start(self.model, self.graph, self.analysis.moments)
+        self.trajectory.meta["options"]["correct_statistics"] = False
+
+    def _finish_correction(self) -> dict:
+        """Corrects after the steps so far and records it (a replay does the same)."""
+        written = self.correction.finish(self.trajectory.steps)
+        self.trajectory.meta["options"]["correct_statistics"] = self.correction.name
+        return written
+
+    def run(self, density=None, params=None, flops=None, steps=None, verbose=None) -> str:
+        """Runs until the first budget is met or no action is admissible, then
+        corrects the BatchNormalization statistics (`correct_statistics`).
 
         The ranking follows the first budget given (density, then params, then
         flops). Returns why it stopped: ``"budget"``, ``"steps"`` or
         ``"no_action"``. If interrupted, the model's variables hold exactly the
-        steps of `trajectory` (Ctrl-C takes effect between steps), and `run` can be
-        called again to continue. ``verbose``: progress bar, ``"auto"`` (when
-        standard output is a terminal), True or False.
+        steps of `trajectory` (Ctrl-C takes effect between steps; the statistics of
+        an interrupted run are not corrected), and `run` can be called again to
+        continue. ``verbose``: progress bar, ``"auto"`` (when standard output is a
+        terminal), True or False; None: the encoder's.
         """
+        verbose = self.verbose if verbose is None else verbose
         density, params, flops = (_fraction(name, value) for name, value in (
             ("density", density), ("params", params), ("flops", flops)))
         _check_steps(steps)
@@ -1170,6 +1368,13 @@ class Encoder:
             return None
 
         self._check_not_stale()
+        self._start_correction()
+        if resolve_verbose(verbose):
+            goal = ", ".join(f"{k}={v}" for k, v in (("density", density), ("params", params),
+                                                     ("flops", flops), ("steps", steps))
+                             if v is not None) or "no admissible action left"
+            print(f"Compressing '{self.model.name}' ({goal}): the cheapest of "
+                  f"{'/'.join(sorted(self.actions))} at each step.")
         bar, work_done = self._progress_bar(target_active, params, flops, steps, verbose)
 
         def show():
@@ -1202,6 +1407,7 @@ class Encoder:
             finally:
                 show()
                 bar.close()
+        self._finish_correction()
         return reason
 
     def _progress_bar(self, target_active, params, flops, steps, verbose):
@@ -1226,21 +1432,22 @@ class Encoder:
         return WorkBar(max(int(total), 0), unit, verbose), now
 
 
-def compress(model, density: Optional[float] = None, params: Optional[float] = None,
+def compress(model, *, density: Optional[float] = None, params: Optional[float] = None,
              flops: Optional[float] = None, steps: Optional[int] = None, cost="hope",
-             actions=ACTIONS, merge_scale: str = "sum", refresh: str = "local",
-             kernel: str = "approx", verbose="auto",
-             analysis: Optional[Analysis] = None,
-             mean_compensation: bool = False, merge_candidates="auto",
-             merge_search: str = "auto",
-             correct_statistics="auto") -> CompressionResult:
-    """Compresses a Keras model in place with HOPE, data-free.
+             actions=ACTIONS, data=None, verbose="auto") -> CompressionResult:
+    """Compresses a Keras model in place with HOPE.
 
     The greedy encoder executes, one step at a time, the prune, merge or block
     eviction with the lowest distortion for what it saves, until the first budget
     given is met (or no action is admissible when none is given). Every step is
     recorded in the returned trajectory; `hope_keras.slim` then turns the edited
-    model into a physically smaller one.
+    model into a physically smaller one. The choice of steps is data-free (it reads
+    the weights and the BatchNormalization statistics); after the run, the
+    BatchNormalization statistics the steps left stale are corrected: on ``data``
+    when given (a few forward passes), else data-free (docs/hope.md, "Statistics
+    after compression"). ``compress`` is ``Encoder(model, cost=cost,
+    actions=actions, data=data).run(...)`` with its arguments checked first: use
+    `hope_keras.Encoder` for the search options and custom loops.
 
     Args:
         model: A built Functional or Sequential `keras.Model`, edited in place.
@@ -1250,45 +1457,23 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
         flops: Target ratio of the slimmed model's FLOPs per example to the original.
         steps: Maximum number of actions.
         cost: ``"hope"`` (default: the width-free cost, docs/theory.md),
-            ``"paper"`` (the paper's ``J / P_init``) or a `hope_keras.costs.Cost`.
+            ``"paper"`` (the paper's ``J / P_init``), a `hope_keras.costs.Cost`
+            such as ``HopeCost(merge_scale="paper")``, or a cost's config dict.
         actions: Any subset of ``("prune", "merge", "evict")``.
-        merge_scale: ``"sum"`` (default; keeps the pair's summed output) or
-            ``"paper"`` (the paper's α*). See docs/hope.md.
-        refresh: ``"local"`` (default, the paper's decoupled cache) or
-            ``"neighbors"``.
-        kernel: ``"approx"`` (default) or ``"exact"`` cross-kernel.
-        verbose: Progress bar: ``"auto"`` (default: only when standard output is a
-            terminal or a notebook), True or False.
-        analysis: A precomputed `hope_keras.analyze(model, kernel=...)` result.
-        mean_compensation: When a neuron is pruned, add its mean output (under the
-            BN surrogate) to its consumers' biases, so the layer keeps its mean.
-        merge_candidates: Merge partners kept per neuron: ``"auto"`` (default: for
-            the built-in costs, whose bounded scan selects exactly what the
-            exhaustive scan selects, every pair in groups of up to 4096 neurons and
-            16 in wider ones; every pair for other costs), an int, or None (price
-            every pair at every step). See `Encoder`.
-        merge_search: ``"certified"`` (the exhaustive scan's choice), ``"top_k"``
-            (the best pair among the kept partners) or ``"auto"`` (default:
-            certified in groups narrower than 6144 neurons, top-k in wider ones,
-            where the certified search is impractical). See `Encoder`.
-        correct_statistics: After the run, correct the BatchNormalization moving
-            statistics data-free. ``"surrogate"``: predict them with the Gaussian
-            surrogate (`hope_keras.correct_statistics`) only where its independence
-            assumptions hold, not downstream of a merge, an eviction, or a residual
-            ``Add`` whose input moved (on ReLU networks the default run merges
-            first, so this is mostly a no-op there). ``"auto"`` (default): the same,
-            and the BNs that read a residual stream the run moved are measured on
-            synthetic inputs (`hope_keras.synthesize_inputs`, made before the run:
-            100 forward and backward passes of 16 inputs; `hope_keras.synthetic`;
-            made once per weights and kept on disk: `HOPE_KERAS_CACHE`,
-            `hope_keras.bn_stats.synthetic_cache_dir`).
-            True: the surrogate's prediction for every BatchNormalization. False:
-            none. Recorded in the trajectory, so `Trajectory.replay` applies it too.
-            See docs/deploy.md.
+        data: Unlabeled inputs of the model (a numpy array, a ``tf.data.Dataset``
+            or an iterable of batches; ``(x, y)`` elements: labels are ignored). The
+            BatchNormalization layers downstream of the edits are re-estimated on
+            enough of them that each sees 1024 values per channel (a 7 × 7 map: 21
+            inputs; at least 16; `hope_keras.correction.DATA_VALUES_PER_CHANNEL`);
+            nothing synthetic is made. None (default): the data-free
+            correction, which makes synthetic inputs only when the run moved a
+            residual stream (`hope_keras.correction`).
+        verbose: ``"auto"`` (default: progress bars and one line per long stage
+            when standard output is a terminal or a notebook), True or False.
 
     Returns:
         A `CompressionResult` (``trajectory``, ``density``, ``params_ratio``,
-        ``flops_ratio``, ``stopped``).
+        ``flops_ratio``, ``stopped``, ``corrected``).
 
     Raises:
         ValueError: on a budget already met or out of reach, or a model with no
@@ -1310,60 +1495,8 @@ def compress(model, density: Optional[float] = None, params: Optional[float] = N
     density, params, flops = (_fraction(name, value) for name, value in (
         ("density", density), ("params", params), ("flops", flops)))
     _check_steps(steps)
-    bn_stats.check_correction(correct_statistics)
-    enc = Encoder(model, analysis=analysis, cost=cost, actions=actions,
-                  merge_scale=merge_scale, refresh=refresh, kernel=kernel, verbose=verbose,
-                  mean_compensation=mean_compensation, merge_candidates=merge_candidates,
-                  merge_search=merge_search)
-    if density is not None and enc.active <= math.floor(density * enc.num_neurons + 1e-9):
-        raise ValueError(
-            f"The budget density={density} is already met: the model has "
-            f"{enc.active} live compressible neurons of {enc.num_neurons} (density "
-            f"{enc.active / enc.num_neurons:.4f}). Nothing was changed."
-        )
-    if params is not None and enc.sizes.params_ratio <= params:
-        raise ValueError(f"The budget params={params} is already met (parameter ratio "
-                         f"{enc.sizes.params_ratio:.4f}). Nothing was changed.")
-    if flops is not None and enc.sizes.flops_ratio <= flops:
-        raise ValueError(f"The budget flops={flops} is already met (FLOPs ratio "
-                         f"{enc.sizes.flops_ratio:.4f}). Nothing was changed.")
-    min_active, min_params, min_flops = enc.min_reachable()
-    if density is not None and min_active > density * enc.num_neurons + 1e-9:
-        raise ValueError(
-            f"density={density} is out of reach with actions={sorted(enc.actions)}: at "
-            f"least {min_active} of {enc.num_neurons} neurons remain (density "
-            f"{min_active / enc.num_neurons:.4f}). Nothing was changed."
-        )
-    if params is not None and min_params > params + 1e-12:
-        raise ValueError(
-            f"params={params} is out of reach: pinned layers keep at least "
-            f"{min_params:.4f} of the parameters. Nothing was changed."
-        )
-    if flops is not None and min_flops > flops + 1e-12:
-        raise ValueError(
-            f"flops={flops} is out of reach: pinned layers keep at least "
-            f"{min_flops:.4f} of the FLOPs. Nothing was changed."
-        )
-    reference = bn_stats.prepare_correction(model, enc.analysis.graph, correct_statistics,
-                                            verbose=verbose)
-    try:
-        stopped = enc.run(density=density, params=params, flops=flops, steps=steps,
-                          verbose=verbose)
-    except KeyboardInterrupt as e:
-        raise CompressionInterrupted(enc.trajectory, enc) from e
-    enc.trajectory.meta["options"]["correct_statistics"] = correct_statistics
-    if correct_statistics:
-        bn_stats.finish_correction(enc.analysis.graph, enc.trajectory.steps,
-                                   correct_statistics, enc.analysis.moments, reference)
-    return CompressionResult(
-        trajectory=enc.trajectory,
-        density=enc.active / enc.num_neurons,
-        params_ratio=enc.sizes.params_ratio,
-        flops_ratio=enc.sizes.flops_ratio,
-        stopped=stopped,
-        analysis=enc.analysis,
-        model=model,
-    )
+    return Encoder(model, cost=cost, actions=actions, data=data, verbose=verbose).compress(
+        density=density, params=params, flops=flops, steps=steps)
 
 
 def _check_analysis(analysis) -> None:

@@ -488,8 +488,10 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             ``"frozen"`` (the model in inference mode; see `Distiller`).
         dropout: Keep Dropout-like layers active while training (default False).
         reestimate: Re-estimate the BN statistics before and after training
-            (needs a Functional or Sequential model: pass False for a subclassed
-            one, whose output is then taken as logits).
+            (True, default; needs a Functional or Sequential model: pass False for
+            a subclassed one, whose output is then taken as logits), or
+            ``"after"``: only after training (the statistics are already the
+            data's, e.g. after ``compress(data=...)``).
         freeze_zeros: Keep exactly-zero trainable entries at zero (default True;
             needed for the in-place model).
         steps_per_epoch: Passed to ``fit``; needed for an infinite dataset.
@@ -557,6 +559,10 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
         if optimizer is None:
             optimizer = keras.optimizers.Adam(learning_rate)
 
+    if reestimate not in (True, False, "after"):
+        raise ValueError(f"reestimate must be True, False or 'after'. Received: "
+                         f"reestimate={reestimate!r}")
+
     def reestimate_bn():
         if reestimate:
             reestimate_batchnorm_statistics(model, bn_data, batches=steps_per_epoch,
@@ -564,7 +570,8 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
 
     before = model.get_weights()  # put back if anything below fails
     try:
-        reestimate_bn()
+        if reestimate is True:
+            reestimate_bn()
         history = _train(model, distiller, strategy, optimizer, fit_data, epochs,
                          verbose, batch_size, steps_per_epoch, fit_kwargs, reestimate_bn)
     except Exception:

@@ -14,7 +14,7 @@ BatchNormalization batch statistics match the model's moving statistics (the
 moved between the original and the compressed model: its moving mean is shifted by
 the measured change of the mean and its moving variance scaled by the measured ratio
 of variances, one BN after the other so that each sees the corrected ones before it.
-``compress(correct_statistics="auto")`` (the default) does this for the readers of
+``compress`` without ``data=`` (the default) does this for the readers of
 every stream its steps moved.
 """
 

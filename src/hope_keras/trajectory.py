@@ -311,12 +311,14 @@ class Trajectory:
     # ------------------------------------------------------------------ replay
     def replay(self, model, density: Optional[float] = None, step: Optional[int] = None,
                check: bool = True, params: Optional[float] = None,
-               flops: Optional[float] = None):
+               flops: Optional[float] = None, data=None):
         """Applies the first steps of the trajectory to the original model, in place.
 
         Options that `compress` recorded act as they did there: mean compensation at
-        each prune, and ``correct_statistics`` after the last step replayed (decided
-        on the steps replayed).
+        each prune, and the statistics correction after the last step replayed
+        (decided on the steps replayed). A run made with ``data=`` is corrected on
+        the ``data`` given here (without it, its statistics are left as the edits
+        wrote them, with a warning).
 
         Args:
             model: The model the trajectory was recorded on, before compression
@@ -326,6 +328,7 @@ class Trajectory:
             check: Verify the model's fingerprint first.
             params: Or replay until the live parameter ratio is first ≤ this value.
             flops: Or replay until the live FLOPs ratio is first ≤ this value.
+            data: Unlabeled inputs for a run recorded with ``data=``.
 
         Returns:
             The same model, edited.
@@ -335,6 +338,8 @@ class Trajectory:
                 or the requested density/step is out of range.
         """
         from hope_keras import edit, graph as graph_lib
+        from hope_keras import moments as moments_lib
+        from hope_keras.correction import StatisticsCorrection
         from hope_keras.engine import _fraction
 
         density, params, flops = (_fraction(name, value) for name, value in (
@@ -378,23 +383,24 @@ class Trajectory:
         options = self.meta.get("options", {})
         compensate = options.get("mean_compensation", False)
         correct = options.get("correct_statistics", False)
+        if correct == "data" and data is None:
+            import warnings
+
+            warnings.warn("This trajectory was recorded with compress(data=...): pass "
+                          "data= to replay to correct the BatchNormalization statistics "
+                          "on it; they are left as the edits wrote them.", stacklevel=2)
+        correction = StatisticsCorrection(False if correct == "data" else correct,
+                                          data=data, verbose=False)
         moments = None
         if compensate or correct:
-            from hope_keras import moments as moments_lib
-
             moments = moments_lib.propagate(g.flat)
-        reference = None
-        if correct:
-            from hope_keras import bn_stats
-
-            reference = bn_stats.prepare_correction(model, g, correct)
+        correction.start(model, g, moments)
         editor = edit.ModelEditor(model, g, mean_compensation=compensate, moments=moments)
         for s in self.steps[:n_steps]:
             with editor.step():
                 apply_step(editor, s)
         editor.commit()
-        if correct:  # as `compress(correct_statistics=...)` did after its run
-            bn_stats.finish_correction(g, self.steps[:n_steps], correct, moments, reference)
+        correction.finish(self.steps[:n_steps])
         return model
 
 

@@ -483,8 +483,8 @@ def _as_vector(e, n: int) -> np.ndarray:
 
 # --------------------------------------------------------------------- the planner
 def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
-         actions=("prune", "merge"), merge_scale: str = "sum", eps: float = 1e-6,
-         pinned_elasticity: float = 0.0, verbose: bool = False,
+         actions=("prune", "merge"), eps: float = 1e-6,
+         pinned_elasticity: float = 0.0, verbose="auto",
          cost="paper", threshold: str = "layer", compensate: str = "mean_var"
          ) -> DeftPlan:
     """Plans DEFT fine-tuning of a BN network (spec section 6).
@@ -504,16 +504,16 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
         head: The classification head; found automatically for one-output models.
         actions: Encoder actions; ``("prune", "merge")`` by default (eviction gives
             no per-neuron ``J_prune``, so it is left out).
-        merge_scale: Parent output scale of the encoder (see `hope_keras.compress`).
         eps: ``ε`` of eqs. 25–26.
         pinned_elasticity: Elasticity of kernels that are not neuron groups (pinned
             producers such as the last convolution of a residual branch) and of
             their BN; 0 = core (spec default), 1 = elastic.
-        verbose: Show the encoder's progress bar.
+        verbose: ``"auto"`` (default), True or False: the encoder's progress bar.
         cost: The encoder's cost (`hope_keras.costs.get`): ``"paper"`` (default:
-            the spec's ``J_prune`` over the paper's neuron layers; residual streams
-            stay core) or ``"hope"`` (every group, residual streams included,
-            width-free costs).
+            the paper's ``J_prune`` over its neuron layers; residual streams stay
+            core) or ``"hope"`` (every group, residual streams included, width-free
+            costs), or a `hope_keras.costs.Cost` (its ``merge_scale`` is the scale
+            of the merges the plan replays).
         threshold: ``"layer"`` (default: eq. 26's ``τ_p`` within each group, so
             about ``percentile`` % of every group becomes slack; `layer_threshold`)
             or ``"global"`` (the
@@ -542,7 +542,7 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     >>> p.head, sum(sum(c) for c in p.counts().values())
     ('head', 16)
     """
-    from hope_keras.engine import compress
+    from hope_keras.engine import Encoder
 
     if pinned_elasticity not in (0, 1, 0.0, 1.0):
         raise ValueError(
@@ -561,11 +561,12 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
     # Only the trajectory's costs are read: the copy's BN statistics do not matter.
-    result = compress(copy, actions=actions, merge_scale=merge_scale, verbose=verbose,
-                      cost=cost, correct_statistics=False)
-    traj = result.trajectory
-    graph = result.analysis.graph
-    scope = getattr(costs.get(cost), "groups", "all")
+    cost = costs.get(cost)
+    encoder = Encoder(copy, cost=cost, actions=actions, correction=False, verbose=verbose)
+    encoder.run()
+    traj = encoder.trajectory
+    graph = encoder.analysis.graph
+    scope = getattr(cost, "groups", "all")
     if scope != "all":  # the groups the cost priced (paper: its neuron layers)
         graph = graph.with_groups({k: v for k, v in graph.groups.items()
                                    if costs.in_scope(scope, v)}, blocks=())
@@ -597,8 +598,8 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
         groups=sizes, j_prune=j_prune, c_rem=c_rem, merges=merges, vessels=vessels,
         elasticity=elasticity, layer_elasticity=layer_e, input_drift=drift,
         fingerprint=fingerprint(model, _source_graph(model, graph)),
-        options={"actions": list(actions), "merge_scale": merge_scale,
-                 "cost": costs.get(cost).get_config(),
+        options={"actions": list(actions), "merge_scale": cost.merge_scale,
+                 "cost": cost.get_config(),
                  "pinned_elasticity": float(pinned_elasticity),
                  "threshold": threshold, "compensate": compensate,
                  "bn_of": {g: grp.bn for g, grp in graph.groups.items()},

@@ -1,0 +1,160 @@
+"""The first default `compress` a user runs: its time, and the accuracy it keeps.
+
+``--time`` (default): `keras.applications.ResNet50(weights=None)` with calibrated BN
+statistics and random γ/β (`_common.calibrated_resnet50`) at 224 × 224 (``--size
+32``: at 32 × 32), in one process: T, the median of 5 batch-8 forward passes
+(``model(x, training=False)``) after a warm-up; then, each on a fresh model with the
+same weights, the first data-free ``compress(density=0.5)`` (synthetic inputs made:
+`HOPE_KERAS_CACHE` is off), a second one (the inputs are kept in memory), and
+``compress(density=0.5, data=x)`` with 256 random images. Each in seconds and in T.
+
+``--quality``: the ResNet-50 fixture (`.cache/resnet50_fmnist.keras`, 32 × 32,
+scripts/make_benchmark_fixtures.py), held-out split (the 1000 test images after the
+bundled 2000) and selection split (the first 1000 bundled ones), at densities 0.9 …
+0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 4096
+Fashion-MNIST training images (``--data-inputs``). ``--quick``: density 0.9 only.
+
+Run: .venv/bin/python benchmarks/first_run.py [--time] [--quality] [--quick]
+Writes benchmarks/results/first_run_<time|quality>.json (not with --quick).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import calibrated_resnet50  # noqa: E402
+
+import keras  # noqa: E402
+
+import hope_keras  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+DENSITIES = (0.9, 0.8, 0.7, 0.6, 0.5)
+FLOPS = (0.8, 0.6, 0.5)
+
+
+def forward_time(model, size, repeats=5):
+    x = np.random.default_rng(1).uniform(0, 255, (8, size, size, 3)).astype("float32")
+    model(x, training=False)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        model(x, training=False)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def timing(size, quick):
+    from hope_keras import bn_stats
+
+    shape = (size, size, 3)
+    reference = calibrated_resnet50(images=4) if size == 224 else None
+    if reference is None:
+        reference = keras.applications.ResNet50(weights=None, input_shape=shape, classes=10)
+        reference.set_weights(calibrated_resnet50(images=4, builder=lambda weights: (
+            keras.applications.ResNet50(weights=None, input_shape=shape, classes=10)
+        )).get_weights())
+    weights = reference.get_weights()
+    T = forward_time(reference, size)
+    out = {"size": size, "T_s": round(T, 3)}
+    print(f"T (batch-8 forward, {size}x{size}): {T:.3f} s", flush=True)
+    data = np.random.default_rng(2).uniform(0, 255, (256,) + shape).astype("float32")
+    runs = [("first data-free", None), ("second data-free", None), ("data=256 inputs", data)]
+    if quick:
+        runs = runs[2:]
+    bn_stats._SYNTHETIC_INPUTS.clear()
+    for label, x in runs:
+        model = keras.models.clone_model(reference)
+        model.set_weights(weights)
+        t = time.perf_counter()
+        result = hope_keras.compress(model, density=0.5, data=x, verbose=False)
+        seconds = time.perf_counter() - t
+        out[label] = {"s": round(seconds, 2), "T": round(seconds / T, 1),
+                      "steps": len(result.trajectory), "corrected": len(result.corrected)}
+        print(f"{label}: {seconds:.2f} s = {seconds / T:.1f} T "
+              f"({len(result.trajectory)} steps, {len(result.corrected)} BNs corrected)",
+              flush=True)
+    return out
+
+
+def quality(quick, data_inputs, only=None):
+    import quality as Q
+
+    model, splits, _ = Q.load_splits("resnet50", 1000, 1000)
+    ev = Q.Evaluator(model, splits)
+    original = [w.numpy().copy() for w in model.weights]
+    train = _training_images(data_inputs)
+    points = [("density", d) for d in DENSITIES] + [("flops", f) for f in FLOPS]
+    if quick:
+        points = points[:1]
+    out = {}
+    runs = [("data-free", None), (f"data={len(train)} training images", train)]
+    if only:
+        runs = [r for r in runs if r[0].startswith(only)]
+    for label, data in runs:
+        for axis, value in points:
+            for w, v in zip(model.weights, original):
+                w.assign(v)
+            t = time.perf_counter()
+            hope_keras.compress(model, **{axis: value}, data=data, verbose=False)
+            seconds = time.perf_counter() - t
+            acc, _ = ev()
+            out.setdefault(label, {})[f"{axis} {value}"] = {**acc, "s": round(seconds, 1)}
+            print(f"{label} {axis} {value}: held-out {100 * acc['heldout']:.1f}, "
+                  f"selection {100 * acc['sel']:.1f} ({seconds:.1f} s)", flush=True)
+    return out
+
+
+def _training_images(n):
+    """The first `n` Fashion-MNIST training images as the fixture sees them (in
+    [0, 1], zero-padded to 32 × 32, repeated on 3 channels, as `quality.load_splits`)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    from make_fixtures import load_fashion_mnist
+
+    x = load_fashion_mnist()["x_train"][:n].astype("float32") / 255.0
+    x = np.pad(x, ((0, 0), (2, 2), (2, 2)))
+    return np.repeat(x[..., None], 3, axis=-1)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--time", action="store_true")
+    p.add_argument("--quality", action="store_true")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--data-inputs", type=int, default=4096)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", choices=("data-free", "data"),
+                   help="--quality: only the data-free runs or only those with data=")
+    p.add_argument("--synthetic-inputs", type=int,
+                   help="synthetic inputs of the data-free correction (default: the "
+                        "library's)")
+    args = p.parse_args()
+    suffix = ""
+    if args.synthetic_inputs:
+        from hope_keras import synthetic
+
+        synthetic.SYNTHETIC_INPUTS = args.synthetic_inputs
+        suffix = f"_synthetic{args.synthetic_inputs}"
+    if not args.quality:
+        args.time = True
+    if args.time:
+        out = timing(32 if args.quick else args.size, args.quick)
+        if not args.quick:
+            with open(os.path.join(RESULTS, f"first_run_time_{args.size}{suffix}.json"),
+                      "w") as f:
+                json.dump(out, f, indent=1)
+    if args.quality:
+        out = quality(args.quick, 256 if args.quick else args.data_inputs, args.only)
+        if not args.quick:
+            name = f"first_run_quality{suffix}{'_' + args.only if args.only else ''}.json"
+            with open(os.path.join(RESULTS, name), "w") as f:
+                json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

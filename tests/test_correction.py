@@ -1,0 +1,212 @@
+"""The statistics correction the encoder runs after its steps (`hope_keras.correction`):
+with ``data=`` (re-estimation of the stale BatchNormalizations, nothing synthetic),
+data-free (synthetic inputs only when a residual stream moved, made from the original
+weights after the run, equal to making them before), undone and redone by a run that
+goes on, announced under ``verbose=True`` and silent under ``verbose=False``."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hope_keras
+from hope_keras import bn_stats, correction, moments, synthetic
+
+from conftest import copy_model, mlp, small_resnet
+
+
+def _images(n, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, 10, 10, 3)).astype("float32")
+
+
+def _bn_stats(model):
+    return {layer.name: (layer.moving_mean.numpy(), layer.moving_variance.numpy())
+            for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)}
+
+
+@pytest.fixture
+def synthesis_calls(monkeypatch):
+    calls = []
+    real = synthetic.synthesize_inputs
+
+    def counting(model, *args, **kwargs):
+        calls.append(model.name)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(synthetic, "synthesize_inputs", counting)
+    bn_stats._SYNTHETIC_INPUTS.clear()  # nothing from an earlier test's weights
+    return calls
+
+
+def _bn_inputs(model, x):
+    """Each BatchNormalization's input on `x` through Keras' own forward pass
+    (a Functional model of the BN inputs, inference mode): {name: (mean, var)}."""
+    bns = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    probe = keras.Model(model.inputs, [layer.input for layer in bns])
+    outs = probe(x, training=False)
+    return {bn.name: (np.mean(np.asarray(o, np.float64), axis=tuple(range(o.ndim - 1))),
+                      np.var(np.asarray(o, np.float64), axis=tuple(range(o.ndim - 1))))
+            for bn, o in zip(bns, outs)}
+
+
+def test_data_moves_each_stale_batchnorm_by_the_change_of_its_input(synthesis_calls):
+    """``compress(data=x)``: on x, each stale BN's moving mean keeps its offset from
+    its input's mean (``μ − m`` after = ``μ₀ − m₀`` before) and its moving variance
+    its ratio to the input's variance, measured by Keras' forward pass of the
+    original and of the corrected model; the BNs upstream of every edit keep their
+    statistics; nothing synthetic is made; the steps are those of a run without
+    correction."""
+    x = _images(96)
+    model, ref = small_resnet(seed=3), small_resnet(seed=3)
+    before, inputs0 = _bn_stats(model), _bn_inputs(model, x)
+    result = hope_keras.compress(model, density=0.6, data=x, verbose=False)
+    assert synthesis_calls == []
+    assert result.trajectory.meta["options"]["correct_statistics"] == "data"
+    enc = hope_keras.Encoder(ref, correction=False, verbose=False)
+    enc.run(density=0.6)
+    assert [s.unit for s in enc.trajectory.steps] == [s.unit for s in result.trajectory.steps]
+    stale = bn_stats.downstream_of(enc.graph, {s.unit for s in enc.trajectory.steps})
+    names = sorted(n.op.name for n in enc.graph.flat.nodes
+                   if isinstance(n.op, keras.layers.BatchNormalization) and n.inputs[0] in stale)
+    assert names and result.corrected == names
+    after, inputs1 = _bn_stats(model), _bn_inputs(model, x)
+    uncorrected = _bn_stats(ref)
+    for name in before:
+        if name not in names:
+            np.testing.assert_array_equal(after[name][0], before[name][0])
+            continue
+        (mu0, var0), (mu1, var1) = before[name], after[name]
+        (m0, v0), (m1, v1) = inputs0[name], inputs1[name]
+        live = (v0 > 1e-6 * v0.mean()) & (v1 > 1e-6 * v0.mean())
+        assert live.any()
+        np.testing.assert_allclose((mu1 - m1)[live], (mu0 - m0)[live], atol=2e-4)
+        np.testing.assert_allclose((var1 / v1)[live], (var0 / v0)[live], rtol=2e-3)
+        # Dead channels keep what the edits wrote.
+        np.testing.assert_array_equal(mu1[~live], uncorrected[name][0][~live])
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dataset", "generator"])
+def test_data_may_be_labelled_a_dataset_or_a_generator(kind):
+    x = _images(96)
+    expected = small_resnet(seed=3)
+    hope_keras.compress(expected, density=0.6, data=x, verbose=False)
+    if kind == "tuple":
+        data = (x, np.zeros(len(x)))
+    elif kind == "dataset":
+        data = tf.data.Dataset.from_tensor_slices((x, np.zeros(len(x)))).batch(32)
+    else:
+        data = (x[k:k + 16] for k in range(0, len(x), 16))
+    model = small_resnet(seed=3)
+    hope_keras.compress(model, density=0.6, data=data, verbose=False)
+    for a, b in zip(model.get_weights(), expected.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_data_is_sampled_by_values_per_channel():
+    """Enough inputs that each stale BN sees `DATA_VALUES_PER_CHANNEL` values per
+    channel: the Flatten → Dense BN sees one per input, so 1024 inputs of 2000; a
+    10 × 10 map 100, so 11 inputs, but never fewer than `DATA_MIN_INPUTS`."""
+    model = small_resnet(seed=3)
+    graph = hope_keras.analyze(model, verbose=False).graph
+    x = _images(2000)
+    assert correction.DATA_VALUES_PER_CHANNEL == 1024 and correction.DATA_MIN_INPUTS == 16
+    assert len(correction._sample(x, graph.flat, ["fc_bn"])) == 1024
+    assert len(correction._sample(x, graph.flat, ["stem_bn"])) == 16
+    assert len(correction._sample(x, graph.flat, ["stem_bn", "fc_bn"])) == 1024
+    assert len(correction._sample(x[:10], graph.flat, ["fc_bn"])) == 10
+    batches = (x[k:k + 100] for k in range(0, 2000, 100))
+    assert len(correction._sample(batches, graph.flat, ["fc_bn"])) == 1024
+
+
+def test_a_run_that_moves_no_stream_makes_no_synthetic_input(synthesis_calls):
+    """The head's hidden layer (after the last residual sum) and an MLP: no stream
+    moves, so no synthetic input is made; the surrogate corrects what it trusts."""
+    enc = hope_keras.Encoder(small_resnet(seed=3), actions=("prune",), verbose=False)
+    enc.execute(enc.best_group_action("fc"))
+    assert "fc_bn" in enc.correct_statistics()  # the surrogate's prediction
+    assert synthesis_calls == []
+    # With data, only the BNs downstream of the edit move.
+    model = small_resnet(seed=3)
+    before = _bn_stats(model)
+    enc = hope_keras.Encoder(model, actions=("prune",), data=_images(64), verbose=False)
+    enc.execute(enc.best_group_action("fc"))
+    assert sorted(enc.correct_statistics()) == ["fc_bn"]
+    after = _bn_stats(model)
+    for name in ("stem_bn", "b1a_bn", "b1b_bn", "c2_bn"):
+        np.testing.assert_array_equal(after[name][1], before[name][1])
+    hope_keras.compress(mlp(seed=1), density=0.5, verbose=False)
+    assert synthesis_calls == []
+    hope_keras.compress(small_resnet(seed=3), density=0.5, verbose=False)
+    assert synthesis_calls == ["small_resnet"]  # the stream moved: made once
+
+
+def test_synthetic_inputs_made_after_the_run_equal_those_made_before(synthesis_calls):
+    """The data-free default makes its synthetic inputs from the original weights
+    after the run: bit for bit what making them before the run gives."""
+    model = small_resnet(seed=3)
+    result = hope_keras.compress(model, density=0.5, verbose=False)
+    assert synthesis_calls == ["small_resnet"]
+    ref = small_resnet(seed=3)
+    graph = hope_keras.analyze(ref, verbose=False).graph
+    x = synthetic.synthesize_inputs(ref, verbose=False)
+    reference = synthetic.StreamReference(ref, graph, x)
+    enc = hope_keras.Encoder(ref, correction=False, verbose=False)
+    enc.run(density=0.5)
+    steps = enc.trajectory.steps
+    untrusted = bn_stats.untrusted_tensors(enc.graph, steps, "auto")
+    bn_stats.apply_correction(enc.graph.flat, enc.analysis.moments,
+                              moments.propagate(enc.graph.flat), untrusted)
+    synthetic.correct_stream_readers(reference, untrusted)
+    assert result.corrected
+    for a, b in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("data", [None, "x"])
+def test_a_run_that_goes_on_corrects_from_the_models_own_statistics(data):
+    """run(0.7) then run(0.5) = run(0.5): the second run puts back what the first
+    correction wrote before editing, then corrects after all the steps."""
+    x = _images(96) if data else None
+    one, two = small_resnet(seed=3), small_resnet(seed=3)
+    hope_keras.Encoder(one, data=x, verbose=False).run(density=0.5)
+    enc = hope_keras.Encoder(two, data=x, verbose=False)
+    enc.run(density=0.7)
+    enc.run(density=0.5)
+    for a, b in zip(one.get_weights(), two.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_replay_corrects_on_the_data_it_is_given():
+    x = _images(96)
+    model, original = small_resnet(seed=3), small_resnet(seed=3)
+    result = hope_keras.compress(model, density=0.6, data=x, verbose=False)
+    with pytest.warns(UserWarning, match="pass data= to replay"):
+        result.trajectory.replay(copy_model(original), density=0.6)
+    result.trajectory.replay(original, density=0.6, data=x)
+    for a, b in zip(model.get_weights(), original.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_compress_with_data_announces_its_stages_and_is_silent_when_asked(capsys):
+    hope_keras.compress(small_resnet(seed=3), density=0.6, data=_images(96), verbose=True)
+    out = capsys.readouterr().out
+    assert "Correcting" in out and "inputs given as data=" in out
+    assert "Analyzing 'small_resnet'" in out and "Compressing 'small_resnet' (density=0.6)" in out
+    hope_keras.compress(small_resnet(seed=3), density=0.5, verbose=True)
+    out = capsys.readouterr().out
+    assert "synthetic inputs" in out and "pass data=" in out
+    for data in (None, _images(96)):
+        hope_keras.compress(small_resnet(seed=3), density=0.5, data=data, verbose=False)
+        captured = capsys.readouterr()
+        assert captured.out == ""
+
+
+def test_bad_data_is_refused_before_any_edit():
+    model = small_resnet(seed=3)
+    before = model.get_weights()
+    with pytest.raises(TypeError, match="data must be inputs.*Received: 'images.npy'"):
+        hope_keras.compress(model, density=0.5, data="images.npy", verbose=False)
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="correction must be.*Received: correction='yes'"):
+        hope_keras.Encoder(model, correction="yes")
