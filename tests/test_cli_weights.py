@@ -67,6 +67,14 @@ def test_compress_a_weights_only_checkpoint(tmp_path, monkeypatch, capsys):
     np.testing.assert_allclose(small(x), trained(x), rtol=1e-4, atol=1e-5)
     assert small.count_params() < trained.count_params()
 
+    # --data (unlabeled inputs for the BN statistics) on the traced subclassed model
+    np.save("x.npy", rng.normal(size=(32, 8, 8, 3)).astype("float32"))
+    status, out = _status(capsys, "compress", "ckpt_net:build", "--weights",
+                          "net.weights.h5", "--input-shape", "8,8,3", "--density", "0.5",
+                          "--data", "x.npy", "--out", "small_data.keras", "--quiet")
+    assert status == 0, out.err
+    assert keras.models.load_model("small_data.keras").count_params() == small.count_params()
+
     status, out = _status(capsys, "analyze", "ckpt_net:build", "--weights",
                           "net.weights.h5", "--input-shape", "8,8,3")
     assert status == 0 and "Compressible channels: 12 in 1 groups" in out.out

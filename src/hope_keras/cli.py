@@ -204,12 +204,15 @@ def _load_data(path, model):
             if not loaded.files:
                 raise ValueError(f"--data '{path}' holds no array.")
             loaded = loaded["x" if "x" in loaded.files else loaded.files[0]]
-    want = tuple(model.inputs[0].shape[1:]) if len(model.inputs) == 1 else None
+    from hope_keras import _keras_graph as kg
+
+    inputs = kg.functional_of(model).inputs  # a subclassed model: its traced graph's
+    want = tuple(inputs[0].shape[1:]) if len(inputs) == 1 else None
     if want is not None and (loaded.ndim != len(want) + 1 or any(
             w is not None and w != g for w, g in zip(want, loaded.shape[1:]))):
         raise ValueError(f"--data '{path}' holds an array of shape {loaded.shape}; model "
                          f"'{model.name}' takes inputs of shape {(None,) + want}.")
-    return loaded.astype(model.inputs[0].dtype if want is not None else "float32")
+    return loaded.astype(inputs[0].dtype if want is not None else "float32")
 
 
 def _replay_on(trajectory, model, no_check, **target):
