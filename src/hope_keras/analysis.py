@@ -325,7 +325,8 @@ def analyze(model, kernel: str = "approx", verbose="auto") -> Analysis:
         ``summary()``.
 
     Raises:
-        ValueError: for subclassed or unbuilt models (no graph to read).
+        ValueError: for unbuilt models, and (`hope_keras.tracing.TracingError`) for
+            subclassed models whose `call` cannot be traced into a Functional model.
 
     Example:
 

@@ -284,7 +284,7 @@ def _stream_readers(graph):
 def _check_data(model, x) -> None:
     """The data's inputs against a single-input model's input shape, and finite;
     named before any edit."""
-    inputs = getattr(model, "inputs", None) or []
+    inputs = getattr(kg.functional_of(model), "inputs", None) or []  # subclassed: traced
     if len(inputs) != 1:
         raise ValueError(f"data= takes the inputs of a model with one input; model "
                          f"'{model.name}' has {len(inputs)}.")

@@ -764,7 +764,8 @@ def walk(model: keras.Model) -> ModelGraph:
         and ``pinned``.
 
     Raises:
-        ValueError: for subclassed or unbuilt models.
+        ValueError: for unbuilt models, and subclassed ones whose `call` cannot be
+            traced (`hope_keras.tracing`).
 
     Example:
 
