@@ -11,7 +11,7 @@ same weights, the first data-free ``compress(density=0.5)`` (synthetic inputs ma
 ``--quality``: the ResNet-50 fixture (`.cache/resnet50_fmnist.keras`, 32 × 32,
 scripts/make_benchmark_fixtures.py), held-out split (the 1000 test images after the
 bundled 2000) and selection split (the first 1000 bundled ones), at densities 0.9 …
-0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 4096
+0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 1024
 Fashion-MNIST training images (``--data-inputs``). ``--quick``: density 0.9 only.
 
 Run: .venv/bin/python benchmarks/first_run.py [--time] [--quality] [--quick]
@@ -126,7 +126,7 @@ def main():
     p.add_argument("--time", action="store_true")
     p.add_argument("--quality", action="store_true")
     p.add_argument("--size", type=int, default=224)
-    p.add_argument("--data-inputs", type=int, default=4096)
+    p.add_argument("--data-inputs", type=int, default=1024)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", choices=("data-free", "data"),
                    help="--quality: only the data-free runs or only those with data=")
