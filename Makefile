@@ -3,7 +3,9 @@
 # in parallel (pytest-xdist, TEST_WORKERS processes, one test file per process).
 # `make test-all` adds the long tiers: `make test-slow` (tests marked slow), `make
 # fuzz` (500 random networks, tests/fuzz_networks.py), `make test-apps` (every
-# keras.applications family, tests/test_applications.py) and `make test-keras-range`.
+# keras.applications family, tests/test_applications.py), `make test-benchmarks`
+# (every script under benchmarks/ in --quick mode, tests/test_benchmarks_quick.py)
+# and `make test-keras-range`.
 # All create the virtual environment on first use.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -17,7 +19,7 @@ XDIST  := -n $(TEST_WORKERS) --dist loadfile
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export KERAS_BACKEND ?= tensorflow
 
-.PHONY: test test-slow test-all test-apps test-keras-range fuzz demo bench clean
+.PHONY: test test-slow test-all test-apps test-benchmarks test-keras-range fuzz demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,10 +34,13 @@ test-slow: $(STAMP)
 	$(PY) -m pytest $(XDIST) -m slow
 
 # Every tier, the fast one first (what .ci/run runs).
-test-all: test test-slow fuzz test-apps test-keras-range
+test-all: test test-slow fuzz test-apps test-benchmarks test-keras-range
 
 test-apps: $(STAMP)
 	$(PY) -m pytest tests/test_applications.py -m applications -o addopts=-q -n $(TEST_WORKERS)
+
+test-benchmarks: $(STAMP)
+	$(PY) -m pytest tests/test_benchmarks_quick.py -m benchmarks -o addopts=-q
 
 # The Keras-facing tests on the oldest and newest Keras that pyproject.toml allows,
 # each installed next to the environment's TensorFlow (cached in .cache/keras-range).
