@@ -539,8 +539,8 @@ def test_hope_cost_prices_the_sum_scale_parent_it_builds():
 
 def test_default_cost_prices_residual_streams_and_no_streams_leaves_them_whole():
     """The default prices every group, the residual streams included (ranked once
-    per reader, docs/quality.md decision 7); ``HopeCost(groups="no_streams")``
-    leaves them whole, and both runs slim exactly."""
+    per reader, docs/quality.md, "Every layer that reads a group counts");
+    ``HopeCost(groups="no_streams")`` leaves them whole, and both runs slim exactly."""
     model = small_resnet(seed=3)
     analysis = hope_keras.analyze(model)
     streams = [n for n, g in analysis.graph.groups.items() if g.stream]
