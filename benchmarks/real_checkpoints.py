@@ -439,15 +439,51 @@ def markdown(infos, rows):
     return "\n".join(lines)
 
 
+def fer_diagnostic():
+    """Where each method removes channels on fer, and the default with the residual
+    streams left whole (docs/quality.md, "Real checkpoints"; held-out agreement)."""
+    import collections
+
+    import hope_keras
+    from hope_keras import baselines, costs
+
+    spec = load_fer()
+    base = spec["model"]
+    ref = predict(base, spec["held"])
+    analysis = hope_keras.analyze(base)
+    sizes = Sizes(base, analysis)
+    for f in TARGETS:
+        d = baseline_density(analysis, sizes, "global", f)
+        model = fresh(base)
+        res = baselines.prune(model, d, method="l1_input", scope="global")
+        print(f"FLOPs {f}: l1_global removes "
+              f"{dict(collections.Counter(g for g, _ in res.removed))}")
+        for label, cost in (("default", "hope"),
+                            ("streams whole", costs.HopeCost(groups="no_streams"))):
+            model = fresh(base)
+            r = hope_keras.compress(model, flops=f, verbose=False, cost=cost)
+            steps = dict(collections.Counter(f"{s.kind} {s.unit}" for s in r.trajectory.steps))
+            q, _ = quality("classifier", ref, predict(model, spec["held"]))
+            print(f"FLOPs {f}: {label}: agreement {q:.1f} %, FLOPs {r.flops_ratio:.3f}, "
+                  f"steps {steps}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="fer only, FLOPs 0.8, data-free; skips what is not installed")
     parser.add_argument("--models", nargs="+", default=list(LOADERS), choices=list(LOADERS))
     parser.add_argument("--no-recover", action="store_true")
+    parser.add_argument("--fer-diagnostic", action="store_true",
+                        help="where the default and l1 global remove channels on fer")
     parser.add_argument("--report", action="store_true",
                         help="only re-write the .md from benchmarks/results/real_checkpoints.json")
     args = parser.parse_args(argv)
+    if args.fer_diagnostic:
+        for n in ("data", "fer"):
+            install(n)
+        fer_diagnostic()
+        return 0
     if args.report:
         out = json.loads((RESULTS / "real_checkpoints.json").read_text())
         md = markdown(out["infos"], out["rows"])
