@@ -506,6 +506,11 @@ def main(argv=None):
     for n in ("data", *args.models):
         install(n)
     infos, rows = {}, []
+    previous = RESULTS / "real_checkpoints.json"
+    if previous.exists():  # a run of some models keeps the others' results
+        old = json.loads(previous.read_text())
+        infos = {k: v for k, v in old["infos"].items() if k not in args.models}
+        rows = [r for r in old["rows"] if r["model"] not in args.models]
     for name in args.models:
         info, r = run_model(name, TARGETS, with_recover=not args.no_recover)
         infos[name] = info
