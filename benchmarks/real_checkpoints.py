@@ -213,11 +213,26 @@ def load_hed(n_sel=64, n_held=32, size=96):
                 note=f"tracing refused: {refusal}; Functional rebuild max |Δ| {gap:.1e}")
 
 
+def _joblib_sees_lz4():
+    """joblib looks for lz4 once, when imported (Keras imports it before this script
+    installs lz4 on a first run): show it the lz4 now installed."""
+    import joblib.compressor as jc
+    from joblib.numpy_pickle_utils import _COMPRESSORS
+
+    if getattr(jc, "lz4", None) is None:
+        import lz4
+        from lz4.frame import LZ4FrameFile
+
+        jc.lz4, jc.LZ4FrameFile = lz4, LZ4FrameFile
+        _COMPRESSORS["lz4"].fileobj_factory = LZ4FrameFile
+
+
 def load_onet():
     from hope_keras.calibration import calibrate
     from mtcnn.network.onet import ONet
     from mtcnn.utils.tensorflow import load_weights
 
+    _joblib_sees_lz4()
     onet = ONet()
     onet.build((None, 48, 48, 3))
     onet.set_weights(load_weights("onet.lz4"))  # the wheel's weights
