@@ -217,14 +217,13 @@ def _joblib_sees_lz4():
     """joblib looks for lz4 once, when imported (Keras imports it before this script
     installs lz4 on a first run): show it the lz4 now installed."""
     import joblib.compressor as jc
-    from joblib.numpy_pickle_utils import _COMPRESSORS
 
     if getattr(jc, "lz4", None) is None:
         import lz4
         from lz4.frame import LZ4FrameFile
 
         jc.lz4, jc.LZ4FrameFile = lz4, LZ4FrameFile
-        _COMPRESSORS["lz4"].fileobj_factory = LZ4FrameFile
+        jc._COMPRESSORS["lz4"].fileobj_factory = LZ4FrameFile
 
 
 def load_onet():
