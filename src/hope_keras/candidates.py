@@ -51,7 +51,7 @@ result is the best pair among the candidates. ``k=None`` keeps every partner
 checking.
 
 ``dense=True`` (the engine's default for groups of up to
-`hope_keras.engine.DENSE_PAIRS_MAX` neurons) keeps every pair instead: an n × n table
+`hope_keras.search.DENSE_PAIRS_MAX` neurons) keeps every pair instead: an n × n table
 of the residual's lower bound (`MergeTable._distance`, Gram entries only), each entry
 replaced by the exact residual the first time its bound could beat the best (and kept
 until one of its neurons changes), and per row a lower bound over its live entries. A
