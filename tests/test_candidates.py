@@ -13,6 +13,8 @@ from hope_keras.cache import build_group_cache
 from hope_keras.candidates import MergeTable
 from hope_keras.engine import Encoder
 from hope_keras.graph import walk
+from hope_keras.merge_tables import dense as dense_tables
+from hope_keras.merge_tables import top_k as top_k_tables
 from hope_keras.neurons import extract_group
 
 
@@ -87,9 +89,9 @@ def test_compact_dense_tables_reproduce_the_exhaustive_trajectory(monkeypatch, c
     runs, tables = {}, []
     for k in (None, "auto"):
         if k == "auto":
-            monkeypatch.setattr(candidates, "DENSE_FLOAT64_MAX", 0)
-            monkeypatch.setattr(candidates.MergeTable, "_fill_dense", _recording(
-                candidates.MergeTable._fill_dense, tables))
+            monkeypatch.setattr(dense_tables, "DENSE_FLOAT64_MAX", 0)
+            monkeypatch.setattr(dense_tables.DenseTable, "_fill_dense", _recording(
+                dense_tables.DenseTable._fill_dense, tables))
         model = clustered_mlp(seed)
         analysis = hope_keras.analyze(model, kernel=options.get("kernel", "approx"))
         actions = options.get("actions", ("prune", "merge", "evict"))
@@ -555,8 +557,8 @@ def test_top_k_refill_prices_a_subset_and_leaves_every_row_partners(monkeypatch,
     from hope_keras import candidates
 
     monkeypatch.setattr(candidates, "ORIENTED", oriented)
-    monkeypatch.setattr(candidates, "REFILL_HUBS", 4)
-    monkeypatch.setattr(candidates, "REFILL_SUBSET_RATIO", 2)
+    monkeypatch.setattr(top_k_tables, "REFILL_HUBS", 4)
+    monkeypatch.setattr(top_k_tables, "REFILL_SUBSET_RATIO", 2)
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8,))
     x = keras.layers.Dense(96)(inputs)
@@ -567,14 +569,14 @@ def test_top_k_refill_prices_a_subset_and_leaves_every_row_partners(monkeypatch,
     ok = np.ones(n, dtype=bool)
     table = MergeTable(cache, 4, "hope", np.ones(n), ok, certify=False)
     subset = []
-    keep_best = MergeTable._keep_best
+    keep_best = top_k_tables.TopKRows._keep_best
 
     def spy(self, rr, cols, D, m, rest=None):
         if rest is not None:
             subset.append((rr.size, cols.shape[1]))
         return keep_best(self, rr, cols, D, m, rest)
 
-    monkeypatch.setattr(MergeTable, "_keep_best", spy)
+    monkeypatch.setattr(top_k_tables.TopKRows, "_keep_best", spy)
     held = np.bincount(table.cand[table.cand >= 0], minlength=n)
     ok = ok.copy()
     ok[np.argsort(-held, kind="stable")[:24]] = False  # the 24 most-held neurons die

@@ -10,6 +10,7 @@ that is meant to change trajectories.
 """
 
 import hashlib
+import importlib
 import os
 import sys
 
@@ -21,6 +22,10 @@ from conftest import mlp, small_resnet
 DATA = os.path.join(os.path.dirname(__file__), "data", "refactor_identity.npz")
 INT_FIELDS = ("i", "j", "active_after")
 FLOAT_FIELDS = ("J", "DR", "P_init", "c_before", "c_after", "params_after", "flops_after")
+#: Module attributes a run sets: every group sketched (`hope_keras.cache.SketchCache`,
+#: pairs re-priced from exact entries), or dense tables stored compact (float32).
+SKETCHED = (("hope_keras.cache", "SKETCH_WIDTH", 16),)
+COMPACT = (("hope_keras.merge_tables.dense", "DENSE_FLOAT64_MAX", 0),)
 
 
 def _demo():
@@ -29,22 +34,30 @@ def _demo():
     return load_demo_model()
 
 
-#: name: (model factory, budget, cost, search options). The demo's runs cover the
-#: dense certified tables, prunes, merges, evictions and both budgets; the MLPs the
-#: k-partner rows (certified and top-k).
+def _mlp():
+    return mlp((24, 20), seed=1)
+
+
+#: name: (model factory, budget, cost, search options, patches). The demo's runs
+#: cover the dense certified tables, prunes, merges, evictions and both budgets; the
+#: MLPs the k-partner rows (certified and top-k), sketched groups and compact tables.
 RUNS = {
-    "small_resnet_hope": (small_resnet, dict(density=0.5), "hope", None),
-    "small_resnet_paper": (small_resnet, dict(density=0.5), "paper", None),
-    "mlp_hope": (mlp, dict(density=0.5), "hope", None),
-    "mlp_topk": (lambda: mlp((24, 20), seed=1), dict(density=0.4), "hope",
-                 {"merge_search": "top_k"}),
-    "mlp_certified_rows": (lambda: mlp((24, 20), seed=1), dict(density=0.4), "paper",
-                           {"merge_candidates": 3}),
-    "demo_density_hope": (_demo, dict(density=0.5), "hope", None),
-    "demo_density_paper": (_demo, dict(density=0.5), "paper", None),
-    "demo_flops_hope": (_demo, dict(flops=0.5), "hope", None),
-    "demo_flops_paper": (_demo, dict(flops=0.5), "paper", None),
-    "demo_topk": (_demo, dict(density=0.5), "hope", {"merge_search": "top_k"}),
+    "small_resnet_hope": (small_resnet, dict(density=0.5), "hope", None, ()),
+    "small_resnet_paper": (small_resnet, dict(density=0.5), "paper", None, ()),
+    "mlp_hope": (mlp, dict(density=0.5), "hope", None, ()),
+    "mlp_topk": (_mlp, dict(density=0.4), "hope", {"merge_search": "top_k"}, ()),
+    "mlp_certified_rows": (_mlp, dict(density=0.4), "paper", {"merge_candidates": 3}, ()),
+    "demo_density_hope": (_demo, dict(density=0.5), "hope", None, ()),
+    "demo_density_paper": (_demo, dict(density=0.5), "paper", None, ()),
+    "demo_flops_hope": (_demo, dict(flops=0.5), "hope", None, ()),
+    "demo_flops_paper": (_demo, dict(flops=0.5), "paper", None, ()),
+    "demo_topk": (_demo, dict(density=0.5), "hope", {"merge_search": "top_k"}, ()),
+    "mlp_sketched": (_mlp, dict(density=0.4), "hope", None, SKETCHED),
+    "mlp_sketched_topk": (_mlp, dict(density=0.4), "hope", {"merge_search": "top_k"},
+                          SKETCHED),
+    "mlp_sketched_rows": (_mlp, dict(density=0.4), "paper", {"merge_candidates": 3},
+                          SKETCHED),
+    "mlp_compact_dense": (_mlp, dict(density=0.4), "paper", None, COMPACT),
 }
 
 
@@ -53,10 +66,12 @@ def _digest(w) -> str:
     return hashlib.sha256(f"{w.dtype}{w.shape}".encode() + w.tobytes()).hexdigest()
 
 
-def _run(name) -> dict:
+def _run(name, setattr_) -> dict:
     from hope_keras.engine import Encoder
 
-    make, budget, cost, search = RUNS[name]
+    make, budget, cost, search, patches = RUNS[name]
+    for module, attr, value in patches:
+        setattr_(importlib.import_module(module), attr, value)
     model = make()
     enc = Encoder(model, cost=cost, search=search, correction=False, verbose=False)
     steps = enc.compress(**budget).trajectory.steps
@@ -71,9 +86,9 @@ def _run(name) -> dict:
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_saved_trajectories_rerun_bit_for_bit(name):
+def test_saved_trajectories_rerun_bit_for_bit(name, monkeypatch):
     saved = np.load(DATA)
-    got = _run(name)
+    got = _run(name, monkeypatch.setattr)
     assert got["kind"].size > 0
     for field, value in got.items():
         want = saved[f"{name}/{field}"]
@@ -82,10 +97,20 @@ def test_saved_trajectories_rerun_bit_for_bit(name):
         assert value.tobytes() == want.astype(value.dtype).tobytes(), (name, field)
 
 
-def _write(path=DATA):
+def _write(path=DATA, names=None):
     arrays = {}
-    for name in RUNS:
-        arrays.update({f"{name}/{k}": v for k, v in _run(name).items()})
+    for name in names or RUNS:
+        undo = []
+
+        def setattr_(module, attr, value):
+            undo.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, value)
+
+        try:
+            arrays.update({f"{name}/{k}": v for k, v in _run(name, setattr_).items()})
+        finally:
+            for module, attr, value in reversed(undo):
+                setattr(module, attr, value)
         print(name, arrays[f"{name}/kind"].size, "steps", flush=True)
     np.savez_compressed(path, **arrays)
 

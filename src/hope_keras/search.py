@@ -32,7 +32,7 @@ DEFAULT_MERGE_CANDIDATES = 16
 #: With ``merge_candidates="auto"`` and the certified search, groups up to this width
 #: keep every pair (a dense table, each pair priced once); wider ones keep
 #: `DEFAULT_MERGE_CANDIDATES` partners per neuron. Four n × n float64 tables of 1024
-#: neurons are 32 MB; wider tables are compact (`candidates.DENSE_FLOAT64_MAX`):
+#: neurons are 32 MB; wider tables are compact (`merge_tables.dense.DENSE_FLOAT64_MAX`):
 #: 144 MB for 4096 neurons.
 DENSE_PAIRS_MAX = 4096
 
