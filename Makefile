@@ -1,6 +1,7 @@
 # One command each: `make demo` runs the main job, `make test` runs the tests.
 # `make fuzz` checks 500 random networks (tests/fuzz_networks.py); `make test-apps`
-# runs every keras.applications family (tests/test_applications.py).
+# runs every keras.applications family (tests/test_applications.py); `make test-benchmarks`
+# runs every script under benchmarks/ in --quick mode (tests/test_benchmarks_quick.py).
 # All create the virtual environment on first use.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,7 +11,7 @@ STAMP  := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export KERAS_BACKEND ?= tensorflow
 
-.PHONY: test test-apps test-keras-range fuzz demo bench clean
+.PHONY: test test-apps test-benchmarks test-keras-range fuzz demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +24,9 @@ test: $(STAMP)
 
 test-apps: $(STAMP)
 	$(PY) -m pytest tests/test_applications.py -m applications -o addopts=-q
+
+test-benchmarks: $(STAMP)
+	$(PY) -m pytest tests/test_benchmarks_quick.py -m benchmarks -o addopts=-q
 
 # The Keras-facing tests on the oldest and newest Keras that pyproject.toml allows,
 # each installed next to the environment's TensorFlow (cached in .cache/keras-range).

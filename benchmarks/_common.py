@@ -1,7 +1,16 @@
-"""Helpers shared by the benchmark scripts (not part of the library)."""
+"""Helpers shared by the benchmark scripts (not part of the library).
+
+Every script takes ``--quick``: tiny sizes and one point, through the same code as the
+full run, in seconds; what it writes goes to `quick_dir()` (never benchmarks/results/
+or docs/). tests/test_benchmarks_quick.py runs each one that way (``make
+test-benchmarks``).
+"""
 
 import os
 import resource
+import sys
+import tempfile
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Benchmarks make compress's synthetic inputs every time (their timings include
@@ -12,21 +21,62 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+QUICK_HELP = ("tiny sizes and one point through the full run's code, in seconds (a "
+              "check that the script runs, not a measurement); writes only under "
+              "$HOPE_BENCH_QUICK_DIR or a new temporary folder")
+QUICK_DIR_ENV = "HOPE_BENCH_QUICK_DIR"
+# The input side of ResNet-50 in --quick runs (224 in the full runs).
+QUICK_RESNET_SIZE = 32
+_quick_dir = None
+
+
+def add_quick(parser):
+    """Adds ``--quick`` (see `QUICK_HELP`) to an argparse parser."""
+    parser.add_argument("--quick", action="store_true", help=QUICK_HELP)
+    return parser
+
+
+def quick_requested(argv=None) -> bool:
+    """Whether ``--quick`` is among the arguments (for scripts without argparse)."""
+    return "--quick" in (sys.argv[1:] if argv is None else argv)
+
+
+def quick_dir() -> Path:
+    """The folder a ``--quick`` run writes its results and plots to:
+    ``$HOPE_BENCH_QUICK_DIR`` when set (the test tier sets it), else a new temporary
+    folder (one per process)."""
+    global _quick_dir
+    if _quick_dir is None:
+        given = os.environ.get(QUICK_DIR_ENV)
+        _quick_dir = Path(given) if given else Path(
+            tempfile.mkdtemp(prefix="hope_bench_quick_"))
+        _quick_dir.mkdir(parents=True, exist_ok=True)
+        print(f"--quick: results go to {_quick_dir}", flush=True)
+    return _quick_dir
+
+
+def quick_path(path) -> Path:
+    """`path`'s file name inside `quick_dir()`."""
+    return quick_dir() / Path(path).name
+
+
 def peak_rss_gb() -> float:
     """Peak resident memory of this process so far, in GB (Linux ru_maxrss is KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
 
-def calibrated_resnet50(seed=0, images=4, builder=None):
+def calibrated_resnet50(seed=0, images=4, builder=None, size=224):
     """ResNet50(weights=None) at 224×224 with non-trivial BN (calibration pass on random
     images, random γ/β), the same preparation as the end-to-end test. ``builder``: another
-    `keras.applications` constructor (e.g. ResNet152) prepared the same way."""
+    `keras.applications` constructor (e.g. ResNet152) prepared the same way; ``size``:
+    another input side (``--quick`` runs use `QUICK_RESNET_SIZE`)."""
     import hope_keras
 
-    model = (builder or keras.applications.ResNet50)(weights=None)
+    kw = {} if size == 224 else {"input_shape": (size, size, 3)}
+    model = (builder or keras.applications.ResNet50)(weights=None, **kw)
     rng = np.random.default_rng(seed)
     hope_keras.reestimate_batchnorm_statistics(
-        model, rng.uniform(0, 255, (images, 224, 224, 3)).astype("float32"),
+        model, rng.uniform(0, 255, (images, size, size, 3)).astype("float32"),
         batch_size=images)
     for layer in model.layers:
         if isinstance(layer, keras.layers.BatchNormalization):

@@ -12,7 +12,7 @@ also uses a fixed set of hard pairs: sigma up to 5, |rho| from 0.9 to 0.995.
 
 Usage:
     .venv/bin/python benchmarks/activation_kernels.py [--n 2048] [--pairs 12]
-        [--only relu,tanh]
+        [--only relu,tanh] [--quick]
 """
 
 import argparse
@@ -26,6 +26,7 @@ from scipy import integrate
 from scipy.stats import norm
 
 from hope_keras import activations as A
+from _common import add_quick
 
 ACTIVATIONS = ["relu", "leaky_relu", "linear", "relu6", "hard_sigmoid", "hard_silu", "elu",
                "selu", "sigmoid", "tanh", "softplus", "silu", "gelu", "gelu_approximate", "mish"]
@@ -70,8 +71,14 @@ def main():
     parser.add_argument("--n", type=int, default=2048)
     parser.add_argument("--pairs", type=int, default=12)
     parser.add_argument("--only", default="")
+    add_quick(parser)
     args = parser.parse_args()
     names = args.only.split(",") if args.only else ACTIVATIONS
+    hard = HARD
+    if args.quick:  # a small table, one hard pair; one activation of each method
+        args.n, args.pairs, hard = 64, 1, HARD[:1]
+        names = ["relu", next(n for n in ACTIVATIONS[1:] if A.get(n).terms is not None),
+                 next(n for n in ACTIVATIONS if A.get(n).terms is None)]
     mu, sigma, rho = pair_table(args.n)
     off = rho[~np.eye(args.n, dtype=bool)]
     print(f"n = {args.n}: {args.n ** 2} pairs; |rho| > 0.99 for {np.mean(np.abs(off) > 0.99):.2%}"
@@ -100,7 +107,7 @@ def main():
             scale = np.sqrt(k[i, i] * k[j, j])
             err = max(err, abs(k[i, j] - ref) / scale)
         err_hard = 0.0
-        for c in HARD:
+        for c in hard:
             scale = np.sqrt(act.second_moment(c[0], c[1]) * act.second_moment(c[2], c[3]))
             err_hard = max(err_hard, abs(float(act.cross(*c)) - ref_cross(act, *c)) / scale)
         err1 = 0.0
@@ -120,7 +127,7 @@ def main():
     print()
     print("Errors are relative to sqrt(K_ii K_jj) (cross), sqrt(E[psi^2]) (mean) and E[psi^2];"
           f" table: {args.pairs} pairs of the table, half of them near-duplicates; hard: the"
-          f" {len(HARD)} fixed pairs; mean / 2nd moment: 6 neurons of the table.")
+          f" {len(hard)} fixed pairs; mean / 2nd moment: 6 neurons of the table.")
 
 
 if __name__ == "__main__":

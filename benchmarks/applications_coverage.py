@@ -15,7 +15,8 @@ statistics; logits, `classifier_activation=None`), and the nested transfer-learn
   |reloaded − slimmed|;
 * wall time of analyze + compress + slim (shared 2-core machine: see the load).
 
-Run: .venv/bin/python benchmarks/applications_coverage.py [NAME ...]
+Run: .venv/bin/python benchmarks/applications_coverage.py [NAME ...] [--quick]
+(``--quick``: MobileNet alone.)
 """
 
 import os
@@ -29,6 +30,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hope_keras  # noqa: E402
+from _common import quick_requested  # noqa: E402
 
 A = keras.applications
 FAMILIES = ("ResNet50", "ResNet101", "ResNet152", "ResNet50V2", "DenseNet121",
@@ -106,4 +108,7 @@ def main(names):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or FAMILIES)
+    if quick_requested():
+        main(["MobileNet"])
+    else:
+        main(sys.argv[1:] or FAMILIES)

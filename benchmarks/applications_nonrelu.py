@@ -19,6 +19,7 @@
 Usage (repository root)::
 
     nice -n 10 .venv/bin/python benchmarks/applications_nonrelu.py [--size 32] [--repeats 3]
+        [--quick]   # EfficientNetB0 timed at 32×32 once; the table's MobileNetV3Small row
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
+from _common import add_quick  # noqa: E402
 
 FAMILIES = ("MobileNet", "MobileNetV2", "MobileNetV3Small", "EfficientNetB0", "ConvNeXtTiny")
 
@@ -52,13 +54,14 @@ def prepare(model, rng, n=4):
     return x
 
 
-def time_efficientnet(repeats):
+def time_efficientnet(repeats, size=224):
     import keras
 
     import hope_keras
 
     keras.utils.set_random_seed(0)
-    model = keras.applications.EfficientNetB0(weights=None)  # 224×224, 1000 classes
+    kw = {} if size == 224 else {"input_shape": (size, size, 3)}
+    model = keras.applications.EfficientNetB0(weights=None, **kw)  # 1000 classes
     prepare(model, np.random.default_rng(0), n=2)
     load_before = os.getloadavg()
     times = []
@@ -67,7 +70,7 @@ def time_efficientnet(repeats):
         a = hope_keras.analyze(model)
         times.append(time.perf_counter() - t0)
     kinds = {k: sum(g.kind == k for g in a.groups) for k in ("neurons", "coupled")}
-    print(f"EfficientNetB0 @224: {len(a.groups)} groups {kinds}, {a.num_neurons} channels, "
+    print(f"EfficientNetB0 @{size}: {len(a.groups)} groups {kinds}, {a.num_neurons} channels, "
           f"coverage {100 * a.coverage():.1f}%; analyze best {min(times):.2f} s, "
           f"all {[round(t, 2) for t in times]} (load average 1/5/15 min before "
           f"{'/'.join(f'{v:.2f}' for v in load_before)}, after "
@@ -75,13 +78,13 @@ def time_efficientnet(repeats):
           flush=True)
 
 
-def coverage_table(size):
+def coverage_table(size, names=FAMILIES + ("ConvNeXtTiny (calibrate)",)):
     import keras
 
     import hope_keras
 
     rows = []
-    for name in FAMILIES + ("ConvNeXtTiny (calibrate)",):
+    for name in names:
         keras.utils.set_random_seed(0)
         model = build(name.split(" ")[0], size)
         x = prepare(model, np.random.default_rng(0))
@@ -119,7 +122,12 @@ def main(argv=None):
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-timing", action="store_true")
+    add_quick(p)
     args = p.parse_args(argv)
+    if args.quick:
+        time_efficientnet(1, size=32)
+        coverage_table(32, names=("MobileNetV3Small",))
+        return
     if not args.skip_timing:
         time_efficientnet(args.repeats)
     coverage_table(args.size)

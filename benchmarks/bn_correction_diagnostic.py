@@ -8,18 +8,21 @@ methods of benchmarks/quality.py (HOPE points here are direct compress() runs; t
 Usage (repository root)::
 
     nice -n 10 .venv/bin/python benchmarks/bn_correction_diagnostic.py demo|resnet50|resnet_bench
+    .venv/bin/python benchmarks/bn_correction_diagnostic.py --quick   # demo, one case, 200 images
 """
 import sys, numpy as np, keras
 sys.path.insert(0, "benchmarks")
 import quality, hope_keras
+from _common import quick_requested
 from hope_keras import moments as M, baselines
 from hope_keras.bn_stats import reestimate_batchnorm_statistics as reest
 
 def bns(model):
     return [l for l in model._flatten_layers() if isinstance(l, keras.layers.BatchNormalization)]
 
-def run(model_name, cases):
-    model, splits, xc = quality.load_splits(model_name, 1000 if model_name == "resnet50" else 2000, 10)
+def run(model_name, cases, n_sel=None):
+    n_sel = n_sel or (1000 if model_name == "resnet50" else 2000)
+    model, splits, xc = quality.load_splits(model_name, n_sel, 10)
     x, y = splits["sel"]
     a = hope_keras.analyze(model)
     orig = [w.numpy().copy() for w in model.weights]
@@ -86,8 +89,10 @@ def hope(**kw):
 def bl(d, method="bn_scale", scope="layer"):
     return lambda m, a: baselines.prune(m, d, method=method, scope=scope, analysis=a)
 
-which = sys.argv[1]
-if which == "demo":
+which = "quick" if quick_requested() else sys.argv[1]
+if which == "quick":
+    run("demo", [("hope density=0.9", hope(density=0.9))], n_sel=200)
+elif which == "demo":
     run("demo", [("hope flops=0.9", hope(flops=0.9)), ("hope density=0.6", hope(density=0.6)),
                  ("bn_scale_layer density=0.6", bl(0.6))])
 elif which == "vgg8":

@@ -39,6 +39,7 @@ Densities are converted like ``bn_correction_diagnostic.py``'s ``resnet_bench`` 
 Usage (repository root)::
 
     nice -n 10 .venv/bin/python benchmarks/bn_correlated_diagnostic.py [--acc] [0.6 0.5]
+    .venv/bin/python benchmarks/bn_correlated_diagnostic.py --quick   # demo CNN, density 0.7, --acc
 """
 import math
 import sys
@@ -159,10 +160,12 @@ def act_stats(model, layers, x):
 
 
 def main(argv):
-    do_acc = "--acc" in argv
-    dens = [float(a) for a in argv if not a.startswith("--")] or [0.6, 0.5]
+    quick = "--quick" in argv  # the demo CNN (one first hop), 200 images, one density
+    do_acc = "--acc" in argv or quick
+    dens = [float(a) for a in argv if not a.startswith("--")] or ([0.7] if quick else [0.6, 0.5])
     t_start = time.time()
-    model, splits, xc = quality.load_splits("resnet50", 1000, 10)
+    model, splits, xc = quality.load_splits("demo" if quick else "resnet50",
+                                            200 if quick else 1000, 10)
     x, y = splits["sel"]
     a0 = hope_keras.analyze(model)
     H = hops(a0)
@@ -242,7 +245,7 @@ def main(argv):
     print("before compression, median log(predicted / measured) BN-input variance:", {k: round(float(v), 2) for k, v in lev.items()})
 
     for d in dens:
-        own = (math.floor(d * 11456 + 1e-9) - (11456 - 7616)) / 7616
+        own = d if quick else (math.floor(d * 11456 + 1e-9) - (11456 - 7616)) / 7616
         reset()
         t0 = time.time()
         # The default when this diagnostic was written: the 3840 stream channels whole.
@@ -294,7 +297,9 @@ def main(argv):
             meas, pred = np.log(s1v[ok] / s0v[ok]), np.log(v1[ok] / v0[ok])
             if np.abs(meas).max() < 1e-3:
                 continue
-            kind = ("first hop " if b.name in first else "other ") + b.name.rsplit("_", 2)[-2] + "_bn"
+            parts = b.name.rsplit("_", 2)
+            kind = (("first hop " if b.name in first else "other ")
+                    + (parts[-2] if len(parts) > 1 else b.name) + "_bn")
             kinds.setdefault(kind, []).append((b.name, meas, pred))
         for kind, lst in sorted(kinds.items()):
             meas = np.concatenate([r[1] for r in lst]); pred = np.concatenate([r[2] for r in lst])

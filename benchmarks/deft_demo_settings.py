@@ -5,7 +5,7 @@ CNN), for both DEFT thresholds × the three shock reductions at one percentile.
 No fine-tuning: this is the cheap check docs/deft.md recommends before choosing
 ``threshold``. Run from the repository root::
 
-    .venv/bin/python benchmarks/deft_demo_settings.py [--percentile 10] [--n 1000]
+    .venv/bin/python benchmarks/deft_demo_settings.py [--percentile 10] [--n 1000] [--quick]
 """
 
 import argparse
@@ -14,12 +14,18 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+from _common import add_quick  # noqa: E402
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--percentile", type=float, default=10.0)
     ap.add_argument("--n", type=int, default=1000, help="test images evaluated")
+    add_quick(ap)  # 100 test images, the global threshold × one shock reduction
     args = ap.parse_args(argv)
+    thresholds, compensations = ("global", "layer"), ("none", "mean", "mean_var")
+    if args.quick:
+        args.n, thresholds, compensations = 100, ("global",), ("mean_var",)
 
     import keras
 
@@ -32,10 +38,10 @@ def main(argv=None):
     print(f"source accuracy {deft.accuracy(source, x, y):.3f} on {len(x)} test images")
     print("| threshold | compensate | elastic | head inputs cut | after apply |")
     print("|---|---|---|---|---|")
-    for threshold in ("global", "layer"):
+    for threshold in thresholds:
         plan = deft.plan(source, percentile=args.percentile, threshold=threshold)
         cut = int((plan.head_input_drift > 0).sum())
-        for compensate in ("none", "mean", "mean_var"):
+        for compensate in compensations:
             model = keras.models.clone_model(source)
             model.set_weights(source.get_weights())
             plan.apply(model, compensate=compensate)

@@ -28,7 +28,7 @@ Modes (run from the repository root)::
     .venv/bin/python benchmarks/deft_transfer.py --task split
     .venv/bin/python benchmarks/deft_transfer.py --sweep ...       # DEFT settings only
     .venv/bin/python benchmarks/deft_transfer.py --histogram docs/img/x.png
-    .venv/bin/python benchmarks/deft_transfer.py --quick           # smoke test, minutes
+    .venv/bin/python benchmarks/deft_transfer.py --quick           # every method once, seconds
 
 Tables are printed and written to ``--out`` (markdown) with a JSON twin.
 """
@@ -48,6 +48,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
+from _common import add_quick, quick_dir, quick_path  # noqa: E402
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FILES = {"x_train": "train-images-idx3-ubyte.gz", "y_train": "train-labels-idx1-ubyte.gz",
@@ -428,7 +429,7 @@ def main(argv=None) -> int:
     ap.add_argument("--deft", nargs="*", default=[], metavar="KEY=VALUE",
                     help="fix DEFT settings in its grid, e.g. compensate=none "
                          "threshold=global cost=hope")
-    ap.add_argument("--quick", action="store_true", help="tiny smoke run")
+    add_quick(ap)
     ap.add_argument("--sweep", type=float, nargs="+", default=None, metavar="P",
                     help="instead of the comparison: DEFT at these percentiles for every "
                          "--sweep-cost × --sweep-threshold × --sweep-compensate")
@@ -449,9 +450,16 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/hope_deft_bench"))
     ap.add_argument("--out", type=Path, default=Path("/tmp/deft_transfer_results.md"))
     args = ap.parse_args(argv)
-    if args.quick:
-        args.source_train, args.source_epochs, args.epochs, args.seeds = 3000, 1, 2, 2
+    if args.quick:  # the first setting of DEFT, EWC, head-only; seeds 0 and 1; small sets
+        args.source_train, args.source_epochs, args.epochs, args.seeds = 3000, 1, 1, 2
+        if args.methods == ap.get_default("methods"):
+            args.methods = ["deft", "ewc", "head"]
+        args.source_val = args.source_test = args.target_test = 300
+        args.target_train, args.target_val = 300, 100
         args.fisher_examples = 256
+        args.cache, args.out = quick_dir() / "deft_cache", quick_path(args.out)
+        if args.histogram:
+            args.histogram = quick_path(args.histogram)
         for k in GRIDS:
             GRIDS[k] = GRIDS[k][:1]
     fixed_deft = {}

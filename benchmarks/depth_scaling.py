@@ -7,7 +7,7 @@ timed: `analyze`, and `compress(density=0.5)` (which re-analyzes; its time inclu
 that). Best of ``--repeats`` runs of each, since the machine may be shared; the load
 average is printed beside the times.
 
-Run: .venv/bin/python benchmarks/depth_scaling.py [--repeats 2] [--density 0.5]
+Run: .venv/bin/python benchmarks/depth_scaling.py [--repeats 2] [--density 0.5] [--quick]
 """
 
 import argparse
@@ -15,7 +15,7 @@ import os
 import time
 
 import keras
-from _common import calibrated_resnet50, peak_rss_gb
+from _common import QUICK_RESNET_SIZE, add_quick, calibrated_resnet50, peak_rss_gb
 
 import hope_keras
 
@@ -24,10 +24,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--density", type=float, default=0.5)
+    add_quick(ap)
     args = ap.parse_args()
+    names, size = ("ResNet50", "ResNet101", "ResNet152"), 224
+    if args.quick:
+        names, size, args.repeats, args.density = ("ResNet50",), QUICK_RESNET_SIZE, 1, 0.98
     rows = []
-    for name in ("ResNet50", "ResNet101", "ResNet152"):
-        model = calibrated_resnet50(builder=getattr(keras.applications, name))
+    for name in names:
+        model = calibrated_resnet50(builder=getattr(keras.applications, name), size=size)
         weights = model.get_weights()
         t_an, t_co = [], []
         for _ in range(args.repeats):

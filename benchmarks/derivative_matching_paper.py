@@ -26,6 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 import keras
+from _common import add_quick, quick_path
 from hope_keras import derivative_matching as dm
 
 RADII = (0.5, 1.0, 2.0, 4.0)
@@ -65,13 +66,19 @@ def main():
     ap.add_argument("--acts", default="sigmoid,gelu")
     ap.add_argument("--out", default="docs/img/derivative_matching_deep.png")
     ap.add_argument("--json", default="")
+    add_quick(ap)  # a 4 × 32 sigmoid teacher, k ≤ 1, 500 points per radius
     args = ap.parse_args()
+    width = 1024
+    if args.quick:
+        args.samples, args.kmax, args.acts, width = 500, 1, "sigmoid", 32
+        args.out = str(quick_path(args.out))
+        args.json = str(quick_path(args.json or "derivative_matching_deep.json"))
 
     points = {R: dm.sample_ball(args.samples, 2, R, seed=args.seed + 1) for R in RADII}
     results = {}
     t_all = time.perf_counter()
     for act in args.acts.split(","):
-        model = teacher(act, args.seed, args.init)
+        model = teacher(act, args.seed, args.init, width=width)
         y_t = {R: predict(model, x) for R, x in points.items()}
         for direction in ("backward", "forward"):
             rows = []
@@ -120,7 +127,7 @@ def main():
                 ax.semilogy([r["k"] for r in rows], [max(r["errors"][i], 1e-12) for r in rows],
                             style, color=f"C{i}", ms=4,
                             label=f"R={R} {direction}" if direction == "backward" or i == 0 else None)
-        ax.set_title(f"{act}: 4x1024 -> kept widths (init={args.init}, keep={args.keep})", fontsize=9)
+        ax.set_title(f"{act}: 4x{width} -> kept widths (init={args.init}, keep={args.keep})", fontsize=9)
         ax.set_xlabel("matching order k")
         ax.set_ylabel("sup error on ball (float32)")
         ax.grid(True, which="both", alpha=0.3)

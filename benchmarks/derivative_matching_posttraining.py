@@ -21,6 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 import keras
+from _common import add_quick
 from hope_keras import derivative_matching as dm
 
 
@@ -46,7 +47,10 @@ def main():
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--kmax", type=int, default=10)
     ap.add_argument("--act", default="gelu")
+    add_quick(ap)  # one seed, a 4 × 32 teacher trained 1 epoch, k ≤ 1
     args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.width, args.epochs, args.kmax = "0", 32, 1, 1
 
     rows = []
     for seed in [int(s) for s in args.seeds.split(",")]:

@@ -19,6 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 
 import keras
+from _common import add_quick, quick_path
 from hope_keras import derivative_matching as dm
 
 
@@ -45,12 +46,17 @@ def main():
     ap.add_argument("--kmax", type=int, default=10)
     ap.add_argument("--act", default="sigmoid")
     ap.add_argument("--out", default="docs/img/derivative_matching_walltime.png")
+    add_quick(ap)  # a 4 × 32 teacher for k ≤ 1, widths 16 and 32, one repeat
     args = ap.parse_args()
+    base = 1024
+    if args.quick:
+        args.repeats, args.widths, args.kmax, base = 1, "16,32", 1, 32
+        args.out = str(quick_path(args.out))
 
-    model = teacher(1024, args.act)
+    model = teacher(base, args.act)
     dm.compress_mlp(model, order=2)  # warm-up (imports, product tables)
     by_k = []
-    print("| k | D_k | seconds (width 1024) | kept widths |")
+    print(f"| k | D_k | seconds (width {base}) | kept widths |")
     print("|---|---|---|---|")
     for k in range(args.kmax + 1):
         secs, rep = timed(model, k, args.repeats)
@@ -77,7 +83,7 @@ def main():
     a.plot(range(args.kmax + 1), by_k, "-o")
     a.set_xlabel("matching order k")
     a.set_ylabel("seconds")
-    a.set_title("4 x 1024, d_in = 2", fontsize=9)
+    a.set_title(f"4 x {base}, d_in = 2", fontsize=9)
     b.loglog(widths, by_w, "-o")
     b.set_xticks(widths)
     b.set_xticklabels([str(w) for w in widths])

@@ -27,6 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 import quality as Q  # noqa: E402
+from _common import add_quick, quick_path  # noqa: E402
 
 import hope_keras  # noqa: E402
 from hope_keras import bn_stats  # noqa: E402
@@ -67,8 +68,12 @@ def main():
     p.add_argument("--densities", nargs="+", type=float, default=None)
     p.add_argument("--reestimate", action="store_true",
                    help="also re-estimate every BN on the calibration images (uses data)")
+    add_quick(p)  # the demo CNN, 200 + 200 images, density 0.45 with evictions stopped at 0.5
     args = p.parse_args()
-    b = Q.Bench(args.model, 1000, 1000, (0.5,))
+    n = 1000
+    if args.quick:
+        args.model, args.stop, args.densities, args.reestimate, n = "demo", 0.5, [0.45], True, 200
+    b = Q.Bench(args.model, n, n, (0.5,))
     rows = []
     for d in args.densities or DENSITIES:
         for label, stop in (("default", None), (f"evictions stop at {args.stop}", args.stop)):
@@ -82,6 +87,8 @@ def main():
     out = OUT.format(args.model, args.stop)
     if args.densities:
         out = out.replace(".json", f"_{args.densities[0]}-{args.densities[-1]}.json")
+    if args.quick:
+        out = str(quick_path(out))
     with open(out, "w") as f:
         json.dump({"model": args.model, "stop": args.stop, "rows": rows}, f, indent=1)
     re = " BN re-estimated (uses data) |" if args.reestimate else ""

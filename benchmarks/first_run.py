@@ -11,7 +11,7 @@ same weights, the first data-free ``compress(density=0.5)`` (synthetic inputs ma
 ``--quality``: the ResNet-50 fixture (`.cache/resnet50_fmnist.keras`, 32 × 32,
 scripts/make_benchmark_fixtures.py), held-out split (the 1000 test images after the
 bundled 2000) and selection split (the first 1000 bundled ones), at densities 0.9 …
-0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 4096
+0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 1024
 Fashion-MNIST training images (``--data-inputs``). ``--quick``: density 0.9 only.
 
 Run: .venv/bin/python benchmarks/first_run.py [--time] [--quality] [--quick]
@@ -82,7 +82,7 @@ def timing(size, quick):
     return out
 
 
-def quality(quick, data_inputs):
+def quality(quick, data_inputs, only=None):
     import quality as Q
 
     model, splits, _ = Q.load_splits("resnet50", 1000, 1000)
@@ -93,7 +93,10 @@ def quality(quick, data_inputs):
     if quick:
         points = points[:1]
     out = {}
-    for label, data in (("data-free", None), (f"data={len(train)} training images", train)):
+    runs = [("data-free", None), (f"data={len(train)} training images", train)]
+    if only:
+        runs = [r for r in runs if r[0].startswith(only)]
+    for label, data in runs:
         for axis, value in points:
             for w, v in zip(model.weights, original):
                 w.assign(v)
@@ -123,20 +126,33 @@ def main():
     p.add_argument("--time", action="store_true")
     p.add_argument("--quality", action="store_true")
     p.add_argument("--size", type=int, default=224)
-    p.add_argument("--data-inputs", type=int, default=4096)
+    p.add_argument("--data-inputs", type=int, default=1024)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", choices=("data-free", "data"),
+                   help="--quality: only the data-free runs or only those with data=")
+    p.add_argument("--synthetic-inputs", type=int,
+                   help="synthetic inputs of the data-free correction (default: the "
+                        "library's)")
     args = p.parse_args()
+    suffix = ""
+    if args.synthetic_inputs:
+        from hope_keras import synthetic
+
+        synthetic.SYNTHETIC_INPUTS = args.synthetic_inputs
+        suffix = f"_synthetic{args.synthetic_inputs}"
     if not args.quality:
         args.time = True
     if args.time:
         out = timing(32 if args.quick else args.size, args.quick)
         if not args.quick:
-            with open(os.path.join(RESULTS, f"first_run_time_{args.size}.json"), "w") as f:
+            with open(os.path.join(RESULTS, f"first_run_time_{args.size}{suffix}.json"),
+                      "w") as f:
                 json.dump(out, f, indent=1)
     if args.quality:
-        out = quality(args.quick, 256 if args.quick else args.data_inputs)
+        out = quality(args.quick, 256 if args.quick else args.data_inputs, args.only)
         if not args.quick:
-            with open(os.path.join(RESULTS, "first_run_quality.json"), "w") as f:
+            name = f"first_run_quality{suffix}{'_' + args.only if args.only else ''}.json"
+            with open(os.path.join(RESULTS, name), "w") as f:
                 json.dump(out, f, indent=1)
 
 

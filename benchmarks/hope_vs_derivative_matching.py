@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from derivative_matching_posttraining import data, mse  # noqa: E402
-from nonrelu_quality import compensate_statistics  # noqa: E402
+from _common import add_quick, quick_dir  # noqa: E402
 
 METHODS = ("hope", "hope_mc", "hope_sc")
 TOL = 1.05  # "equal error": within 5 % of the teacher's validation MSE
@@ -115,10 +115,6 @@ def run_hope(teacher, splits, name, grid_min):
     original = [w.numpy().copy() for w in calibrated.weights]
     opts = {"mean_compensation": True} if name == "hope_mc" else {}
     sc = name == "hope_sc"
-    if sc:
-        from hope_keras import moments
-
-        before = moments.propagate(analysis.graph.flat)
     t0 = time.perf_counter()
     res = hope_keras.compress(calibrated, density=grid_min * len(sizes) / N,
                               analysis=analysis, verbose=False, **opts)
@@ -134,8 +130,8 @@ def run_hope(teacher, splits, name, grid_min):
         n = traj.step_for(density=(kept + 1e-6) / N)
         if n:
             traj.replay(calibrated, step=n, check=False)
-            if sc:
-                compensate_statistics(analysis.graph.flat, before)
+            if sc:  # the data-free BN statistics correction, on top of the replay
+                hope_keras.correct_statistics(calibrated, analysis)
         alive = dict(sizes)
         for s in traj.steps[:n]:
             alive[s.unit] -= 1
@@ -144,7 +140,7 @@ def run_hope(teacher, splits, name, grid_min):
         rows.append(r)
     for w, v in zip(calibrated.weights, original):
         w.assign(v)
-    post = (lambda: compensate_statistics(analysis.graph.flat, before)) if sc else None
+    post = (lambda: hope_keras.correct_statistics(calibrated, analysis)) if sc else None
     return calibrated, traj, rows, seconds, post
 
 
@@ -251,11 +247,16 @@ def main(argv=None):
     p.add_argument("--grid-min", type=int, default=2,
                    help="HOPE runs down to about this many neurons per layer")
     p.add_argument("--report", action="store_true", help="only print the tables")
+    add_quick(p)  # one seed, a 4 × 16 teacher trained 2 epochs, k ≤ 2
     args = p.parse_args(argv)
-    path = RESULTS / "hope_vs_derivative_matching.json"
+    results_dir = RESULTS
+    if args.quick:
+        args.seeds, args.width, args.epochs, args.kmax, args.report = "0", 16, 2, 2, False
+        results_dir = quick_dir()
+    path = results_dir / "hope_vs_derivative_matching.json"
     if not args.report:
         results = [run_seed(int(s), args) for s in args.seeds.split(",")]
-        RESULTS.mkdir(parents=True, exist_ok=True)
+        results_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"args": vars(args), "results": results}, indent=1)
                         + "\n")
         print(f"wrote {path}")

@@ -56,6 +56,9 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from _common import add_quick, quick_dir  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 TARGETS = (0.9, 0.8, 0.7, 0.6, 0.5)
@@ -485,7 +488,14 @@ def main(argv=None):
                    help="allocation × within-layer ranking × statistics")
     p.add_argument("--split", choices=SPLITS, default="heldout",
                    help="the split --diagnose --report prints")
+    add_quick(p)  # 200 + 200 images, target 0.8, six methods, results in quick_dir()
     args = p.parse_args(argv)
+    if args.quick:
+        global RESULTS, TARGETS
+        RESULTS, TARGETS, args.report = quick_dir(), (0.8,), False
+        args.n_sel, args.n_heldout = 200, 200
+        args.methods = ["hope", "hope_sc", "bn_scale_global", "bn_scale_layer",
+                        "bn_scale_global_sc", "bn_scale_layer_sc"]  # both checks
     if args.diagnose:
         if not args.report:
             diagnose(args.model, args.n_sel, args.n_heldout)

@@ -55,6 +55,7 @@ RESULTS = REPO / "benchmarks" / "results"
 IMG = REPO / "docs" / "img"
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
+from _common import add_quick, quick_path  # noqa: E402
 
 DENSITIES = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
 METHODS = ("hope", "bn_scale", "l1")
@@ -257,7 +258,13 @@ def main(argv=None):
     ap.add_argument("--report", action="store_true", help="plot every pipeline_*.json")
     ap.add_argument("--table", action="store_true",
                     help="print every pipeline_*.json as a markdown table")
+    add_quick(ap)  # the demo CNN at density 0.8, 128 unlabeled images, one epoch
     args = ap.parse_args(argv)
+    if args.quick:
+        args.model, args.densities, args.images, args.epochs = "demo", [0.8], 128, 1
+        suffix = "" if args.budget == "density" else "_flops"
+        args.out = str(quick_path(args.out or f"pipeline_{args.model}{suffix}.json"))
+        args.report = args.table = False
     if args.report:
         report()
     elif args.table:

@@ -115,6 +115,9 @@ os.environ.setdefault("HOPE_KERAS_CACHE", "off")
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from _common import add_quick, quick_dir  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 IMG = REPO / "docs" / "img"
@@ -1127,7 +1130,14 @@ def main(argv=None):
                         "change), instead of updating the methods run")
     p.add_argument("--axes", nargs="*", default=list(AXES), choices=AXES)
     p.add_argument("--report", action="store_true", help="print tables, write the PNGs")
+    add_quick(p)  # the demo CNN, 200 + 200 images, density 0.8, HOPE and one baseline
     args = p.parse_args(argv)
+    if args.quick:
+        global RESULTS, IMG
+        RESULTS = IMG = quick_dir()
+        run("demo", 200, 200, methods=["hope", "bn_scale_layer"], densities=(0.8,),
+            axes=("density", "flops"))
+        return 0
     if args.model:
         resnet = args.model == "resnet50"
         densities = DENSITIES + ((0.2,) if args.model == "lenet300" else ())

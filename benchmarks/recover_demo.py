@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
+from _common import add_quick, quick_path  # noqa: E402
 
 
 def parse_options(items):
@@ -130,7 +131,11 @@ def main(argv=None):
     ap.add_argument("--compress", nargs="*", default=[], help="key=value for compress")
     ap.add_argument("--recover", nargs="*", default=[], help="key=value for recover")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "recover_demo.json"))
+    add_quick(ap)  # 128 unlabeled images, 200 held-out, one seed, both paths
     args = ap.parse_args(argv)
+    if args.quick:
+        args.images, args.heldout, args.seeds, args.epochs = 128, 200, 1, 1
+        args.out = str(quick_path(args.out))
 
     import keras
 

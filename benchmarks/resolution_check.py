@@ -24,6 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 import quality as Q  # noqa: E402
+from _common import add_quick, quick_path  # noqa: E402
 
 import hope_keras  # noqa: E402
 
@@ -36,10 +37,16 @@ def main():
     p.add_argument("--model", default="resnet50_128")
     p.add_argument("--baselines", action="store_true",
                    help="run the ResNet-50 baselines instead of the default")
+    add_quick(p)  # the demo CNN, 200 + 200 images, one density
     args = p.parse_args()
+    global OUT, DENSITIES
+    n = 1000
+    if args.quick:
+        args.model, n, DENSITIES = "demo", 200, (0.8,)
+        OUT = str(quick_path(OUT))
     if args.baselines:
-        return baselines(args.model)
-    b = Q.Bench(args.model, 1000, 1000, (0.5,))
+        return baselines(args.model, n)
+    b = Q.Bench(args.model, n, n, (0.5,))
     rows = [dict(density=1.0, default=b.ev()[0])]
     for d in DENSITIES:
         b.reset()
@@ -66,11 +73,11 @@ def main():
               f"{100 * r['bn_reestimated']['heldout']:.1f} |")
 
 
-def baselines(model_name):
+def baselines(model_name, n=1000):
     """The quality benchmark's ResNet-50 baselines at `DENSITIES`, data-free and with
     every BN re-estimated on the calibration images (uses data)."""
     names = [m for m in Q.RESNET_METHODS if not m.startswith("hope")]
-    b = Q.Bench(model_name, 1000, 1000, DENSITIES)
+    b = Q.Bench(model_name, n, n, DENSITIES)
     out = {}
     for name in names:
         for re in (False, True):

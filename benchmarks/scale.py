@@ -34,7 +34,7 @@ import functools
 import os
 import time
 
-from _common import calibrated_resnet50, peak_rss_gb
+from _common import add_quick, calibrated_resnet50, peak_rss_gb
 
 import keras
 import numpy as np
@@ -104,7 +104,8 @@ MODELS = {
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("model", choices=sorted(MODELS))
+    p.add_argument("model", choices=sorted(MODELS), nargs="?",
+                   help="required, except with --quick (the MLP, 4 × 128)")
     p.add_argument("--density", type=float, default=None)
     p.add_argument("--candidates", default="auto",
                    help="Encoder merge_candidates: an int, 'none' (exhaustive) or 'auto'")
@@ -132,7 +133,15 @@ def main():
                         "run; surrogate), as compress(correct_statistics=...) runs it")
     p.add_argument("--compare", action="store_true",
                    help="rerun with the exhaustive scan and compare the trajectories")
+    add_quick(p)
     args = p.parse_args()
+    if args.quick:
+        args.model = args.model or "mlp"
+        if args.model != "mlp":
+            p.error("--quick runs the mlp (4 × 128)")
+        args.width, args.output_error = args.width or 128, True
+    elif args.model is None:
+        p.error("the model is required (one of %s)" % ", ".join(sorted(MODELS)))
     build, density = MODELS[args.model]
     density = args.density or density
     cand = {"none": None, "auto": "auto"}.get(args.candidates, None)

@@ -23,6 +23,7 @@ import numpy as np
 import hope_keras
 from hope_keras import cache
 
+from _common import add_quick
 from quality import load_splits
 
 
@@ -44,7 +45,11 @@ def main():
                         "(search.REFINE_BATCH and REFINE_BATCH_WIDE)")
     p.add_argument("--unoriented", action="store_true",
                    help="top-k rows hold partners of any capacity (candidates.ORIENTED off)")
+    add_quick(p)  # LeNet-300-100 sketched, one search, one density, 500 images
     args = p.parse_args()
+    n_sel = 2000
+    if args.quick:
+        args.searches, args.densities, n_sel = ["top_k"], [0.8], 500
     if args.refine_batch is not None:
         from hope_keras import search as search_lib
 
@@ -53,7 +58,7 @@ def main():
         from hope_keras import candidates
 
         candidates.ORIENTED = False
-    model0, splits, xc = load_splits(args.model, 2000, 0)
+    model0, splits, xc = load_splits(args.model, n_sel, 0)
     if args.model == "lenet300":
         model0 = hope_keras.calibrate(model0, xc)
     x, y = splits["sel"]

@@ -7,14 +7,14 @@ One greedy run to the lowest budget, replayed to each point. Counts and timings 
 latency: median of interleaved runs of the original and the slimmed model, compiled
 direct call, and with ``--tflite`` also the TFLite interpreter).
 Run: .venv/bin/python benchmarks/slim_resnet50.py [--flops] [--tflite] [--repeats 5]
-     [--groups all] [--points 0.5]
+     [--groups all] [--points 0.5] [--quick]
 """
 
 import argparse
 
 import keras
 import numpy as np
-from _common import calibrated_resnet50
+from _common import QUICK_RESNET_SIZE, add_quick, calibrated_resnet50
 
 import hope_keras
 
@@ -30,9 +30,13 @@ def main():
                          "residual-stream channels too, 'no_streams' leaves them whole")
     ap.add_argument("--points", type=float, nargs="*",
                     help="budgets to profile (default: 0.9 … 0.4 or 0.3)")
+    add_quick(ap)
     args = ap.parse_args()
+    size = 224
+    if args.quick:  # one point, one timed repeat
+        size, args.points, args.repeats = QUICK_RESNET_SIZE, [0.98], 1
     methods = ("call", "tflite") if args.tflite else ("call",)
-    model = calibrated_resnet50()
+    model = calibrated_resnet50(size=size)
     weights = model.get_weights()
     work = keras.models.clone_model(model)
     work.set_weights(weights)
@@ -42,7 +46,7 @@ def main():
         points = tuple(args.points)
     cost = hope_keras.costs.HopeCost(groups=args.groups)
     result = hope_keras.compress(work, verbose=False, cost=cost, **{what: min(points)})
-    x = np.random.default_rng(0).uniform(0, 255, (8, 224, 224, 3)).astype("float32")
+    x = np.random.default_rng(0).uniform(0, 255, (8, size, size, 3)).astype("float32")
     print(f"{what:>8} {'params':>8} {'FLOPs':>8} " +
           " ".join(f"{'latency ' + m:>14}" for m in methods))
     for density in points:

@@ -2,15 +2,17 @@
 
 The same conv net (width 128, 3×3 convs, BN, ReLU) at several depths; times the
 greedy steps only (cache built before timing).
-Run: .venv/bin/python benchmarks/step_time_vs_depth.py
+Run: .venv/bin/python benchmarks/step_time_vs_depth.py [--quick]
 """
 
+import argparse
 import time
 
 import keras
 import numpy as np
 
 import hope_keras
+from _common import add_quick
 
 L = keras.layers
 
@@ -32,16 +34,19 @@ def net(depth, width=128):
 
 
 def main(steps=300):
+    args = add_quick(argparse.ArgumentParser(description=__doc__.split("\n")[0])).parse_args()
+    depths, width = (4, 8, 16, 32, 64), 128
+    if args.quick:
+        depths, width, steps = (4,), 16, 20
     print(f"{'layers':>7} {'cache s':>8} {'ms/step':>8}")
-    for depth in (4, 8, 16, 32, 64):
-        model = net(depth)
+    for depth in depths:
+        model = net(depth, width)
         t = time.perf_counter()
         enc = hope_keras.Encoder(model)
         t_cache = time.perf_counter() - t
         t = time.perf_counter()
         for _ in range(steps):
-            unit, action = enc.next_action()
-            enc.execute(unit, action)
+            enc.execute(enc.next_action())
         per_step = (time.perf_counter() - t) / steps
         print(f"{depth:>7} {t_cache:>8.2f} {1e3 * per_step:>8.2f}")
 

@@ -13,7 +13,8 @@ re-estimates every BN's statistics on them outright (`mode="reestimate"`). Accur
 the selection split (the first 1000 bundled test images) and the held-out split (1000
 other test images); the library's setting was chosen on the selection split.
 
-Run: .venv/bin/python benchmarks/synthetic_settings.py  (~15 min on 2 cores)
+Run: .venv/bin/python benchmarks/synthetic_settings.py  (~15 min on 2 cores; ``--quick``:
+the demo CNN, one density, one setting, seconds)
 Writes benchmarks/results/synthetic_settings.json.
 
 ``--which-bns`` (uses data; a diagnostic): which BNs' stale statistics cost the
@@ -93,6 +94,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import quality as Q  # noqa: E402
+from _common import quick_path, quick_requested  # noqa: E402
 
 import hope_keras  # noqa: E402
 from hope_keras import bn_stats, costs, synthetic  # noqa: E402
@@ -463,11 +465,18 @@ def main():
                 values.append(v)
             return study(sys.argv[at + 1], vary,
                          values if vary == "prior" else [int(v) for v in values])
-    b = Q.Bench("resnet50", 1000, 1000, DENSITIES)
+    out, densities, settings = OUT, DENSITIES, SETTINGS
+    if quick_requested():  # the demo CNN, 200 + 200 images, one density, one setting
+        out, densities, settings = quick_path(OUT), (0.5,), [(16, 5, 0.1, 0, "readers")]
+        b = Q.Bench("demo", 200, 200, densities)
+        n = nc = b.analysis.num_neurons  # the density asked of compress, as it is
+    else:
+        b = Q.Bench("resnet50", 1000, 1000, densities)
+        # 3840 stream channels are not priced by the default
+        n, nc = b.analysis.num_neurons, 7616
     a = b.analysis
-    n, nc = a.num_neurons, 7616  # 3840 stream channels are not priced by the default
     compressed = {}
-    for d in DENSITIES:
+    for d in densities:
         b.reset()
         r = hope_keras.compress(b.model, density=(math.floor(d * n + 1e-9) - (n - nc)) / nc,
                                 analysis=a, verbose=False, correct_statistics="surrogate",
@@ -476,21 +485,21 @@ def main():
                               r.trajectory.steps)
         print(f"density {d}: surrogate only {b.ev()[0]}", flush=True)
     rows = []
-    for num, steps, lr, seed, mode in SETTINGS:
+    for num, steps, lr, seed, mode in settings:
         seconds, acc = corrected(b, compressed, mode, num=num, steps=steps,
                                  learning_rate=lr, seed=seed)
         row = dict(num=num, steps=steps, learning_rate=lr, seed=seed, mode=mode,
                    seconds=round(seconds, 1), acc=acc)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    with open(OUT, "w") as f:
-        json.dump({"densities": DENSITIES, "rows": rows}, f, indent=1)
+    with open(out, "w") as f:
+        json.dump({"densities": densities, "rows": rows}, f, indent=1)
     print("| inputs | steps | lr | seed | mode | s | " + " | ".join(
-        f"{d} sel / held-out" for d in DENSITIES) + " |")
-    print("|---" * (6 + len(DENSITIES)) + "|")
+        f"{d} sel / held-out" for d in densities) + " |")
+    print("|---" * (6 + len(densities)) + "|")
     for r in rows:
         cells = " | ".join(f"{100 * r['acc'][str(d)]['sel']:.1f} / "
-                           f"{100 * r['acc'][str(d)]['heldout']:.1f}" for d in DENSITIES)
+                           f"{100 * r['acc'][str(d)]['heldout']:.1f}" for d in densities)
         print(f"| {r['num']} | {r['steps']} | {r['learning_rate']} | {r['seed']} | "
               f"{r['mode']} | {r['seconds']} | {cells} |")
 

@@ -71,9 +71,14 @@ DEFAULT_OUT = REPO / "src" / "hope_keras" / "data"
 
 
 def ensure_dataset(directory: Path = FMNIST_DIR) -> None:
-    """Installs ``dataset-fashion-mnist`` with apt-get if files are missing."""
+    """Installs ``dataset-fashion-mnist`` with apt-get if files are missing (unless
+    ``HOPE_NO_INSTALL=1``, as in the benchmarks' quick tier: then it raises)."""
     if all((directory / name).exists() for name in FILES.values()):
         return
+    if os.environ.get("HOPE_NO_INSTALL") == "1":
+        raise FileNotFoundError(
+            f"Fashion-MNIST is missing from {directory} and HOPE_NO_INSTALL=1: run "
+            "`apt-get install -y dataset-fashion-mnist` first.")
     print("Fashion-MNIST files missing; apt-get install -y dataset-fashion-mnist")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     subprocess.run(

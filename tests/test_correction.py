@@ -191,6 +191,7 @@ def test_compress_with_data_announces_its_stages_and_is_silent_when_asked(capsys
     hope_keras.compress(small_resnet(seed=3), density=0.6, data=_images(96), verbose=True)
     out = capsys.readouterr().out
     assert "Correcting" in out and "inputs given as data=" in out
+    assert "Analyzing 'small_resnet'" in out and "Compressing 'small_resnet' (density=0.6)" in out
     hope_keras.compress(small_resnet(seed=3), density=0.5, verbose=True)
     out = capsys.readouterr().out
     assert "synthetic inputs" in out and "pass data=" in out

@@ -79,6 +79,42 @@ def test_method_elasticities_and_ewc_penalty():
         deft.EWCPenalty(target, {"nope/kernel": np.zeros(1)}, 1.0)
 
 
+def test_deft_elasticity_of_a_replaced_head_trains_the_target_model():
+    # The sequence of benchmarks/deft_transfer.py: plan, apply, replace_head, then the
+    # map for the target model, passed as elasticity= (keys checked against variables).
+    model = small_resnet(seed=1)
+    p = deft.plan(model, percentile=50, cost="paper")
+    p.apply(model)
+    target = deft.replace_head(model, 5, seed=0)
+    emap = deft.method_elasticity("deft", target, plan=p)
+    plan_map = p.elasticity_map()
+    assert p.head == "head" and "head" in plan_map
+    assert "head" not in emap and emap["head_target"] == 1.0
+    assert {k: v for k, v in emap.items() if k != "head_target"} == {
+        k: v for k, v in plan_map.items() if k != "head"}
+    assert any(v == 0.0 or (isinstance(v, list) and 0.0 in v) for v in emap.values())
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), elasticity=emap)
+    target.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    start = {v.path: v.numpy().copy() for v in target.trainable_variables}
+    x, y = _data(target, n=32, classes=5)
+    target.fit(x, y, batch_size=16, epochs=2, verbose=0)  # built: every key matched
+    by = {v.path: v for v in target.trainable_variables}
+    assert np.all(by["head_target/kernel"].numpy() != start["head_target/kernel"])
+    frozen = 0
+    for path, v in by.items():
+        s = np.broadcast_to(np.asarray(opt.elasticity_of(v), dtype=np.float64), v.shape)
+        np.testing.assert_array_equal(v.numpy()[s == 0], start[path][s == 0],
+                                      err_msg=path)
+        frozen += int(np.count_nonzero(s == 0))
+    assert frozen > 0
+    # On the source model itself the plan's map is returned as it is.
+    assert deft.method_elasticity("deft", model, plan=p) == plan_map
+    # A plan of another model is refused, naming the layers it lacks.
+    other = mlp((5, 4), d_in=6, d_out=3)
+    with pytest.raises(ValueError, match="does not have"):
+        deft.method_elasticity("deft", other, plan=p)
+
+
 def test_retention_grafts_the_masked_source_head_and_restores_statistics():
     model = small_resnet(seed=5)
     p = deft.plan(model, percentile=60)

@@ -52,7 +52,7 @@ def _run_threads(sketched: bool):
     (`SketchCache.prefetch_parent_rows`) while the main thread edits the model;
     with OpenBLAS's own threads on every core that product takes the main
     thread's core (the 4 × 8192 MLP's first 3000 steps: 28.73–30.09 s, 26.60–28.81
-    s with one thread, CPU time halved; docs/benchmarks.md). Products still running
+    s with one thread, CPU time halved; `benchmarks/scale.py`'s MLP). Products still running
     are waited for before the limit is lifted."""
     if not sketched:
         yield

@@ -25,7 +25,7 @@ class Action:
         j: The merge's removed slot (−1 otherwise).
         J: Its distortion under the run's cost.
         DR: The ranking key the engine minimises (``cost.rank(J, ...)``).
-        P_init: The spec's static parameter footprint of the action.
+        P_init: The static parameter footprint of the action (docs/theory.md §3).
         neurons: Compressible neurons it removes.
     """
 

@@ -13,7 +13,7 @@ import math
 import numbers
 from typing import Optional
 
-from hope_keras.progress import WorkBar
+from hope_keras.progress import WorkBar, resolve_verbose
 
 #: The budget kinds the encoder can rank actions for (`Encoder.set_budget`).
 BUDGETS = ("density", "params", "flops")
@@ -93,6 +93,12 @@ class Budget:
         return ("density" if self.density is not None else "params" if self.params is not None
                 else "flops" if self.flops is not None else default)
 
+    def describe(self) -> str:
+        """The targets given, as ``compress`` announces them."""
+        return ", ".join(f"{k}={v}" for k, v in (
+            ("density", self.density), ("params", self.params), ("flops", self.flops),
+            ("steps", self.steps)) if v is not None) or "no admissible action left"
+
     def target_active(self, num_neurons: int) -> Optional[int]:
         """Live neurons at which the density budget is met (None: no density budget)."""
         if self.density is None:
@@ -140,9 +146,12 @@ class Budget:
                              f"{min_flops:.4f} of the FLOPs. Nothing was changed.")
 
     def progress_bar(self, encoder, target_active, verbose):
-        """A bar over the planned work and a function giving the work done: neurons
-        to remove under a density budget (or with no budget), parameters / FLOPs to
-        remove, or steps."""
+        """Announces the run (when `verbose` resolves true) and returns a bar over
+        the planned work and a function giving the work done: neurons to remove under
+        a density budget (or with no budget), parameters / FLOPs to remove, or steps."""
+        if resolve_verbose(verbose):
+            print(f"Compressing '{encoder.model.name}' ({self.describe()}): the cheapest "
+                  f"of {'/'.join(sorted(encoder.actions))} at each step.")
         params, flops, steps, sizes = self.params, self.flops, self.steps, encoder.sizes
         if target_active is not None or (params is None and flops is None and steps is None):
             goal = target_active if target_active is not None else encoder.min_reachable()[0]

@@ -32,7 +32,7 @@ import numpy as np
 
 from hope_keras import _keras_graph as kg
 from hope_keras import bn_stats
-from hope_keras.progress import resolve_verbose
+from hope_keras.progress import WorkBar, resolve_verbose
 
 __all__ = ["StatisticsCorrection"]
 
@@ -175,9 +175,17 @@ class StatisticsCorrection:
         index = {id(w): k for k, w in enumerate(self.model.weights)}
         before = {}
 
+        bar = WorkBar(2 * len(todo), "layer", verbose=self.verbose)
+        seen = [0]
+
+        def tick():
+            seen[0] += 1
+            bar.update(seen[0])
+
         def measure(node, args, kwargs):
             if node.index in todo:
                 before[node.index] = synthetic._moments(args[0], node.op)
+                tick()
             return None
 
         edited = [np.array(kg.weight_view(w)) for w in self.model.weights]
@@ -209,9 +217,13 @@ class StatisticsCorrection:
             bn.moving_mean.assign(mean.astype(bn.moving_mean.dtype))
             bn.moving_variance.assign(var.astype(bn.moving_variance.dtype))
             written[bn.name] = (mean, var)
+            tick()
             return None  # the BN now runs with the corrected statistics
 
-        synthetic._run(flat, x, correct, plan)
+        try:
+            synthetic._run(flat, x, correct, plan)
+        finally:
+            bar.close()
         return written
 
     # ------------------------------------------------------------------ data-free
@@ -272,7 +284,7 @@ def _stream_readers(graph):
 def _check_data(model, x) -> None:
     """The data's inputs against a single-input model's input shape, and finite;
     named before any edit."""
-    inputs = getattr(model, "inputs", None) or []
+    inputs = getattr(kg.functional_of(model), "inputs", None) or []  # subclassed: traced
     if len(inputs) != 1:
         raise ValueError(f"data= takes the inputs of a model with one input; model "
                          f"'{model.name}' has {len(inputs)}.")

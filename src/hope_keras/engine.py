@@ -1,4 +1,4 @@
-"""The HOPE greedy encoder (spec sections 3–5).
+"""The HOPE greedy encoder (docs/theory.md §3–§5).
 
 Every step executes the admissible action with the lowest ranking key ``DR`` among
 all prunes, merges and evictions (``DR = cost.rank(J, ...)``: ``J`` per neuron

@@ -43,7 +43,7 @@ REFINE_BATCH = 8
 #: round costs mostly its fixed work, so fewer, larger rounds pay where many are
 #: needed (the 4 × 8192 MLP: 1.4 rounds a step against 2.3, its run 20–24 % shorter,
 #: the sum of J lower; on the trained models sketched whole, whose groups are narrow,
-#: 16 pairs gave no better accuracy than 8: docs/benchmarks.md, "Stop 36").
+#: 16 pairs gave no better accuracy than 8: measured with benchmarks/sketch_search.py).
 REFINE_WIDE = 6144
 REFINE_BATCH_WIDE = 16
 #: ``merge_search="auto"`` (the default) certifies the merge search in groups

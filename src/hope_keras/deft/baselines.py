@@ -78,11 +78,38 @@ def method_elasticity(method: str, model, plan=None, head: Optional[str] = None
                       ) -> Dict[str, object]:
     """The `ElasticOptimizer` elasticity map of a method, for the target `model`.
 
+    The map names only layers of `model`. For ``"deft"`` it is the plan's map with the
+    plan's source head (``plan.head``) replaced by `model`'s head, which is fully
+    elastic (1.0): `replace_head` gives the new head another name, and the source
+    head is not a layer of the target model.
+
     Args:
         method: One of ``METHODS``.
         model: The target model (its new head, found or given, stays elastic).
-        plan: The `DeftPlan` (``"deft"`` only).
+        plan: The `DeftPlan` (``"deft"`` only), made from the source model whose
+            backbone `model` carries.
         head: The target head's name (found automatically by default).
+
+    Returns:
+        ``{layer name or 'layer/variable': elasticity}`` for `ElasticOptimizer`'s
+        ``elasticity=``.
+
+    Raises:
+        ValueError: An unknown method, ``"deft"`` without a plan, or a plan that
+            names backbone layers `model` does not have (a plan of another model).
+
+    Example:
+
+    >>> import keras
+    >>> from hope_keras import deft
+    >>> inputs = keras.Input((4,))
+    >>> h = keras.layers.Dense(8, use_bias=False, name="fc")(inputs)
+    >>> h = keras.layers.ReLU()(keras.layers.BatchNormalization(name="fc_bn")(h))
+    >>> source = keras.Model(inputs, keras.layers.Dense(3, name="head")(h))
+    >>> target = deft.replace_head(source, 5)
+    >>> emap = deft.method_elasticity("deft", target, plan=deft.plan(source))
+    >>> "head" in emap, emap["head_target"]
+    (False, 1.0)
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
@@ -90,7 +117,7 @@ def method_elasticity(method: str, model, plan=None, head: Optional[str] = None
     if method == "deft":
         if plan is None:
             raise ValueError("method='deft' needs plan=<DeftPlan>.")
-        return plan.elasticity_map()
+        return _plan_map_for(model, plan, head)
     if method in ("full", "ewc"):
         return {}
     out = {}
@@ -105,6 +132,24 @@ def method_elasticity(method: str, model, plan=None, head: Optional[str] = None
                     out[v.path if v.path.count("/") == 1 else
                         f"{layer.name}/{v.name}"] = 0.0
     return out
+
+
+def _plan_map_for(model, plan, head: str) -> Dict[str, object]:
+    """The plan's elasticity map restricted to `model`, whose head `head` is elastic."""
+    emap = plan.elasticity_map()
+    names = {layer.name for layer in model.layers}
+    replaced = head != plan.head
+    if replaced:
+        emap.pop(plan.head, None)  # the source head, replaced by `head`
+    missing = sorted(k for k in emap if k.split("/")[0] not in names)
+    if missing:
+        raise ValueError(
+            f"The plan names layers {missing[:8]} that model '{model.name}' does not "
+            f"have: pass the target model made from the planned source model (plan "
+            f"head {plan.head!r}; model head {head!r}).")
+    if replaced:
+        emap[head] = 1.0
+    return emap
 
 
 def diagonal_fisher(model, x, y, batch_size: int = 128, variables=None,
