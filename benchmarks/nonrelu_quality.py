@@ -10,7 +10,7 @@ accuracy and top-1 agreement with the uncompressed model are measured along
 * neuron density (active / initial compressible channels) 0.9 … 0.5, and
 * the FLOPs ratio of the slimmed model 0.9 … 0.5 (2 × multiply-adds of the layers
   with a kernel, per example, counted by the engine's own counter
-  ``hope_keras.engine._SizeCounter`` for HOPE and baselines alike; checked once
+  ``hope_keras.sizes.SizeCounter`` for HOPE and baselines alike; checked once
   against ``hope_keras.profile.model_flops`` of the slimmed model),
 
 on two disjoint splits of the Fashion-MNIST test set (the model was trained on the
@@ -136,9 +136,9 @@ class Sizes:
     """Live parameter and FLOPs ratios of the slimmed model for given live widths."""
 
     def __init__(self, model, analysis):
-        from hope_keras.engine import _SizeCounter
+        from hope_keras.sizes import SizeCounter
 
-        self.counter = _SizeCounter(model, analysis)  # pristine: never edited
+        self.counter = SizeCounter(model, analysis)  # pristine: never edited
         self.sizes = {g.name: g.size for g in analysis.groups}
 
     def __call__(self, alive):

@@ -9,7 +9,7 @@ test accuracy and top-1 agreement with the uncompressed model along three axes:
   residual-stream groups included): 0.9 … 0.3 (LeNet … 0.2);
 * live parameter ratio and FLOPs ratio of the slimmed model: 0.9 … 0.3 (points a
   method cannot reach are left out). FLOPs are 2 × multiply-adds of the layers with a
-  kernel, for one example (`hope_keras.engine._SizeCounter`, the count HOPE's
+  kernel, for one example (`hope_keras.sizes.SizeCounter`, the count HOPE's
   trajectories record as ``flops_after`` and `hope_keras.profile` gives; checked
   against ``profile`` of a slimmed model per run); the baselines are counted alike.
 
@@ -388,9 +388,9 @@ class Sizes:
     (the engine's own counter, so HOPE and the baselines are counted alike)."""
 
     def __init__(self, model, analysis):
-        from hope_keras.engine import _SizeCounter
+        from hope_keras.sizes import SizeCounter
 
-        self.counter = _SizeCounter(model, analysis)  # pristine; copied per count
+        self.counter = SizeCounter(model, analysis)  # pristine; copied per count
         self.sizes = {g.name: g.size for g in analysis.groups}
         self.branch = {b.name: set(b.branch_layers) for b in analysis.graph.blocks}
         full = dict(self.sizes)

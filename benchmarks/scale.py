@@ -19,8 +19,8 @@ original's output spread, on 512 standard normal inputs; ``--bn-stats``: BN
 statistics measured on normal inputs, see `mlp`;
 ``--unoriented``: top-k tables whose rows hold partners of any capacity, the
 behaviour before stop 28, for comparison; ``--refine-batch B``: sketched groups
-re-price B pairs a round, whatever their width: `engine.REFINE_BATCH`,
-`engine.REFINE_BATCH_WIDE`)
+re-price B pairs a round, whatever their width: `search.REFINE_BATCH`,
+`search.REFINE_BATCH_WIDE`)
 (``--candidates none``: the exhaustive scan; ``--steps N``: stop after N steps;
 ``--compare``: afterwards, rerun with the exhaustive scan on a fresh copy of the model
 and report whether the trajectories are identical: kinds, units, indices, J and DR;
@@ -123,7 +123,7 @@ def main():
                    help="top_k rows hold partners of any capacity (candidates.ORIENTED off)")
     p.add_argument("--refine-batch", type=int, default=None,
                    help="sketched groups: pairs re-priced exactly per round "
-                        "in every group (engine.REFINE_BATCH, 8; REFINE_BATCH_WIDE, 16)")
+                        "in every group (search.REFINE_BATCH, 8; REFINE_BATCH_WIDE, 16)")
     p.add_argument("--analyze-twice", action="store_true",
                    help="also time a second analyze in the same process (TensorFlow warm)")
     p.add_argument("--profile", action="store_true", help="cProfile analyze and compress")
@@ -149,9 +149,9 @@ def main():
         cand = int(args.candidates)
     load = os.getloadavg()
     if args.refine_batch is not None:
-        from hope_keras import engine
+        from hope_keras import search as search_lib
 
-        engine.REFINE_BATCH = engine.REFINE_BATCH_WIDE = args.refine_batch
+        search_lib.REFINE_BATCH = search_lib.REFINE_BATCH_WIDE = args.refine_batch
     if args.unoriented:
         from hope_keras import candidates
 
