@@ -25,7 +25,7 @@ re-price B pairs a round, whatever their width: `search.REFINE_BATCH`,
 ``--compare``: afterwards, rerun with the exhaustive scan on a fresh copy of the model
 and report whether the trajectories are identical: kinds, units, indices, J and DR;
 ``--correct-statistics auto``: also time the BN-statistics correction `compress` runs
-by default, before and after the run).
+by default, before the run and after it).
 """
 
 import argparse
@@ -184,33 +184,32 @@ def main():
         t = time.perf_counter()
         hope_keras.analyze(model)
         print(f"analyze again: {time.perf_counter() - t:.2f} s wall")
-    kwargs = {} if cand == "auto" else {"merge_candidates": cand}
-    kwargs["merge_search"] = args.search
+    search = {} if cand == "auto" else {"merge_candidates": cand}
+    search["merge_search"] = args.search
     t, c = time.perf_counter(), time.process_time()
-    try:
-        enc = hope_keras.Encoder(model, analysis=analysis, **kwargs)
-    except TypeError:  # an engine without the option
-        enc = hope_keras.Encoder(model, analysis=analysis)
+    # The run's own correction is off: the one `compress` runs is timed apart below.
+    enc = hope_keras.Encoder(model, analysis=analysis, search=search, correction=False,
+                             verbose=False)
     t_init = time.perf_counter() - t
-    reference, mode = None, args.correct_statistics
+    correction, mode = None, args.correct_statistics
     if mode is not None:
-        from hope_keras import bn_stats
+        from hope_keras.correction import StatisticsCorrection
 
         mode = {"true": True, "false": False}.get(mode.lower(), mode)
+        correction = StatisticsCorrection(mode, verbose=False)
         t_prep = time.perf_counter()
-        reference = bn_stats.prepare_correction(model, analysis.graph, mode)
+        correction.start(model, analysis.graph, analysis.moments)  # before any edit
         t_prep = time.perf_counter() - t_prep
     t = time.perf_counter()
     stopped = enc.run(density=density, steps=args.steps, verbose=False)
     t_run = time.perf_counter() - t
     if mode is not None:
         t_fin = time.perf_counter()
-        written = bn_stats.finish_correction(analysis.graph, enc.trajectory.steps, mode,
-                                             analysis.moments, reference)
+        written = correction.finish(enc.trajectory.steps)
         t_fin = time.perf_counter() - t_fin
-        print(f"correct_statistics={mode!r}: before the run {t_prep:.2f} s (synthetic "
-              f"inputs: {'yes' if reference is not None else 'no'}), after it {t_fin:.2f} s; "
-              f"{len(written)} BNs written; peak RSS {peak_rss_gb():.2f} GB")
+        print(f"correction {mode!r}: before the run {t_prep:.2f} s, after it {t_fin:.2f} s "
+              f"(synthetic inputs made after the run when a stream moved); {len(written)} "
+              f"BNs written; peak RSS {peak_rss_gb():.2f} GB")
     c_comp = time.process_time() - c
     load = os.getloadavg()
     if prof is not None:
