@@ -13,7 +13,7 @@ Usage (repository root)::
 import sys, numpy as np, keras
 sys.path.insert(0, "benchmarks")
 import quality, hope_keras
-from _common import quick_requested
+from _common import compress, quick_requested
 from hope_keras import moments as M, baselines
 from hope_keras.bn_stats import reestimate_batchnorm_statistics as reest
 
@@ -85,7 +85,7 @@ def run(model_name, cases, n_sel=None):
 def hope(**kw):
     # The default when this diagnostic was written: residual streams whole.
     kw.setdefault("cost", hope_keras.costs.HopeCost(groups="no_streams"))
-    return lambda m, a: hope_keras.compress(m, analysis=a, verbose=False, **kw)
+    return lambda m, a: compress(m, analysis=a, **kw)
 def bl(d, method="bn_scale", scope="layer"):
     return lambda m, a: baselines.prune(m, d, method=method, scope=scope, analysis=a)
 

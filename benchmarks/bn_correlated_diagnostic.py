@@ -50,6 +50,7 @@ import numpy as np
 
 sys.path.insert(0, "benchmarks")
 import quality  # noqa: E402
+from _common import compress  # noqa: E402
 
 import hope_keras  # noqa: E402
 from hope_keras import kernels as K  # noqa: E402
@@ -249,7 +250,7 @@ def main(argv):
         reset()
         t0 = time.time()
         # The default when this diagnostic was written: the 3840 stream channels whole.
-        hope_keras.compress(model, density=own, analysis=a0, verbose=False, correct_statistics=False,
+        compress(model, density=own, analysis=a0, correct_statistics=False,
                             cost=hope_keras.costs.HopeCost(groups="no_streams"))
         t_c = time.time() - t0
         mom1 = M.propagate(flat0)

@@ -10,7 +10,7 @@ import collections
 import time
 
 import tensorflow as tf
-from _common import QUICK_RESNET_SIZE, add_quick, calibrated_resnet50, peak_rss_gb
+from _common import QUICK_RESNET_SIZE, add_quick, calibrated_resnet50, compress, peak_rss_gb
 
 import hope_keras
 
@@ -25,7 +25,7 @@ def main():
     t = time.perf_counter()
     analysis = hope_keras.analyze(model)
     t_cache = time.perf_counter() - t
-    result = hope_keras.compress(model, density=density, analysis=analysis, verbose=False)
+    result = compress(model, density=density, analysis=analysis)
     total = time.perf_counter() - t
     steps = len(result.trajectory)
     kinds = collections.Counter(s.kind for s in result.trajectory.steps)

@@ -34,7 +34,7 @@ import functools
 import os
 import time
 
-from _common import add_quick, calibrated_resnet50, peak_rss_gb
+from _common import add_quick, calibrated_resnet50, encoder, peak_rss_gb
 
 import keras
 import numpy as np
@@ -187,29 +187,27 @@ def main():
     kwargs = {} if cand == "auto" else {"merge_candidates": cand}
     kwargs["merge_search"] = args.search
     t, c = time.perf_counter(), time.process_time()
-    try:
-        enc = hope_keras.Encoder(model, analysis=analysis, **kwargs)
-    except TypeError:  # an engine without the option
-        enc = hope_keras.Encoder(model, analysis=analysis)
+    # The search alone is timed: the statistics correction runs apart (--correct-statistics).
+    enc = encoder(model, analysis=analysis, correct_statistics=False, **kwargs)
     t_init = time.perf_counter() - t
-    reference, mode = None, args.correct_statistics
+    correction, mode = None, args.correct_statistics
     if mode is not None:
-        from hope_keras import bn_stats
+        from hope_keras.correction import StatisticsCorrection
 
         mode = {"true": True, "false": False}.get(mode.lower(), mode)
         t_prep = time.perf_counter()
-        reference = bn_stats.prepare_correction(model, analysis.graph, mode)
+        correction = StatisticsCorrection(mode, verbose=False)
+        correction.start(model, analysis.graph, analysis.moments)
         t_prep = time.perf_counter() - t_prep
     t = time.perf_counter()
     stopped = enc.run(density=density, steps=args.steps, verbose=False)
     t_run = time.perf_counter() - t
     if mode is not None:
         t_fin = time.perf_counter()
-        written = bn_stats.finish_correction(analysis.graph, enc.trajectory.steps, mode,
-                                             analysis.moments, reference)
+        written = correction.finish(enc.trajectory.steps)
         t_fin = time.perf_counter() - t_fin
-        print(f"correct_statistics={mode!r}: before the run {t_prep:.2f} s (synthetic "
-              f"inputs: {'yes' if reference is not None else 'no'}), after it {t_fin:.2f} s; "
+        print(f"correct_statistics={mode!r}: before the run {t_prep:.2f} s, after it "
+              f"{t_fin:.2f} s (synthetic inputs made there when needed); "
               f"{len(written)} BNs written; peak RSS {peak_rss_gb():.2f} GB")
     c_comp = time.process_time() - c
     load = os.getloadavg()
@@ -243,8 +241,8 @@ def main():
         keras.utils.set_random_seed(0)
         ref_model = build()
         t = time.perf_counter()
-        ref = hope_keras.Encoder(ref_model, analysis=hope_keras.analyze(ref_model),
-                                 merge_candidates=None)
+        ref = encoder(ref_model, analysis=hope_keras.analyze(ref_model),
+                      merge_candidates=None, correct_statistics=False)
         ref.run(density=density, steps=args.steps, verbose=False)
         t_ref = time.perf_counter() - t
 
