@@ -11,7 +11,7 @@ same weights, the first data-free ``compress(density=0.5)`` (synthetic inputs ma
 ``--quality``: the ResNet-50 fixture (`.cache/resnet50_fmnist.keras`, 32 × 32,
 scripts/make_benchmark_fixtures.py), held-out split (the 1000 test images after the
 bundled 2000) and selection split (the first 1000 bundled ones), at densities 0.9 …
-0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 4096
+0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 1024
 Fashion-MNIST training images (``--data-inputs``). ``--quick``: density 0.9 only.
 
 Run: .venv/bin/python benchmarks/first_run.py [--time] [--quality] [--quick]
@@ -49,7 +49,7 @@ def forward_time(model, size, repeats=5):
     return float(np.median(times))
 
 
-def timing(size, quick):
+def timing(size, quick, only=None):
     from hope_keras import bn_stats
 
     shape = (size, size, 3)
@@ -65,8 +65,10 @@ def timing(size, quick):
     print(f"T (batch-8 forward, {size}x{size}): {T:.3f} s", flush=True)
     data = np.random.default_rng(2).uniform(0, 255, (256,) + shape).astype("float32")
     runs = [("first data-free", None), ("second data-free", None), ("data=256 inputs", data)]
-    if quick:
+    if quick or only == "data":
         runs = runs[2:]
+    elif only == "data-free":
+        runs = runs[:2]
     bn_stats._SYNTHETIC_INPUTS.clear()
     for label, x in runs:
         model = keras.models.clone_model(reference)
@@ -126,7 +128,7 @@ def main():
     p.add_argument("--time", action="store_true")
     p.add_argument("--quality", action="store_true")
     p.add_argument("--size", type=int, default=224)
-    p.add_argument("--data-inputs", type=int, default=4096)
+    p.add_argument("--data-inputs", type=int, default=1024)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", choices=("data-free", "data"),
                    help="--quality: only the data-free runs or only those with data=")
@@ -143,9 +145,10 @@ def main():
     if not args.quality:
         args.time = True
     if args.time:
-        out = timing(32 if args.quick else args.size, args.quick)
+        out = timing(32 if args.quick else args.size, args.quick, args.only)
         if not args.quick:
-            with open(os.path.join(RESULTS, f"first_run_time_{args.size}{suffix}.json"),
+            with open(os.path.join(RESULTS, f"first_run_time_{args.size}{suffix}"
+                                   f"{'_' + args.only if args.only else ''}.json"),
                       "w") as f:
                 json.dump(out, f, indent=1)
     if args.quality:

@@ -21,6 +21,7 @@ MODULES = [
     "hope_keras.profile",
     "hope_keras.export",
     "hope_keras.baselines",
+    "hope_keras.tracing",
     "hope_keras.deft",
     "hope_keras.derivative_matching",
 ]

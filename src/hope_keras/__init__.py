@@ -9,7 +9,7 @@
 * `profile` counts parameters and FLOPs and times a model (against a reference);
   `export_tflite` converts a (slimmed) model to TensorFlow Lite.
 * `reestimate_batchnorm_statistics` refreshes stale BN moving statistics;
-  `calibrate` makes BN-free ReLU networks compressible (spec section 7).
+  `calibrate` makes BN-free ReLU networks compressible (docs/theory.md §7).
 * `costs`: the prices and rankings of HOPE's actions (`cost="hope"` or `"paper"`).
 * `baselines`: magnitude pruning criteria and Neuron Merging, through the same edits.
 * `deft` fine-tunes on a new task while keeping the old one (DEFT).

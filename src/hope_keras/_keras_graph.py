@@ -134,8 +134,12 @@ class FlatGraph:
 def functional_of(model):
     """The Functional graph behind a Functional or Sequential model.
 
+    A subclassed model is traced into an equivalent Functional model of its own
+    layers (`hope_keras.tracing.traced`).
+
     Raises:
-        ValueError: for subclassed or unbuilt models.
+        ValueError: for unbuilt models, and (`hope_keras.tracing.TracingError`) for
+            subclassed models whose `call` cannot be traced.
     """
     if isinstance(model, keras.Sequential):
         functional = getattr(model, "_functional", None)
@@ -153,12 +157,23 @@ def functional_of(model):
             f"hope_keras needs a keras.Model (Functional or Sequential). Received: "
             f"{type(model).__name__} {model!r:.80}.{hint}")
     if not hasattr(model, "_nodes_by_depth"):
-        raise ValueError(
-            "hope_keras needs a Functional or Sequential keras.Model; subclassed "
-            f"models have no static graph to walk. Received: {type(model).__name__} "
-            f"'{getattr(model, 'name', model)}'."
-        )
+        # A subclassed model: its `call` traced once into a Functional model of the
+        # same layers (hope_keras.tracing), or a TracingError naming what failed.
+        from hope_keras import tracing
+
+        return tracing.traced(model)
     return model
+
+
+def is_subclassed(model) -> bool:
+    """Whether `model` is a `keras.Model` that is neither Functional nor Sequential."""
+    return (isinstance(model, keras.Model) and not isinstance(model, keras.Sequential)
+            and not hasattr(model, "_nodes_by_depth"))
+
+
+def build_shapes(model) -> dict:
+    """The input shapes a layer or model was built with (``{argument: shape}``)."""
+    return dict(getattr(model, "_build_shapes_dict", None) or {})
 
 
 def weight_view(variable) -> np.ndarray:
@@ -328,8 +343,15 @@ def rebuild(model, call_node: Callable, name: str, graph: Optional[FlatGraph] = 
         for key, t in zip(node.outputs, keras.tree.flatten(outputs)):
             tensors[key] = t
     outputs = [tensors[k] for k in g.outputs]
+    # Several outputs keep the model's structure (a dict stays a dict, by its keys).
+    struct = getattr(functional_of(model), "_outputs_struct", None)
+    if len(outputs) > 1 and struct is not None and len(keras.tree.flatten(struct)) == len(
+            outputs):
+        outputs = keras.tree.pack_sequence_as(struct, outputs)
+    elif len(outputs) == 1:
+        outputs = outputs[0]
     return keras.Model(inputs=new_inputs if len(new_inputs) > 1 else new_inputs[0],
-                       outputs=outputs if len(outputs) > 1 else outputs[0], name=name)
+                       outputs=outputs, name=name)
 
 
 def flat_name(key: str) -> str:

@@ -1,7 +1,7 @@
 """Gaussian moments of elementwise activations: HOPE beyond ReLU.
 
 HOPE's kernels are moments of an activation ``ψ`` of Gaussian pre-activations
-(spec section 2): for ``z ~ N(μ, σ²)`` the mean ``E[ψ(z)]`` and the self-kernel
+(docs/theory.md §1, §8): for ``z ~ N(μ, σ²)`` the mean ``E[ψ(z)]`` and the self-kernel
 ``E[ψ(z)²]``, and for a jointly Gaussian pair with correlation ``ρ`` the cross
 moment ``E[ψ(z_i) ψ(z_j)]``. This module gives them for the activations Keras
 models use, as pure float64 numpy/scipy math vectorised by broadcasting (Keras is

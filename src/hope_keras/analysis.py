@@ -298,7 +298,7 @@ def _uncalibrated_reason(group, anchored) -> Optional[str]:
         if not np.all(anchored[c.tensor][c.positions]):
             return ("no BatchNormalization describes its statistics (read by "
                     f"'{c.layer}'): insert them with hope_keras.calibrate(model, data) "
-                    "(spec section 7)")
+                    "(docs/theory.md §7)")
     return None
 
 
@@ -308,7 +308,7 @@ def analyze(model, kernel: str = "approx", verbose="auto") -> Analysis:
     Walks the model (`hope_keras.graph.walk`, nested models included), folds each
     group's BatchNorm into effective neurons, propagates the BN surrogate's moments
     through the graph (`hope_keras.moments`) and builds the capacity (and, for
-    ``"neurons"`` groups, pair) tables (spec sections 1, 2 and 5). The model is only
+    ``"neurons"`` groups, pair) tables (docs/theory.md §1 and §4). The model is only
     read, and any model `walk` can read is reported on: a layer that cannot be
     compressed (or has NaN weights, or uncalibrated BN statistics) is listed in
     ``pinned`` with the reason; `hope_keras.compress` is what refuses a model with
@@ -325,7 +325,8 @@ def analyze(model, kernel: str = "approx", verbose="auto") -> Analysis:
         ``summary()``.
 
     Raises:
-        ValueError: for subclassed or unbuilt models (no graph to read).
+        ValueError: for unbuilt models, and (`hope_keras.tracing.TracingError`) for
+            subclassed models whose `call` cannot be traced into a Functional model.
 
     Example:
 

@@ -484,7 +484,7 @@ def _load_synthetic(path, model):
         return None
     try:
         x = np.load(path, allow_pickle=False)
-        shape = tuple(model.inputs[0].shape[1:])
+        shape = tuple(kg.functional_of(model).inputs[0].shape[1:])
         if (x.dtype != np.float32 or x.shape != (synthetic.SYNTHETIC_INPUTS,) + shape
                 or not np.all(np.isfinite(x))):
             raise ValueError(f"{x.dtype} array of shape {x.shape}, expected float32 "
@@ -552,7 +552,7 @@ def _weights_digest(model) -> str:
     """sha256 of the model's input shape and all of its weights (paths and values)."""
     import hashlib
 
-    h = hashlib.sha256(repr([tuple(t.shape) for t in model.inputs]).encode())
+    h = hashlib.sha256(repr([tuple(t.shape) for t in kg.functional_of(model).inputs]).encode())
     for w in model.weights:
         h.update(w.path.encode())
         h.update(np.ascontiguousarray(keras.ops.convert_to_numpy(w)).tobytes())

@@ -1,4 +1,4 @@
-"""`calibrate`: let HOPE compress networks without BatchNorm (spec section 7).
+"""`calibrate`: let HOPE compress networks without BatchNorm (docs/theory.md §7).
 
 HOPE's formulas read each neuron's pre-activation statistics from its BatchNorm: the
 surrogate pre-activation has mean β and standard deviation |γ|. A network without
@@ -18,9 +18,9 @@ of the producer's output ``z`` (its pre-activation), per channel:
     moving_mean = μ,  moving_variance = σ² − ε,  γ = σ,  β = μ.
 
 Then ``BN(z) = γ (z − μ) / sqrt(σ² − ε + ε) + β = σ (z − μ)/σ + μ = z``: the model
-computes the same function, and the BN folding of spec section 1 gives
+computes the same function, and the BN folding of docs/theory.md §1 gives
 ``w_eff = w_raw``, ``b_eff = c`` (the producer's bias), mean β = μ and standard
-deviation |γ| = σ, exactly the spec's substitution. `hope_keras.analyze`, `compress`
+deviation |γ| = σ, exactly the paper's substitution. `hope_keras.analyze`, `compress`
 and `slim` then work unchanged, and HOPE's merges write their parent's statistics
 into the inserted BN like in any BN network.
 
@@ -178,7 +178,7 @@ def calibrate(model, data, batch_size: int = 256, batches: Optional[int] = None,
     σ² of every target producer's output, per channel (over the batch and, for
     convolutions, all positions), in float64. Each target gets a
     BatchNormalization with ``γ = σ, β = μ``, moving mean μ and moving variance
-    σ² − ε inserted between it and its ReLU (spec section 7); see the module
+    σ² − ε inserted between it and its ReLU (docs/theory.md §7); see the module
     docstring. The input model is not changed.
 
     Args:

@@ -90,7 +90,49 @@ def _import_tensorflow_quietly() -> None:
         pass
 
 
-def _load(path):
+def _build(spec: str, input_shape=None):
+    """``module:function`` (the model's Python code): the model it returns, built."""
+    import importlib
+
+    import keras
+
+    module, _, name = spec.partition(":")
+    sys.path.insert(0, os.getcwd())  # a builder in the current folder
+    try:
+        builder = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"Could not import the model builder '{spec}' ({type(e).__name__}: "
+                         f"{e}). Give module:function, e.g. mypackage.models:build_model.") from None
+    finally:
+        sys.path.pop(0)
+    model = builder()
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"The builder '{spec}' returned {type(model).__name__}, not a "
+                         "keras.Model.")
+    if input_shape is not None:
+        import numpy as np
+
+        model(np.zeros((1, *input_shape), "float32"))  # builds every layer, as a call does
+    return model
+
+
+def _load(path, weights=None, input_shape=None):
+    """A .keras/.h5 model file, or ``module:function`` then ``--weights`` loaded into it
+    (a weights-only checkpoint: build the model, load the weights, compress, save)."""
+    if ":" in path and not os.path.exists(path):
+        model = _build(path, input_shape)
+        if weights:
+            if not os.path.exists(weights):
+                raise FileNotFoundError(f"No weights file at '{weights}'.")
+            model.load_weights(weights)
+        return model
+    if weights:
+        raise ValueError(f"--weights needs the model's code: give MODEL as "
+                         f"module:function, not the file '{path}'.")
+    return _load_file(path)
+
+
+def _load_file(path):
     if not os.path.exists(path):
         raise FileNotFoundError(f"No model file at '{path}'.")
     if os.path.isdir(path):
@@ -112,13 +154,14 @@ def _load(path):
 def _analyze(args):
     import hope_keras
 
-    hope_keras.analyze(_load(args.model), kernel=args.kernel).summary()
+    hope_keras.analyze(_load(args.model, args.weights, args.input_shape),
+                       kernel=args.kernel).summary()
 
 
 def _compress(args):
     import hope_keras
 
-    model = _load(args.model)
+    model = _load(args.model, args.weights, args.input_shape)
     n_params = model.count_params()
     try:
         result = hope_keras.compress(
@@ -161,12 +204,15 @@ def _load_data(path, model):
             if not loaded.files:
                 raise ValueError(f"--data '{path}' holds no array.")
             loaded = loaded["x" if "x" in loaded.files else loaded.files[0]]
-    want = tuple(model.inputs[0].shape[1:]) if len(model.inputs) == 1 else None
+    from hope_keras import _keras_graph as kg
+
+    inputs = kg.functional_of(model).inputs  # a subclassed model: its traced graph's
+    want = tuple(inputs[0].shape[1:]) if len(inputs) == 1 else None
     if want is not None and (loaded.ndim != len(want) + 1 or any(
             w is not None and w != g for w, g in zip(want, loaded.shape[1:]))):
         raise ValueError(f"--data '{path}' holds an array of shape {loaded.shape}; model "
                          f"'{model.name}' takes inputs of shape {(None,) + want}.")
-    return loaded.astype(model.inputs[0].dtype if want is not None else "float32")
+    return loaded.astype(inputs[0].dtype if want is not None else "float32")
 
 
 def _replay_on(trajectory, model, no_check, **target):
@@ -269,6 +315,26 @@ def _check_output(parser, option, path, extensions=None):
         parser.error(f"{option} '{path}' is not writable")
 
 
+def _shape(text):
+    try:
+        dims = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected the input shape without the batch axis, e.g. 64,64,3. Received: "
+            f"{text!r}")
+    return dims
+
+
+def _weights_options(parser):
+    parser.add_argument("--weights", help="a weights file (.weights.h5) to load into the "
+                                          "model that module:function builds")
+    parser.add_argument("--input-shape", type=_shape,
+                        help="build the module:function model for this input shape "
+                             "(no batch axis, e.g. 64,64,3) before loading --weights")
+
+
 def _parser():
     from hope_keras import __version__
 
@@ -284,14 +350,19 @@ def _parser():
         return sp
 
     a = command("analyze", "print the compressible groups, blocks and pinned layers")
-    a.add_argument("model", help="the model, a .keras file")
+    a.add_argument("model", help="the model: a .keras (or .h5) file, or module:function "
+                                 "that builds it (then --weights)")
+    _weights_options(a)
     a.add_argument("--kernel", choices=("approx", "exact"), default="approx",
                    help="cross-kernel: the paper's zero-bias approximation (default) or "
                         "the exact one")
     a.set_defaults(fn=_analyze)
 
     c = command("compress", "compress a model and save the slimmed one")
-    c.add_argument("model", help="the model to compress, a .keras file (not changed)")
+    c.add_argument("model", help="the model to compress: a .keras (or .h5) file (not "
+                                 "changed), or module:function that builds it (then "
+                                 "--weights)")
+    _weights_options(c)
     budget = c.add_mutually_exclusive_group(required=True)
     budget.add_argument("--density", type=_fraction,
                         help="target neuron density in (0, 1]: compressible neurons kept")

@@ -1,4 +1,4 @@
-"""HOPE action costs and the merged parent neuron (spec sections 3 and 5).
+"""HOPE action costs and the merged parent neuron (docs/theory.md §3, §4).
 
 Pure numpy float64 math, no Keras, vectorised over arrays of neurons / pairs.
 """
@@ -122,7 +122,7 @@ def j_merge(A, B, c_rem, n):
 def j_merge_residual(norm_sum_sq, B, c_rem, n):
     """Sum-consistent merge cost ``n sqrt(max(||f_i+f_j||^2 - B^2, 0)) / (C_rem + B)``.
 
-    The alternative of spec section 5 (Decision, output scale ``s = B``).
+    The cost of the sum-scale parent (output scale ``s = B``; docs/theory.md §3).
 
     Args:
         norm_sum_sq: ``||f_i + f_j||^2 = ||f_i||^2 + ||f_j||^2 + 2 <f_i, f_j>``.
@@ -256,7 +256,7 @@ def merge_solution(
     k_ii=None,
     k_jj=None,
 ):
-    """Parent direction of a merge of neurons i, j (spec section 5, eq. 11).
+    """Parent direction of a merge of neurons i, j (docs/theory.md §4, eq. 11).
 
     The direction is the principal right singular vector of
     ``M = u_i v_i^T + u_j v_j^T`` written as ``v = lam1 v_i + lam2 v_j``: it
@@ -436,7 +436,7 @@ def merge_solution_one(gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij, gamma_i, beta_i
 
 
 def parent_coefficients(sol, scale, gv_ii, gv_jj, gu_ii, gu_jj, gu_ij):
-    """Physical parent parameters for a merge (spec "Physical parameters", eqs. 15-18, 70).
+    """Physical parent parameters for a merge (docs/theory.md §4, eqs. 15-18, 70).
 
     ``v_k = a (lam1 v_i + lam2 v_j)`` and ``u_k = b u_hat`` with
     ``u_hat = (K_vi u_i + K_vj u_j)/||.||``, where ``a, b > 0`` solve
@@ -561,7 +561,7 @@ class RankInfo(NamedTuple):
     Attributes:
         kind: ``"prune"``, ``"merge"`` or ``"evict"``.
         neurons: compressible neurons removed.
-        p_init: the spec's static parameter footprint ``P_init``.
+        p_init: the static parameter footprint ``P_init`` (docs/theory.md §3).
         params: parameters the slimmed model loses.
         flops: FLOPs per example the slimmed model loses.
         budget: what the run's budget counts: ``"density"``, ``"params"``,
@@ -682,7 +682,7 @@ class Cost:
 
 
 class PaperCost(Cost):
-    """The paper's cost (spec sections 3–4): ``DR = J / P_init``.
+    """The paper's cost (docs/theory.md §3): ``DR = J / P_init``.
 
     ``J_prune = n‖f_i‖/(C − ‖f_i‖)``, ``J_merge = n·sqrt(2α*² − 2α*B + A)/(C_rem + α*)``,
     ``J_evict = Σ_l n_l C_l / C_identity``; every action is ranked by its distortion
@@ -746,7 +746,7 @@ class HopeCost(Cost):
       derivation and docs/quality.md for the measurements behind the choice;
     * scope: every group (``groups="all"``), the residual streams included.
       ``HopeCost(groups="no_streams")`` leaves the streams whole (the default
-      until decision 7 of docs/quality.md).
+      before every reader was counted; docs/quality.md, "Every layer that reads a group counts").
 
     Args:
         groups: The scope, see `Cost` (``"no_streams"``, ``"all"``, ``"neurons"``).

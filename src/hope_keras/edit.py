@@ -1,4 +1,4 @@
-"""Apply HOPE actions to a Keras model's weights (spec section 5, issue "edits in place").
+"""Apply HOPE actions to a Keras model's weights (docs/theory.md §4, §5).
 
 `ModelEditor` keeps a numpy mirror of the weights it touches, so a step costs a few
 slice assignments, and writes them back into the model's variables on `commit()`.
@@ -106,7 +106,7 @@ def _sliceable(var, arr):
 #: in host memory: the editor writes into a NumPy view of the variable's own buffer
 #: instead of a copy (`hope_keras._host_buffers.buffer_view`). No copy to make, none
 #: to write back: a wide layer costs half the memory during a run, and a step on
-#: ResNet-50 about a tenth less time (docs/benchmarks.md, "Stop 39").
+#: ResNet-50 about a tenth less time (measured with benchmarks/scale.py).
 VIEW_MIN_BYTES = 0
 
 
@@ -115,7 +115,7 @@ def _assign_slice(target, start: int, stop: int, values) -> None:
 
     A scatter of rows, not ``target[start:stop].assign``: that reads the variable to
     slice it, and the read's reference makes TensorFlow copy the whole buffer before
-    writing, once per slice (docs/benchmarks.md, "Stop 32")."""
+    writing, once per slice (measured with benchmarks/scale.py)."""
     import tensorflow as tf
 
     target.scatter_update(tf.IndexedSlices(values, tf.range(start, stop)))
@@ -145,7 +145,7 @@ def _swap_in_slices(target, arr, uninterrupted) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ParentCoefficients:
-    """How a merged parent is built from its children (spec section 5).
+    """How a merged parent is built from its children (docs/theory.md §4).
 
     ``v_k = a1·v_i + a2·v_j`` (augmented folded inputs), ``u_k = m1·u_i + m2·u_j``,
     and the parent's BN scale and shift are ``gamma``, ``beta``.

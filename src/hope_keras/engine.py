@@ -1,4 +1,4 @@
-"""The HOPE greedy encoder (spec sections 3–5).
+"""The HOPE greedy encoder (docs/theory.md §3–§5).
 
 Every step executes the admissible action with the lowest ranking key ``DR`` among
 all prunes, merges and evictions (``DR = cost.rank(J, ...)``: ``J`` per neuron
@@ -62,7 +62,7 @@ REFINE_BATCH = 8
 #: round costs mostly its fixed work, so fewer, larger rounds pay where many are
 #: needed (the 4 × 8192 MLP: 1.4 rounds a step against 2.3, its run 20–24 % shorter,
 #: the sum of J lower; on the trained models sketched whole, whose groups are narrow,
-#: 16 pairs gave no better accuracy than 8: docs/benchmarks.md, "Stop 36").
+#: 16 pairs gave no better accuracy than 8: measured with benchmarks/sketch_search.py).
 REFINE_WIDE = 6144
 REFINE_BATCH_WIDE = 16
 #: ``merge_search="auto"`` (the default) certifies the merge search in groups
@@ -433,7 +433,7 @@ def _run_threads(sketched: bool):
     (`SketchCache.prefetch_parent_rows`) while the main thread edits the model;
     with OpenBLAS's own threads on every core that product takes the main
     thread's core (the 4 × 8192 MLP's first 3000 steps: 28.73–30.09 s, 26.60–28.81
-    s with one thread, CPU time halved; docs/benchmarks.md). Products still running
+    s with one thread, CPU time halved; `benchmarks/scale.py`'s MLP). Products still running
     are waited for before the limit is lifted."""
     if not sketched:
         yield
@@ -528,7 +528,7 @@ class Action:
         j: The merge's removed slot (−1 otherwise).
         J: Its distortion under the run's cost.
         DR: The ranking key the engine minimises (``cost.rank(J, ...)``).
-        P_init: The spec's static parameter footprint of the action.
+        P_init: The static parameter footprint of the action (docs/theory.md §3).
         neurons: Compressible neurons it removes.
     """
 

@@ -176,7 +176,7 @@ class ResidualBlock:
             the block makes it output exactly zero.
         shortcut: ``"identity"`` or ``"projection"``.
         evictable: True for identity shortcuts (only those can be evicted).
-        input_bn: The BN that conditions the block input (spec section 3): the BN
+        input_bn: The BN that conditions the block input (docs/theory.md §5): the BN
             producing it, or None.
         block_input: The layer whose output is the block input.
         branch_layers: Every layer of the branch (what ``slim`` removes when the
@@ -734,7 +734,7 @@ def _try_block(fg, add, branch_end: str, shortcut: str, group_layers, blocks):
 
 def _conditioning_bn(fg, node, blocks) -> Optional[str]:
     """The BN that produces the block input, through pass-through layers, a ReLU and
-    the previous block's Add (its branch's final BN; spec section 3)."""
+    the previous block's Add (its branch's final BN; docs/theory.md §5)."""
     seen = 0
     while node is not None and seen < 8:
         seen += 1
@@ -764,7 +764,8 @@ def walk(model: keras.Model) -> ModelGraph:
         and ``pinned``.
 
     Raises:
-        ValueError: for subclassed or unbuilt models.
+        ValueError: for unbuilt models, and subclassed ones whose `call` cannot be
+            traced (`hope_keras.tracing`).
 
     Example:
 

@@ -217,6 +217,17 @@ class ChannelwiseRule(LayerRule):
         return self._activation(layer) if callable(self._activation) else self._activation
 
 
+class _PermuteRule(ChannelwiseRule):
+    """`Permute` that keeps the channel axis last (MTCNN's ``Permute((2, 1, 3))``
+    swaps height and width): channel ``c`` stays channel ``c``."""
+
+    def check(self, layer, rank=None):
+        dims = tuple(layer.dims)
+        if dims and dims[-1] == len(dims):
+            return None
+        return f"a Permute{dims} that moves the channel axis"
+
+
 class _BatchNormRule(ChannelwiseRule):
     def __init__(self):
         super().__init__([WeightAxis(a, 0) for a in
@@ -562,6 +573,7 @@ def _register_builtins():
         L.ZeroPadding1D, L.ZeroPadding2D, L.ZeroPadding3D,
         L.Cropping1D, L.Cropping2D, L.Cropping3D,
         L.UpSampling1D, L.UpSampling2D, L.UpSampling3D,
+        L.Resizing,  # HED's side outputs: per-channel spatial resampling
     ]
     for c in passthrough:
         register(c, ChannelwiseRule(passthrough=True))
@@ -580,6 +592,7 @@ def _register_builtins():
                                       data_format=False))
     register(L.Softmax, UnsupportedRule("applies softmax across channels"))
     register(L.Flatten, FlattenRule())
+    register(L.Permute, _PermuteRule(passthrough=True, data_format=False))
     register(L.Reshape, _ReshapeRule())
     for c, op in ((L.Add, "add"), (L.Subtract, "subtract"), (L.Multiply, "multiply"),
                   (L.Average, "average"), (L.Maximum, "maximum"), (L.Minimum, "minimum")):
@@ -621,6 +634,38 @@ def _register_ops():
     for name, op in ops:
         if name in classes:
             register(classes[name], _ScalarOpRule(op))
+    _register_activation_ops()
+
+
+def _register_activation_ops():
+    """Elementwise activations called as `keras.ops` (``keras.ops.relu(x)`` in a
+    traced subclassed model, or in a Functional one): channelwise, like the layers."""
+    from hope_keras import activations as acts
+
+    A = keras.activations
+    fixed = {"Relu": A.relu, "Relu6": A.relu6, "Sigmoid": A.sigmoid, "Silu": A.silu,
+             "Selu": A.selu, "Softplus": A.softplus, "HardSigmoid": A.hard_sigmoid,
+             "HardSilu": A.hard_silu}
+    nn = kg.optional_classes("ops.nn", list(fixed) + ["LeakyRelu", "Gelu"])
+    for name, fn in fixed.items():
+        if name in nn:
+            register(nn[name], ChannelwiseRule(activation=lambda op, fn=fn: fn,
+                                               data_format=False))
+    if "LeakyRelu" in nn:
+        register(nn["LeakyRelu"], ChannelwiseRule(
+            activation=lambda op: acts.leaky_relu(float(op.negative_slope)),
+            data_format=False))
+    if "Gelu" in nn:
+        register(nn["Gelu"], ChannelwiseRule(
+            activation=lambda op: acts.get("gelu_approximate" if op.approximate else "gelu"),
+            data_format=False))
+    resize = kg.optional_classes("ops.image", ["Resize"])
+    if "Resize" in resize:  # keras.ops.image.resize: per-channel, like `Resizing`
+        register(resize["Resize"], ChannelwiseRule(passthrough=True))
+    tanh = kg.optional_classes("ops.numpy", ["Tanh"])
+    if "Tanh" in tanh:
+        register(tanh["Tanh"], ChannelwiseRule(activation=lambda op: A.tanh,
+                                               data_format=False))
 
 
 def scalar_operand(node):

@@ -1,7 +1,7 @@
 """Data-free first and second moments of every channel (the BN surrogate, propagated).
 
 HOPE's surrogate reads each BatchNormalization output as Gaussian with mean β and
-standard deviation |γ| (spec section 2). `propagate` carries that per-channel
+standard deviation |γ| (docs/theory.md §1). `propagate` carries that per-channel
 description through the whole graph, call by call, so that a channel can be scored
 where it is read — after an activation, a residual ``Add``, a pooling or a
 depthwise convolution — and so that a removed channel's mean can be moved into its

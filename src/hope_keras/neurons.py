@@ -1,6 +1,6 @@
 """Effective (BatchNorm-folded) neurons of a group, read from a Keras model.
 
-Spec section 1: neuron ``i`` of a group is output channel ``i`` of the producer. Its
+docs/theory.md §1: neuron ``i`` of a group is output channel ``i`` of the producer. Its
 folded input vector is ``v_i = [w_eff,i ; b_i]`` with
 
     w_eff,i = (γ_i / s_i) · w_raw,i,     b_i = β_i − γ_i (μ_i − c_i) / s_i,
@@ -68,7 +68,7 @@ def rows_to_kernel(rows: np.ndarray, kind: str, shape: Tuple[int, ...]) -> np.nd
 #: readers' dtype: `hope_keras.cache.build_group_cache` rounds them to float32 for its
 #: Gram product there (`hope_keras.cache.FLOAT32_WIDTH`, the same width), and a float64
 #: copy of a 4096 × 4096 reader is 128 MB of fresh memory, what a cold `analyze` pays
-#: most for on a virtual machine (docs/benchmarks.md, "Scale").
+#: most for on a virtual machine (measured with `benchmarks/scale.py vgg16`).
 NATIVE_U_WIDTH = 2048
 
 
@@ -88,7 +88,7 @@ class LayerState:
             the readers' dtype for a ``"neurons"`` group of `NATIVE_U_WIDTH` neurons
             or more (whose Gram products are float32: `hope_keras.cache`).
         u_split: Column offsets of each consumer's slice in ``u``.
-        p_init: Static parameter footprint of each neuron (spec section 4).
+        p_init: Static parameter footprint of each neuron (docs/theory.md §3).
     """
 
     group: NeuronGroup
@@ -243,7 +243,7 @@ def _lookup(model, graph):
 def extract_group(model, group: NeuronGroup, graph=None) -> LayerState:
     """Reads one group's effective neurons from the model (never modifies it).
 
-    For a ``"neurons"`` group these are the spec's arrays (BN-folded producer
+    For a ``"neurons"`` group these are the paper's arrays (BN-folded producer
     filters, consumer slices, ``P_init``). For a ``"coupled"`` group, ``w_raw``
     concatenates every writer's filter, ``gamma``/``beta``/``mean``/``var`` are
     those of its first BatchNormalization (ones and zeros without one), ``u``
@@ -441,7 +441,7 @@ def reader_means(get, coupling: Coupling, moments) -> np.ndarray:
 
 
 def eviction_p_init(get, block: ResidualBlock, groups) -> float:
-    """Static footprint of evicting a block (spec section 4, appendix B.2.2).
+    """Static footprint of evicting a block (docs/theory.md §3, appendix B.2.2).
 
     Non-zero weights (kernels and biases) of the block's internal producers plus
     4 × the channels of every BN in the block, the final BN included. The final

@@ -147,7 +147,7 @@ def _inputs_for(model, x, batch_size):
         specs = [(tuple(d["shape_signature"][1:]), d["dtype"])
                  for d in tflite_interpreter(model).get_input_details()]
     else:
-        specs = [(tuple(t.shape[1:]), t.dtype) for t in model.inputs]
+        specs = [(tuple(t.shape[1:]), t.dtype) for t in kg.functional_of(model).inputs]
     arrays = []
     for shape, dtype in specs:
         if any(d is None or d < 0 for d in shape):

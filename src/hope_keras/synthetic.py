@@ -29,7 +29,7 @@ __all__ = ["synthesize_inputs", "stream_readers", "StreamReference",
            "correct_stream_readers"]
 
 #: Batch size, Adam steps and learning rate of `synthesize_inputs`, chosen on the
-#: selection split of the ResNet-50 fixture (docs/quality.md, "Decision 6").
+#: selection split of the ResNet-50 fixture (docs/quality.md, "The BNs that read a residual stream").
 SYNTHETIC_INPUTS = 16
 SYNTHETIC_STEPS = 100
 LEARNING_RATE = 0.1
@@ -221,7 +221,7 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
             size). Cheaper, but the stream readers' correction measured on such
             inputs is worse: on a ResNet-50 trained at 64 × 64, inputs made at
             32 × 32 cost 16–38 points of accuracy at five compressions
-            (docs/benchmarks.md, "Stream readers' correction"), so `compress`
+            (`benchmarks/synthetic_settings.py --size resnet50_64`), so `compress`
             makes them at the model's size. None: the model's size.
         prior: How an image input (height, width, channels) is parameterised:
             ``"spectrum"`` (default): Adam moves the coefficients of each channel's

@@ -1,4 +1,4 @@
-"""DEFT: Dispersed Elastic Fine-Tuning (HOPE spec section 6).
+"""DEFT: Dispersed Elastic Fine-Tuning (docs/theory.md §9).
 
 Fine-tune a BatchNorm network on a new task while it keeps its source task:
 

@@ -1,4 +1,4 @@
-"""`ElasticOptimizer`: gradient scaling by neuron elasticity (spec section 6, eq. 29)."""
+"""`ElasticOptimizer`: gradient scaling by neuron elasticity (docs/theory.md §9, eq. 29)."""
 
 from __future__ import annotations
 

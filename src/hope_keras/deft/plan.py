@@ -1,4 +1,4 @@
-"""DEFT planning: core/slack partition, merges, elasticities and masks (spec section 6).
+"""DEFT planning: core/slack partition, merges, elasticities and masks (docs/theory.md §9).
 
 `plan` runs the HOPE encoder on a copy of the model until no action is admissible,
 reads every neuron's ``J_prune`` from the trajectory, derives the locking threshold
@@ -487,7 +487,7 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
          pinned_elasticity: float = 0.0, verbose="auto",
          cost="paper", threshold: str = "layer", compensate: str = "mean_var"
          ) -> DeftPlan:
-    """Plans DEFT fine-tuning of a BN network (spec section 6).
+    """Plans DEFT fine-tuning of a BN network (docs/theory.md §9).
 
     Runs the HOPE encoder on a copy of `model` until no action is admissible, reads
     each neuron's ``J_prune``, and derives ``τ_lock`` (eqs. 25–26), the merges to
@@ -507,7 +507,7 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
         eps: ``ε`` of eqs. 25–26.
         pinned_elasticity: Elasticity of kernels that are not neuron groups (pinned
             producers such as the last convolution of a residual branch) and of
-            their BN; 0 = core (spec default), 1 = elastic.
+            their BN; 0 = core (the paper's default), 1 = elastic.
         verbose: ``"auto"`` (default), True or False: the encoder's progress bar.
         cost: The encoder's cost (`hope_keras.costs.get`): ``"paper"`` (default:
             the paper's ``J_prune`` over its neuron layers; residual streams stay

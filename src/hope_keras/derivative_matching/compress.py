@@ -1,6 +1,6 @@
 """Derivative matching for Keras MLPs: ``compress_mlp``, ``sup_error``, features.
 
-Implements ``docs/DERIVATIVE_MATCHING_SPEC.md`` (the "width-independent
+Implements docs/theory.md §10 (the "width-independent
 compressibility" construction): for each hidden layer ℓ, the derivative features
 of its neurons at the center up to order ``k`` form ``Z`` (``D_k × d_ℓ``); a
 maximum-volume set ``K`` of ``rank(Z)`` neurons is kept and the next layer's
@@ -521,7 +521,7 @@ def compress_mlp(
 
     Give exactly one of ``order`` and ``target_error``. With ``target_error=ε``
     the budget is split uniformly over the compressed layers, ``ε_ℓ = ε / n``
-    (the spec's ``ε / ((L−1) Λ̄)`` with ``Λ̄ = 1``: each step's error is measured at
+    (the paper's ``ε / ((L−1) Λ̄)`` with ``Λ̄ = 1``: each step's error is measured at
     the network output, so the downstream Lipschitz factor is already included),
     and each layer gets the smallest ``k ≤ max_order`` whose measured step error
     on ``samples`` uniform points of the ball meets ``ε_ℓ``; by the triangle
