@@ -49,14 +49,14 @@ def forward_time(model, size, repeats=5):
     return float(np.median(times))
 
 
-def timing(size, quick):
+def timing(size, quick, only=None):
     from hope_keras import bn_stats
 
     shape = (size, size, 3)
     reference = calibrated_resnet50(images=4) if size == 224 else None
     if reference is None:
         reference = keras.applications.ResNet50(weights=None, input_shape=shape, classes=10)
-        reference.set_weights(calibrated_resnet50(images=4, builder=lambda weights: (
+        reference.set_weights(calibrated_resnet50(images=4, size=size, builder=lambda weights, **_: (
             keras.applications.ResNet50(weights=None, input_shape=shape, classes=10)
         )).get_weights())
     weights = reference.get_weights()
@@ -65,8 +65,10 @@ def timing(size, quick):
     print(f"T (batch-8 forward, {size}x{size}): {T:.3f} s", flush=True)
     data = np.random.default_rng(2).uniform(0, 255, (256,) + shape).astype("float32")
     runs = [("first data-free", None), ("second data-free", None), ("data=256 inputs", data)]
-    if quick:
+    if quick or only == "data":
         runs = runs[2:]
+    elif only == "data-free":
+        runs = runs[:2]
     bn_stats._SYNTHETIC_INPUTS.clear()
     for label, x in runs:
         model = keras.models.clone_model(reference)
@@ -143,9 +145,10 @@ def main():
     if not args.quality:
         args.time = True
     if args.time:
-        out = timing(32 if args.quick else args.size, args.quick)
+        out = timing(32 if args.quick else args.size, args.quick, args.only)
         if not args.quick:
-            with open(os.path.join(RESULTS, f"first_run_time_{args.size}{suffix}.json"),
+            with open(os.path.join(RESULTS, f"first_run_time_{args.size}{suffix}"
+                                   f"{'_' + args.only if args.only else ''}.json"),
                       "w") as f:
                 json.dump(out, f, indent=1)
     if args.quality:

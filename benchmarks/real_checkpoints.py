@@ -213,11 +213,25 @@ def load_hed(n_sel=64, n_held=32, size=96):
                 note=f"tracing refused: {refusal}; Functional rebuild max |Δ| {gap:.1e}")
 
 
+def _joblib_sees_lz4():
+    """joblib looks for lz4 once, when imported (Keras imports it before this script
+    installs lz4 on a first run): show it the lz4 now installed."""
+    import joblib.compressor as jc
+
+    if getattr(jc, "lz4", None) is None:
+        import lz4
+        from lz4.frame import LZ4FrameFile
+
+        jc.lz4, jc.LZ4FrameFile = lz4, LZ4FrameFile
+        jc._COMPRESSORS["lz4"].fileobj_factory = LZ4FrameFile
+
+
 def load_onet():
     from hope_keras.calibration import calibrate
     from mtcnn.network.onet import ONet
     from mtcnn.utils.tensorflow import load_weights
 
+    _joblib_sees_lz4()
     onet = ONet()
     onet.build((None, 48, 48, 3))
     onet.set_weights(load_weights("onet.lz4"))  # the wheel's weights
@@ -385,14 +399,41 @@ def run_model(name, targets, with_recover):
     return info, rows
 
 
+def summary(rows):
+    """The default against the best baseline at each point (data-free, then recovered)."""
+    lines = ["| model | FLOPs target | default | best baseline | Δ | default, recovered "
+             "| best baseline, recovered | Δ, recovered |", "|---|---|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["model"] for r in rows):
+        for t in dict.fromkeys(r["target"] for r in rows if r["model"] == name):
+            at = [r for r in rows if r["model"] == name and r["target"] == t]
+            hope = next((r for r in at if r["method"] == "hope"), None)
+            base = [r for r in at if r["method"] != "hope"]
+            if hope is None or not base:
+                continue
+            best = max(base, key=lambda r: r["quality"])
+            cells = [f"{hope['quality']:.2f}", f"{best['quality']:.2f} ({best['method']})",
+                     f"{hope['quality'] - best['quality']:+.2f}"]
+            if "quality_recovered" in hope:
+                best_r = max(base, key=lambda r: r["quality_recovered"])
+                cells += [f"{hope['quality_recovered']:.2f}",
+                          f"{best_r['quality_recovered']:.2f} ({best_r['method']})",
+                          f"{hope['quality_recovered'] - best_r['quality_recovered']:+.2f}"]
+            else:
+                cells += ["", "", ""]
+            lines.append(f"| {name} | {t} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(infos, rows):
-    lines = []
+    lines = [summary(rows)]
     for name, info in infos.items():
         lines.append(f"### {name} ({', '.join(info['package'])})\n")
         lines.append(f"{info['neurons']} compressible neurons in {info['groups']} groups; "
                      f"{info['selection']} selection / {info['heldout']} held-out inputs; "
                      f"metric: {info['metric']} on the held-out split; "
                      f"{info['seconds']} s.\n")
+        if info.get("note"):
+            lines.append(f"Note: {info['note']}\n")
         rec = any("quality_recovered" in r for r in rows if r["model"] == name)
         head = "| FLOPs target | method | FLOPs | density | quality | rel. error % |"
         sep = "|---|---|---|---|---|---|"
@@ -412,13 +453,57 @@ def markdown(infos, rows):
     return "\n".join(lines)
 
 
+def fer_diagnostic():
+    """Where each method removes channels on fer, and the default with the residual
+    streams left whole (docs/quality.md, "Real checkpoints"; held-out agreement)."""
+    import collections
+
+    import hope_keras
+    from hope_keras import baselines, costs
+
+    spec = load_fer()
+    base = spec["model"]
+    ref = predict(base, spec["held"])
+    analysis = hope_keras.analyze(base)
+    sizes = Sizes(base, analysis)
+    for f in TARGETS:
+        d = baseline_density(analysis, sizes, "global", f)
+        model = fresh(base)
+        res = baselines.prune(model, d, method="l1_input", scope="global")
+        print(f"FLOPs {f}: l1_global removes "
+              f"{dict(collections.Counter(g for g, _ in res.removed))}")
+        for label, cost in (("default", "hope"),
+                            ("streams whole", costs.HopeCost(groups="no_streams"))):
+            model = fresh(base)
+            r = hope_keras.compress(model, flops=f, verbose=False, cost=cost)
+            steps = dict(collections.Counter(f"{s.kind} {s.unit}" for s in r.trajectory.steps))
+            q, _ = quality("classifier", ref, predict(model, spec["held"]))
+            print(f"FLOPs {f}: {label}: agreement {q:.1f} %, FLOPs {r.flops_ratio:.3f}, "
+                  f"steps {steps}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="fer only, FLOPs 0.8, data-free; skips what is not installed")
     parser.add_argument("--models", nargs="+", default=list(LOADERS), choices=list(LOADERS))
     parser.add_argument("--no-recover", action="store_true")
+    parser.add_argument("--fer-diagnostic", action="store_true",
+                        help="where the default and l1 global remove channels on fer")
+    parser.add_argument("--report", action="store_true",
+                        help="only re-write the .md from benchmarks/results/real_checkpoints.json")
     args = parser.parse_args(argv)
+    if args.fer_diagnostic:
+        for n in ("data", "fer"):
+            install(n)
+        fer_diagnostic()
+        return 0
+    if args.report:
+        out = json.loads((RESULTS / "real_checkpoints.json").read_text())
+        md = markdown(out["infos"], out["rows"])
+        (RESULTS / "real_checkpoints.md").write_text(md)
+        print(md)
+        return 0
     keras.utils.set_random_seed(0)
     if args.quick:
         missing = [n for n in ("fer", "data") if not installed(n)]
@@ -435,6 +520,11 @@ def main(argv=None):
     for n in ("data", *args.models):
         install(n)
     infos, rows = {}, []
+    previous = RESULTS / "real_checkpoints.json"
+    if previous.exists():  # a run of some models keeps the others' results
+        old = json.loads(previous.read_text())
+        infos = {k: v for k, v in old["infos"].items() if k not in args.models}
+        rows = [r for r in old["rows"] if r["model"] not in args.models]
     for name in args.models:
         info, r = run_model(name, TARGETS, with_recover=not args.no_recover)
         infos[name] = info

@@ -19,13 +19,13 @@ original's output spread, on 512 standard normal inputs; ``--bn-stats``: BN
 statistics measured on normal inputs, see `mlp`;
 ``--unoriented``: top-k tables whose rows hold partners of any capacity, the
 behaviour before stop 28, for comparison; ``--refine-batch B``: sketched groups
-re-price B pairs a round, whatever their width: `engine.REFINE_BATCH`,
-`engine.REFINE_BATCH_WIDE`)
+re-price B pairs a round, whatever their width: `search.REFINE_BATCH`,
+`search.REFINE_BATCH_WIDE`)
 (``--candidates none``: the exhaustive scan; ``--steps N``: stop after N steps;
 ``--compare``: afterwards, rerun with the exhaustive scan on a fresh copy of the model
 and report whether the trajectories are identical: kinds, units, indices, J and DR;
 ``--correct-statistics auto``: also time the BN-statistics correction `compress` runs
-by default, before and after the run).
+by default, before the run and after it).
 """
 
 import argparse
@@ -123,7 +123,7 @@ def main():
                    help="top_k rows hold partners of any capacity (candidates.ORIENTED off)")
     p.add_argument("--refine-batch", type=int, default=None,
                    help="sketched groups: pairs re-priced exactly per round "
-                        "in every group (engine.REFINE_BATCH, 8; REFINE_BATCH_WIDE, 16)")
+                        "in every group (search.REFINE_BATCH, 8; REFINE_BATCH_WIDE, 16)")
     p.add_argument("--analyze-twice", action="store_true",
                    help="also time a second analyze in the same process (TensorFlow warm)")
     p.add_argument("--profile", action="store_true", help="cProfile analyze and compress")
@@ -149,9 +149,9 @@ def main():
         cand = int(args.candidates)
     load = os.getloadavg()
     if args.refine_batch is not None:
-        from hope_keras import engine
+        from hope_keras import search as search_lib
 
-        engine.REFINE_BATCH = engine.REFINE_BATCH_WIDE = args.refine_batch
+        search_lib.REFINE_BATCH = search_lib.REFINE_BATCH_WIDE = args.refine_batch
     if args.unoriented:
         from hope_keras import candidates
 
@@ -184,33 +184,32 @@ def main():
         t = time.perf_counter()
         hope_keras.analyze(model)
         print(f"analyze again: {time.perf_counter() - t:.2f} s wall")
-    kwargs = {} if cand == "auto" else {"merge_candidates": cand}
-    kwargs["merge_search"] = args.search
+    search = {} if cand == "auto" else {"merge_candidates": cand}
+    search["merge_search"] = args.search
     t, c = time.perf_counter(), time.process_time()
-    try:
-        enc = hope_keras.Encoder(model, analysis=analysis, **kwargs)
-    except TypeError:  # an engine without the option
-        enc = hope_keras.Encoder(model, analysis=analysis)
+    # The run's own correction is off: the one `compress` runs is timed apart below.
+    enc = hope_keras.Encoder(model, analysis=analysis, search=search, correction=False,
+                             verbose=False)
     t_init = time.perf_counter() - t
-    reference, mode = None, args.correct_statistics
+    correction, mode = None, args.correct_statistics
     if mode is not None:
-        from hope_keras import bn_stats
+        from hope_keras.correction import StatisticsCorrection
 
         mode = {"true": True, "false": False}.get(mode.lower(), mode)
+        correction = StatisticsCorrection(mode, verbose=False)
         t_prep = time.perf_counter()
-        reference = bn_stats.prepare_correction(model, analysis.graph, mode)
+        correction.start(model, analysis.graph, analysis.moments)  # before any edit
         t_prep = time.perf_counter() - t_prep
     t = time.perf_counter()
     stopped = enc.run(density=density, steps=args.steps, verbose=False)
     t_run = time.perf_counter() - t
     if mode is not None:
         t_fin = time.perf_counter()
-        written = bn_stats.finish_correction(analysis.graph, enc.trajectory.steps, mode,
-                                             analysis.moments, reference)
+        written = correction.finish(enc.trajectory.steps)
         t_fin = time.perf_counter() - t_fin
-        print(f"correct_statistics={mode!r}: before the run {t_prep:.2f} s (synthetic "
-              f"inputs: {'yes' if reference is not None else 'no'}), after it {t_fin:.2f} s; "
-              f"{len(written)} BNs written; peak RSS {peak_rss_gb():.2f} GB")
+        print(f"correction {mode!r}: before the run {t_prep:.2f} s, after it {t_fin:.2f} s "
+              f"(synthetic inputs made after the run when a stream moved); {len(written)} "
+              f"BNs written; peak RSS {peak_rss_gb():.2f} GB")
     c_comp = time.process_time() - c
     load = os.getloadavg()
     if prof is not None:

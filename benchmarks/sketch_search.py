@@ -23,7 +23,7 @@ import numpy as np
 import hope_keras
 from hope_keras import cache
 
-from _common import add_quick
+from _common import add_quick, compress
 from quality import load_splits
 
 
@@ -42,7 +42,7 @@ def main():
                    default=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2])
     p.add_argument("--refine-batch", type=int, default=None,
                    help="pairs re-priced from exact entries per round, every group "
-                        "(engine.REFINE_BATCH and REFINE_BATCH_WIDE)")
+                        "(search.REFINE_BATCH and REFINE_BATCH_WIDE)")
     p.add_argument("--unoriented", action="store_true",
                    help="top-k rows hold partners of any capacity (candidates.ORIENTED off)")
     add_quick(p)  # LeNet-300-100 sketched, one search, one density, 500 images
@@ -51,9 +51,9 @@ def main():
     if args.quick:
         args.searches, args.densities, n_sel = ["top_k"], [0.8], 500
     if args.refine_batch is not None:
-        from hope_keras import engine
+        from hope_keras import search as search_lib
 
-        engine.REFINE_BATCH = engine.REFINE_BATCH_WIDE = args.refine_batch
+        search_lib.REFINE_BATCH = search_lib.REFINE_BATCH_WIDE = args.refine_batch
     if args.unoriented:
         from hope_keras import candidates
 
@@ -74,8 +74,8 @@ def main():
         row, t = [], time.perf_counter()
         for d in args.densities:
             model0.set_weights(weights)
-            hope_keras.compress(model0, density=d, analysis=analysis, merge_search=search,
-                                merge_candidates=k, correct_statistics=False, verbose=False)
+            compress(model0, density=d, analysis=analysis, merge_search=search,
+                     merge_candidates=k, correct_statistics=False)
             pred = np.argmax(model0.predict(x, batch_size=500, verbose=0), axis=1)
             row.append(100.0 * float(np.mean(pred == y)))
         label = "merge_candidates='auto'" if k == "auto" else f"{k} partners"

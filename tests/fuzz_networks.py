@@ -289,14 +289,15 @@ def check(seed):
     # Each cost prices its own groups: the paper's only its neuron layers (producer →
     # BN → ReLU), the default every group, "hope_nostreams" all but the residual streams.
     costs = hope_keras.costs
-    knobs = {"merge_scale": options["merge_scale"],
-             "mean_compensation": options["mean_compensation"]}
-    cost = (costs.HopeCost(groups="no_streams", **knobs) if options["cost"] == "hope_nostreams"
-            else costs.get({"name": options["cost"], **knobs}))
+    settings = {"merge_scale": options["merge_scale"],
+                "mean_compensation": options["mean_compensation"]}
+    cost = (costs.HopeCost(groups="no_streams", **settings)
+            if options["cost"] == "hope_nostreams"
+            else costs.get({"name": options["cost"], **settings}))
     groups = hope_keras.walk(model).groups.values()
     sizes = [grp.size for grp in groups if costs.in_scope(cost.groups, grp)]
     if not sizes:
-        cost = costs.HopeCost(groups="all", **knobs)
+        cost = costs.HopeCost(groups="all", **settings)
         info["options"]["cost"] = "hope"
         sizes = [grp.size for grp in groups]
     n, g = sum(sizes), len(sizes)
@@ -306,9 +307,8 @@ def check(seed):
         return info
     target = int(rng.integers(g, n))
     density = (target + 0.5) / n
-    encoder = hope_keras.Encoder(model, cost=cost, correction=options["correct_statistics"],
-                                 verbose=False)
-    result = encoder.compress(density=density)
+    result = hope_keras.Encoder(model, cost=cost, correction=options["correct_statistics"],
+                                verbose=False).compress(density=density)
     steps = result.trajectory.steps
     info["kinds"] = collections.Counter(s.kind for s in steps)
     assert result.stopped == "budget" and result.density <= density

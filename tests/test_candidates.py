@@ -13,6 +13,8 @@ from hope_keras.cache import build_group_cache
 from hope_keras.candidates import MergeTable
 from hope_keras.engine import Encoder
 from hope_keras.graph import walk
+from hope_keras.merge_tables import dense as dense_tables
+from hope_keras.merge_tables import top_k as top_k_tables
 from hope_keras.neurons import extract_group
 
 
@@ -87,9 +89,9 @@ def test_compact_dense_tables_reproduce_the_exhaustive_trajectory(monkeypatch, c
     runs, tables = {}, []
     for k in (None, "auto"):
         if k == "auto":
-            monkeypatch.setattr(candidates, "DENSE_FLOAT64_MAX", 0)
-            monkeypatch.setattr(candidates.MergeTable, "_fill_dense", _recording(
-                candidates.MergeTable._fill_dense, tables))
+            monkeypatch.setattr(dense_tables, "DENSE_FLOAT64_MAX", 0)
+            monkeypatch.setattr(dense_tables.DenseTable, "_fill_dense", _recording(
+                dense_tables.DenseTable._fill_dense, tables))
         model = clustered_mlp(seed)
         analysis = hope_keras.analyze(model, kernel=options.get("kernel", "approx"))
         actions = options.get("actions", ("prune", "merge", "evict"))
@@ -480,10 +482,10 @@ def test_top_k_search_runs_stay_exact_and_validate_the_option():
 
 def test_auto_merge_search_is_top_k_only_in_the_widest_groups(monkeypatch):
     """merge_search="auto" (the default) certifies the search in groups narrower than
-    `engine.AUTO_TOP_K_WIDTH` and keeps top-k tables in groups at least that wide:
+    `search.AUTO_TOP_K_WIDTH` and keeps top-k tables in groups at least that wide:
     with no group that wide its run is the certified run, with every group that wide
     the top-k run, and in between each group gets its own."""
-    from hope_keras import engine
+    from hope_keras import search as search_lib
 
     def run(search=None):
         # One partner per row: there the two searches differ (see above).
@@ -500,11 +502,11 @@ def test_auto_merge_search_is_top_k_only_in_the_widest_groups(monkeypatch):
     assert certify == {"fc0": True, "fc1": True}
     assert sum(s[0] == "merge" for s in auto) >= 3
     assert auto == run("certified")[2]
-    monkeypatch.setattr(engine, "AUTO_TOP_K_WIDTH", 20)
+    monkeypatch.setattr(search_lib, "AUTO_TOP_K_WIDTH", 20)
     _, certify, auto = run()
     assert certify == {"fc0": False, "fc1": False}
     assert auto == run("top_k")[2] != run("certified")[2]
-    monkeypatch.setattr(engine, "AUTO_TOP_K_WIDTH", 22)  # fc0 (24 neurons) only
+    monkeypatch.setattr(search_lib, "AUTO_TOP_K_WIDTH", 22)  # fc0 (24 neurons) only
     assert run()[1] == {"fc0": False, "fc1": True}
 
 
@@ -556,8 +558,8 @@ def test_top_k_refill_prices_a_subset_and_leaves_every_row_partners(monkeypatch,
     from hope_keras import candidates
 
     monkeypatch.setattr(candidates, "ORIENTED", oriented)
-    monkeypatch.setattr(candidates, "REFILL_HUBS", 4)
-    monkeypatch.setattr(candidates, "REFILL_SUBSET_RATIO", 2)
+    monkeypatch.setattr(top_k_tables, "REFILL_HUBS", 4)
+    monkeypatch.setattr(top_k_tables, "REFILL_SUBSET_RATIO", 2)
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8,))
     x = keras.layers.Dense(96)(inputs)
@@ -568,14 +570,14 @@ def test_top_k_refill_prices_a_subset_and_leaves_every_row_partners(monkeypatch,
     ok = np.ones(n, dtype=bool)
     table = MergeTable(cache, 4, "hope", np.ones(n), ok, certify=False)
     subset = []
-    keep_best = MergeTable._keep_best
+    keep_best = top_k_tables.TopKRows._keep_best
 
     def spy(self, rr, cols, D, m, rest=None):
         if rest is not None:
             subset.append((rr.size, cols.shape[1]))
         return keep_best(self, rr, cols, D, m, rest)
 
-    monkeypatch.setattr(MergeTable, "_keep_best", spy)
+    monkeypatch.setattr(top_k_tables.TopKRows, "_keep_best", spy)
     held = np.bincount(table.cand[table.cand >= 0], minlength=n)
     ok = ok.copy()
     ok[np.argsort(-held, kind="stable")[:24]] = False  # the 24 most-held neurons die
@@ -658,7 +660,7 @@ def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatc
     rows and takes their pairs' products in float32; one pair reads float64); `leading_pairs`
     offers the last selection's cheapest pairs not yet re-priced, cheapest first."""
     from hope_keras import cache as cache_lib
-    from hope_keras.engine import REFINE_BATCH
+    from hope_keras.search import REFINE_BATCH
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
     model = clustered_mlp(3)
@@ -680,7 +682,7 @@ def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatc
         one = c.exact_pair_values(int(i), int(j))
         for x, y in zip(batch, one):
             np.testing.assert_allclose(x[p:p + 1], y, rtol=1e-5, atol=1e-6 * np.abs(y).max())
-    table = enc._merge_table(gs)  # fresh: nothing re-priced yet
+    table = enc.merges.table(gs)  # fresh: nothing re-priced yet
     found = table.select(gs.C, gs.n, gs.pair_ok(), lambda A, B, c_rem, nss, P: (
         costs.j_merge_residual(nss, B, c_rem, 1.0),) * 2)
     assert found is not None
@@ -694,16 +696,16 @@ def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatc
 
 
 def test_wide_sketched_groups_re_price_more_pairs_a_round(monkeypatch):
-    """Sketched groups of `engine.REFINE_WIDE` neurons or more re-price up to
-    `engine.REFINE_BATCH_WIDE` pairs a round, narrower ones up to `REFINE_BATCH`
+    """Sketched groups of `search.REFINE_WIDE` neurons or more re-price up to
+    `search.REFINE_BATCH_WIDE` pairs a round, narrower ones up to `REFINE_BATCH`
     (the pairs each `SketchCache.exact_pairs` call of the run receives)."""
     from hope_keras import cache as cache_lib
-    from hope_keras import engine
+    from hope_keras import search as search_lib
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
-    monkeypatch.setattr(engine, "REFINE_BATCH", 3)
-    monkeypatch.setattr(engine, "REFINE_BATCH_WIDE", 7)
-    monkeypatch.setattr(engine, "REFINE_WIDE", 22)  # fc0 (24 neurons) only
+    monkeypatch.setattr(search_lib, "REFINE_BATCH", 3)
+    monkeypatch.setattr(search_lib, "REFINE_BATCH_WIDE", 7)
+    monkeypatch.setattr(search_lib, "REFINE_WIDE", 22)  # fc0 (24 neurons) only
     rounds = {24: [], 20: []}
     original = cache_lib.SketchCache.exact_pairs
 
@@ -726,7 +728,7 @@ def test_sum_residual_bounds_by_capacity_match_the_scan_over_every_partner():
     model = clustered_mlp(5, widths=(40, 30))
     enc = Encoder(model, search=dict(merge_candidates=4))
     gs = enc.groups["fc0"]
-    table = enc._merge_table(gs)
+    table = enc.merges.table(gs)
     assert table.sum_residual and not table.dense
     ok = gs.pair_ok()
     live = np.flatnonzero(ok)
@@ -849,18 +851,18 @@ def test_sketched_runs_read_the_same_weights_through_the_column_cache(monkeypatc
 
 def test_top_k_tables_filled_in_threads_give_the_same_run(monkeypatch):
     """The Encoder fills the groups' top-k tables in threads when there is enough work
-    (`engine.PARALLEL_FILL_PAIRS`): each table reads only its own group's cache, so
+    (`search.PARALLEL_FILL_PAIRS`): each table reads only its own group's cache, so
     the run takes the same steps with the same costs as with tables filled one after
     another (sketched groups: the fill's Gram products run in each thread)."""
     from hope_keras import cache as cache_lib
-    from hope_keras import engine
+    from hope_keras import search as search_lib
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
-    monkeypatch.setattr(engine, "_cpu_count", lambda: 2)
+    monkeypatch.setattr(search_lib, "_cpu_count", lambda: 2)
     threads = []
 
     def run(pairs):
-        monkeypatch.setattr(engine, "PARALLEL_FILL_PAIRS", pairs)
+        monkeypatch.setattr(search_lib, "PARALLEL_FILL_PAIRS", pairs)
         enc = Encoder(clustered_mlp(5, widths=(24, 20, 22)), search=dict(merge_search="top_k"))
         enc.run(density=0.4, verbose=False)
         return enc
@@ -952,7 +954,7 @@ def test_overlapping_one_thread_limits_restore_the_setting_once_all_are_out():
     from before comes back when the last one leaves (not the first one's view of it,
     one thread, which nested limits would restore last)."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from hope_keras import engine
+    from hope_keras import _threads
 
     def blas_threads():
         return {m["num_threads"] for m in threadpoolctl.threadpool_info()
@@ -961,7 +963,7 @@ def test_overlapping_one_thread_limits_restore_the_setting_once_all_are_out():
     with threadpoolctl.threadpool_limits(2, user_api="blas"):
         if not blas_threads():
             pytest.skip("NumPy without a BLAS threadpoolctl can see")
-        first, second = engine._one_blas_thread(), engine._one_blas_thread()
+        first, second = _threads._one_blas_thread(), _threads._one_blas_thread()
         first.__enter__()
         second.__enter__()
         assert blas_threads() == {1}

@@ -6,7 +6,8 @@ is gone. `StatisticsCorrection` puts them right after a run, one of three ways:
 
 * **with data** (``data=``, any unlabeled inputs): the stale BatchNormalizations are
   moved by the change their inputs show on a sample of the data between the
-  original and the edited model (two forward passes); nothing synthetic is made.
+  original model (measured before the first edit) and the edited one: one forward
+  pass each; nothing synthetic is made.
 * **data-free** (``"auto"``, the default): the Gaussian surrogate predicts the new
   statistics where its independence assumptions hold (`hope_keras.moments`), and
   the readers of a residual stream the run moved are measured on synthetic inputs
@@ -105,18 +106,42 @@ class StatisticsCorrection:
         self.model, self.graph, self.moments = model, graph, moments
         self.undo()
         if self.data is not None and self._x is None:
-            # Drawn and checked before any edit: enough for the BN that sees the
-            # fewest values per input, whichever the run leaves stale.
-            flat = graph.flat
-            names = [node.op.name for node in flat.nodes
-                     if isinstance(node.op, keras.layers.BatchNormalization) and node.inputs]
-            if names:
-                self._x = _sample(self.data, flat, names)
-                _check_data(model, self._x)
-        if self._original is None and (self.data is not None or (
-                self.mode == "auto" and _stream_readers(graph))):
+            self._measure_original(model, graph)
+        if (self._original is None and self.data is None and self.mode == "auto"
+                and _stream_readers(graph)):
             # Copies, not views: the edits write into the variables' buffers.
             self._original = [np.array(kg.weight_view(w)) for w in model.weights]
+
+    def _measure_original(self, model, graph) -> None:
+        """With data, before any edit: a sample drawn and checked, enough for the BN
+        that sees the fewest values per input (whichever the run leaves stale), and
+        every BN's moving statistics and input moments on it (one forward pass)."""
+        from hope_keras import synthetic
+
+        flat = graph.flat
+        nodes = [node for node in flat.nodes
+                 if isinstance(node.op, keras.layers.BatchNormalization) and node.inputs]
+        if not nodes:
+            return
+        x = _sample(self.data, flat, [node.op.name for node in nodes])
+        _check_data(model, x)
+        if resolve_verbose(self.verbose):
+            print(f"Measuring the inputs of {len(nodes)} BatchNormalization layers on "
+                  f"{len(x)} of the inputs given as data=, before the first edit.")
+        wanted = {node.index for node in nodes}
+        before = {}
+
+        def measure(node, args, kwargs):
+            if node.index in wanted:
+                before[node.index] = synthetic._moments(args[0], node.op)
+            return None
+
+        synthetic._run(flat, x, measure, synthetic._release_plan(flat))
+        self._before = before
+        self._stats0 = {node.index: (np.asarray(node.op.moving_mean.numpy(), np.float64),
+                                     np.asarray(node.op.moving_variance.numpy(), np.float64))
+                        for node in nodes}
+        self._x = x
 
     def undo(self) -> None:
         """Puts back the statistics the last `finish` wrote."""
@@ -155,7 +180,8 @@ class StatisticsCorrection:
         between the original and the edited model: ``μ = μ₀ + (m₁ − m₀)``,
         ``σ² = σ₀² · v₁ / v₀`` (``μ₀, σ₀²``: its moving statistics before the run;
         ``m, v``: its input's mean and variance on the same inputs before and after),
-        in topological order, so each BN sees those before it corrected. Measuring
+        in topological order, so each BN sees those before it corrected (``m₀, v₀``
+        and ``μ₀, σ₀²`` were taken by `start`, before the first edit). Measuring
         the change on the same inputs cancels their sampling noise, and the
         statistics keep the population the model was calibrated on."""
         from hope_keras import synthetic
@@ -170,43 +196,17 @@ class StatisticsCorrection:
         x = self._x
         if resolve_verbose(self.verbose):
             print(f"Correcting {len(todo)} BatchNormalization layers on {len(x)} of the "
-                  "inputs given as data= (two forward passes).")
-        plan = synthetic._release_plan(flat)
-        index = {id(w): k for k, w in enumerate(self.model.weights)}
-        before = {}
-
-        bar = WorkBar(2 * len(todo), "layer", verbose=self.verbose)
-        seen = [0]
-
-        def tick():
-            seen[0] += 1
-            bar.update(seen[0])
-
-        def measure(node, args, kwargs):
-            if node.index in todo:
-                before[node.index] = synthetic._moments(args[0], node.op)
-                tick()
-            return None
-
-        edited = [np.array(kg.weight_view(w)) for w in self.model.weights]
-        from hope_keras.edit import defer_keyboard_interrupt
-
-        try:
-            _assign(self.model, self._original)
-            synthetic._run(flat, x, measure, plan)
-        finally:
-            with defer_keyboard_interrupt():
-                _assign(self.model, edited)
+                  "inputs given as data= (measured before the run, and now).")
+        bar = WorkBar(len(todo), "layer", verbose=self.verbose)
         written = {}
 
         def correct(node, args, kwargs):
             if node.index not in todo:
                 return None
             bn = node.op
-            m0, v0 = before[node.index]
+            m0, v0 = self._before[node.index]
             m1, v1 = synthetic._moments(args[0], bn)
-            mean0 = self._original[index[id(bn.moving_mean)]].astype(np.float64)
-            var0 = self._original[index[id(bn.moving_variance)]].astype(np.float64)
+            mean0, var0 = self._stats0[node.index]
             mean = np.asarray(bn.moving_mean.numpy(), np.float64)
             var = np.asarray(bn.moving_variance.numpy(), np.float64)
             finite = np.isfinite(m0) & np.isfinite(v0) & np.isfinite(m1) & np.isfinite(v1)
@@ -217,11 +217,11 @@ class StatisticsCorrection:
             bn.moving_mean.assign(mean.astype(bn.moving_mean.dtype))
             bn.moving_variance.assign(var.astype(bn.moving_variance.dtype))
             written[bn.name] = (mean, var)
-            tick()
+            bar.update(len(written))
             return None  # the BN now runs with the corrected statistics
 
         try:
-            synthetic._run(flat, x, correct, plan)
+            synthetic._run(flat, x, correct, synthetic._release_plan(flat))
         finally:
             bar.close()
         return written
