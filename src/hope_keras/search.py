@@ -21,8 +21,8 @@ import numpy as np
 from hope_keras import costs
 from hope_keras.actions import Action
 from hope_keras._threads import _cpu_count, _one_blas_thread, _release_free_memory
-from hope_keras.cache import (SketchCache, build_group_cache, build_sketch_cache,
-                              extract_rows)
+from hope_keras.cache import SketchCache
+from hope_keras.cache_builders import build_group_cache, build_sketch_cache, extract_rows
 from hope_keras.candidates import MergeTable
 from hope_keras.neurons import extract_group
 
