@@ -298,7 +298,7 @@ def register_activation(
         table[key] = spec
 
 
-def _activation_name(activation) -> Optional[str]:
+def activation_name(activation) -> Optional[str]:
     if isinstance(activation, str):
         return activation
     try:
@@ -335,7 +335,7 @@ def get_analytic_activation(activation) -> Optional[AnalyticActivation]:
             return _BY_CALLABLE[activation]
     except TypeError:  # unhashable
         pass
-    name = _activation_name(activation)
+    name = activation_name(activation)
     if name is not None and name in _BY_NAME:
         return _BY_NAME[name]
     return None
@@ -370,7 +370,7 @@ def taylor_coefficients(activation, z0, order: int) -> np.ndarray:
     spec = get_analytic_activation(activation)
     if spec is None:
         raise ValueError(
-            f"Activation {_activation_name(activation)!r} is not registered as "
+            f"Activation {activation_name(activation)!r} is not registered as "
             "real-analytic. Register it with "
             "hope_keras.derivative_matching.register_activation."
         )
