@@ -485,7 +485,7 @@ class SketchCache(GroupCache):
         x_w = a1 * self.sk_w[i] + a2 * self.sk_w[j]
         x_u = m1 * self.sk_u[i] + m2 * self.sk_u[j]
         sk_w, sk_u = self.sk_w, self.sk_u
-        future = _background().submit(lambda: (x_w[None] @ sk_w.T, x_u[None] @ sk_u.T))
+        future = background_worker().submit(lambda: (x_w[None] @ sk_w.T, x_u[None] @ sk_u.T))
         self._prefetch = ((i, j, self.version), future)
 
     def _prefetched(self, which, rows, cols):
@@ -667,7 +667,7 @@ class PruneCache:
 _BACKGROUND = None
 
 
-def _background():
+def background_worker():
     """One worker thread for background products (`SketchCache.prefetch_parent_rows`):
     BLAS releases the GIL."""
     global _BACKGROUND
