@@ -1,17 +1,25 @@
 # One command each: `make demo` runs the main job, `make test` runs the tests.
-# `make fuzz` checks 500 random networks (tests/fuzz_networks.py); `make test-apps`
-# runs every keras.applications family (tests/test_applications.py); `make test-benchmarks`
-# runs every script under benchmarks/ in --quick mode (tests/test_benchmarks_quick.py).
+# `make test` is the fast tier: every public function and every claimed layer pattern,
+# in parallel (pytest-xdist, TEST_WORKERS processes, one test file per process).
+# `make test-all` adds the long tiers: `make test-slow` (tests marked slow), `make
+# fuzz` (500 random networks, tests/fuzz_networks.py), `make test-apps` (every
+# keras.applications family, tests/test_applications.py), `make test-benchmarks`
+# (every script under benchmarks/ in --quick mode, tests/test_benchmarks_quick.py)
+# and `make test-keras-range`.
 # All create the virtual environment on first use.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Test processes: 2 fits the 2-core machine the timings were taken on; `auto` uses
+# every core. --dist loadfile keeps a file's tests (and its module fixtures) together.
+TEST_WORKERS ?= 2
+XDIST  := -n $(TEST_WORKERS) --dist loadfile
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export KERAS_BACKEND ?= tensorflow
 
-.PHONY: test test-apps test-benchmarks test-keras-range fuzz demo bench clean
+.PHONY: test test-slow test-all test-apps test-benchmarks test-keras-range fuzz demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,10 +28,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest $(XDIST) -m slow
+
+# Every tier, the fast one first (what .ci/run runs).
+test-all: test test-slow fuzz test-apps test-benchmarks test-keras-range
 
 test-apps: $(STAMP)
-	$(PY) -m pytest tests/test_applications.py -m applications -o addopts=-q
+	$(PY) -m pytest tests/test_applications.py -m applications -o addopts=-q -n $(TEST_WORKERS)
 
 test-benchmarks: $(STAMP)
 	$(PY) -m pytest tests/test_benchmarks_quick.py -m benchmarks -o addopts=-q

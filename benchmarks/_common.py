@@ -84,3 +84,39 @@ def calibrated_resnet50(seed=0, images=4, builder=None, size=224):
             layer.gamma.assign(rng.uniform(0.3, 1.5, n).astype("float32"))
             layer.beta.assign(rng.normal(0, 0.5, n).astype("float32"))
     return model
+
+
+_UNSET = object()
+
+
+def encoder(model, *, analysis=None, correct_statistics="auto", cost="hope", actions=None,
+            merge_scale=None, kernel=None, mean_compensation=None, refresh=_UNSET,
+            merge_candidates=_UNSET, merge_search=_UNSET, verbose=False):
+    """A `hope_keras.Encoder` from the options `compress` took before they moved, as
+    the benchmarks' recorded commands name them: ``merge_scale``, ``kernel``,
+    ``mean_compensation`` onto the cost; ``refresh``, ``merge_candidates``,
+    ``merge_search`` into ``search=``; ``correct_statistics`` is ``correction=``."""
+    import copy
+
+    import hope_keras
+    from hope_keras import costs
+
+    cost = costs.get(cost)
+    if (merge_scale, kernel, mean_compensation) != (None, None, None):
+        cost = copy.copy(cost)  # the caller's cost object keeps its settings
+        cost._set_options(merge_scale or cost.merge_scale, kernel or cost.kernel,
+                          cost.mean_compensation if mean_compensation is None
+                          else mean_compensation)
+    search = {k: v for k, v in (("refresh", refresh), ("merge_candidates", merge_candidates),
+                                ("merge_search", merge_search)) if v is not _UNSET}
+    kw = {} if actions is None else {"actions": actions}
+    return hope_keras.Encoder(model, cost=cost, analysis=analysis, search=search or None,
+                              correction=correct_statistics, verbose=verbose, **kw)
+
+
+def compress(model, *, density=None, params=None, flops=None, steps=None, verbose=False,
+             **options):
+    """`hope_keras.compress` with an analysis made beforehand and the options of
+    `encoder`: ``Encoder(...).compress(...)``, a `CompressionResult`."""
+    return encoder(model, verbose=verbose, **options).compress(
+        density=density, params=params, flops=flops, steps=steps)

@@ -33,7 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
-from _common import add_quick  # noqa: E402
+from _common import add_quick, compress  # noqa: E402
 
 FAMILIES = ("MobileNet", "MobileNetV2", "MobileNetV3Small", "EfficientNetB0", "ConvNeXtTiny")
 
@@ -94,7 +94,7 @@ def coverage_table(size, names=FAMILIES + ("ConvNeXtTiny (calibrate)",)):
         a = hope_keras.analyze(model)
         t_an = time.perf_counter() - t0
         kinds = {k: sum(g.kind == k for g in a.groups) for k in ("neurons", "coupled")}
-        res = hope_keras.compress(model, density=0.8, analysis=a, verbose=False)
+        res = compress(model, density=0.8, analysis=a)
         small = hope_keras.slim(model)
         y, ys = model.predict(x, verbose=0), small.predict(x, verbose=0)
         diff = float(np.abs(y - ys).max())

@@ -30,7 +30,6 @@ import quality as Q  # noqa: E402
 from _common import add_quick, quick_path  # noqa: E402
 
 import hope_keras  # noqa: E402
-from hope_keras import bn_stats  # noqa: E402
 
 DENSITIES = (0.5, 0.45, 0.4, 0.35, 0.3)
 OUT = os.path.join(os.path.dirname(__file__), "results", "eviction_diagnostic_{}_stop{}.json")
@@ -42,8 +41,7 @@ def compressed(b, density, stop=None):
     order of the run, params ratio, FLOPs ratio)."""
     a = b.analysis
     b.reset()
-    reference = bn_stats.prepare_correction(b.model, a.graph, "auto")
-    enc = hope_keras.Encoder(b.model, analysis=a)
+    enc = hope_keras.Encoder(b.model, analysis=a, verbose=False)  # corrects as compress
     if stop is None or stop <= density:
         enc.run(density=density, verbose=False)
     else:
@@ -54,8 +52,7 @@ def compressed(b, density, stop=None):
             if action is None:
                 break
             enc.execute(action)
-        enc.run(steps=len(enc.trajectory), verbose=False)  # writes the edits back
-    bn_stats.finish_correction(a.graph, enc.trajectory.steps, "auto", a.moments, reference)
+        enc.run(steps=len(enc.trajectory), verbose=False)  # edits written back, corrected
     order = [s.unit for s in enc.trajectory.steps if s.kind == "evict"]
     return (b.ev()[0], order, round(enc.sizes.params_ratio, 3),
             round(enc.sizes.flops_ratio, 3))

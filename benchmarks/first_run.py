@@ -56,7 +56,7 @@ def timing(size, quick, only=None):
     reference = calibrated_resnet50(images=4) if size == 224 else None
     if reference is None:
         reference = keras.applications.ResNet50(weights=None, input_shape=shape, classes=10)
-        reference.set_weights(calibrated_resnet50(images=4, builder=lambda weights: (
+        reference.set_weights(calibrated_resnet50(images=4, size=size, builder=lambda weights, **_: (
             keras.applications.ResNet50(weights=None, input_shape=shape, classes=10)
         )).get_weights())
     weights = reference.get_weights()

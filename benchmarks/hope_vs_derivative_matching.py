@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from derivative_matching_posttraining import data, mse  # noqa: E402
-from _common import add_quick, quick_dir  # noqa: E402
+from _common import add_quick, compress, quick_dir  # noqa: E402
 
 METHODS = ("hope", "hope_mc", "hope_sc")
 TOL = 1.05  # "equal error": within 5 % of the teacher's validation MSE
@@ -116,8 +116,7 @@ def run_hope(teacher, splits, name, grid_min):
     opts = {"mean_compensation": True} if name == "hope_mc" else {}
     sc = name == "hope_sc"
     t0 = time.perf_counter()
-    res = hope_keras.compress(calibrated, density=grid_min * len(sizes) / N,
-                              analysis=analysis, verbose=False, **opts)
+    res = compress(calibrated, density=grid_min * len(sizes) / N, analysis=analysis, **opts)
     seconds = time.perf_counter() - t0
     traj = res.trajectory
     # Kept neuron counts: geometric grid from N down to the run's end.

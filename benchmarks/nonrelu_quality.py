@@ -57,7 +57,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
-from _common import add_quick, quick_dir  # noqa: E402
+from _common import add_quick, compress, encoder, quick_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -189,7 +189,6 @@ class Bench:
 
     def run_hope(self, name, axis):
         import hope_keras
-        from hope_keras.engine import Encoder
 
         sc = name.endswith("_sc")
         name = name[:-3] if sc else name
@@ -197,13 +196,12 @@ class Bench:
         self.reset()
         t0 = time.perf_counter()
         opts = dict(HOPE[name])
-        # compress's step after the run (the Encoder does not take it): `hope` is the
+        # The statistics correction after the run: `hope` is the
         # default; other variants (and `hope_sc`, corrected in `point`) go without
         # unless they set it.
-        default = inspect.signature(hope_keras.compress).parameters["correct_statistics"]
         correct = opts.pop("correct_statistics",
-                           default.default if name == "hope" and not sc else False)
-        enc = Encoder(self.model, analysis=self.analysis, **opts)
+                           "auto" if name == "hope" and not sc else False)  # compress's
+        enc = encoder(self.model, analysis=self.analysis, correct_statistics=correct, **opts)
         stopped = enc.run(**{axis: min(TARGETS)}, verbose=False)
         note = {"seconds": round(time.perf_counter() - t0, 2), "stopped": stopped}
         traj = enc.trajectory
@@ -291,8 +289,7 @@ class Bench:
         from hope_keras.profile import model_flops
 
         self.reset()
-        res = hope_keras.compress(self.model, density=0.6, analysis=self.analysis,
-                                  verbose=False)
+        res = compress(self.model, density=0.6, analysis=self.analysis)
         small = hope_keras.slim(self.model)
         x = self.ev.x[:500]
         diff = float(np.max(np.abs(np.asarray(small(x)) - np.asarray(self.model(x)))))
@@ -356,7 +353,7 @@ def diagnose(model_name, n_sel, n_heldout, targets=(0.8, 0.7, 0.6)):
     out = {}
     for d in targets:
         bench.reset()
-        res = hope_keras.compress(bench.model, density=d, analysis=a, verbose=False)
+        res = compress(bench.model, density=d, analysis=a)
         alive = dict(sizes)
         for step in res.trajectory.steps:
             alive[step.unit] -= 1

@@ -116,7 +116,7 @@ os.environ.setdefault("HOPE_KERAS_CACHE", "off")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
-from _common import add_quick, quick_dir  # noqa: E402
+from _common import add_quick, compress, encoder, quick_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -131,16 +131,6 @@ SPLIT_NAMES = {"sel": "selection split (2000 bundled test images)",
 # Neuron Merging paper (Kim et al. 2020), LeNet-300-100 on Fashion-MNIST,
 # 80 % of the hidden neurons removed per layer, no fine-tuning.
 NM_PAPER_LENET = {"baseline": 89.80, "prune": 66.76, "neuron_merging": 80.02}
-
-
-def compress_default(option):
-    """`hope_keras.compress`'s default for `option` (the benchmark's ``hope`` is the
-    default)."""
-    import inspect
-
-    import hope_keras
-
-    return inspect.signature(hope_keras.compress).parameters[option].default
 
 
 # -------------------------------------------------------------- experimental costs
@@ -505,21 +495,20 @@ class Bench:
         so the benchmark's density d is its density ``(floor(d·N) − (N − N_c)) / N_c``.
         """
         import hope_keras
-        from hope_keras.engine import Encoder
 
         opts, _ = self.hope[name]
         opts = dict(opts)
         # compress's step after the run (the Encoder does not take it): `hope` is the
         # default; every other variant measures its own change alone (no statistics
         # correction) unless it sets one (the `_sc` methods correct in `point`).
-        correct = opts.pop("correct_statistics",
-                           compress_default("correct_statistics") if name == "hope" else False)
+        correct = opts.pop("correct_statistics",  # compress's default correction: "auto"
+                           "auto" if name == "hope" else False)
         N = self.analysis.num_neurons
         targets = self.targets(axis)
         points, note = [], {}
         self.reset()
         t0 = time.perf_counter()
-        enc = Encoder(self.model, analysis=self.analysis, **opts)
+        enc = encoder(self.model, analysis=self.analysis, correct_statistics=correct, **opts)
         Nc = enc.num_neurons
         note["neurons_priced"] = int(Nc)
 
@@ -547,9 +536,8 @@ class Bench:
                 if d is None:
                     continue
                 if self.direct:
-                    res = hope_keras.compress(self.model, density=d, analysis=self.analysis,
-                                              verbose=False, correct_statistics=correct,
-                                              **opts)
+                    res = compress(self.model, density=d, analysis=self.analysis,
+                                   correct_statistics=correct, **opts)
                     tr, n = res.trajectory, len(res.trajectory)
                 else:
                     tr = traj
@@ -670,8 +658,7 @@ class Bench:
         import hope_keras
 
         self.reset()
-        res = hope_keras.compress(self.model, density=0.6, analysis=self.analysis,
-                                  verbose=False)
+        res = compress(self.model, density=0.6, analysis=self.analysis)
         slim = hope_keras.slim(self.model)
         self.reset()
         base = hope_keras.profile(self.model, latency=False).flops
@@ -701,11 +688,12 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
         bench.reestimate = name.endswith("_re")
         bench.synthetic = name.endswith("_syn")
         if bench.synthetic and bench.stream_reference is None:
-            from hope_keras import bn_stats
+            from hope_keras import bn_stats, synthetic
 
             bench.reset()  # recorded on the original model
-            bench.stream_reference = bn_stats.prepare_correction(
-                bench.model, bench.analysis.graph, "auto")
+            x = bn_stats.synthetic_inputs(bench.model, verbose=False)
+            bench.stream_reference = None if x is None else synthetic.StreamReference(
+                bench.model, bench.analysis.graph, x)
         for axis in method_axes:
             fn = bench.run_hope if name in bench.hope else bench.run_baseline
             points, note = fn(name, axis)

@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 import quality as Q  # noqa: E402
-from _common import add_quick, quick_path  # noqa: E402
+from _common import add_quick, compress, quick_path  # noqa: E402
 
 import hope_keras  # noqa: E402
 
@@ -50,7 +50,7 @@ def main():
     rows = [dict(density=1.0, default=b.ev()[0])]
     for d in DENSITIES:
         b.reset()
-        r = hope_keras.compress(b.model, density=d, analysis=b.analysis, verbose=False)
+        r = compress(b.model, density=d, analysis=b.analysis)
         row = dict(density=d, default=b.ev()[0], params_ratio=round(r.params_ratio, 3),
                    flops_ratio=round(r.flops_ratio, 3),
                    evictions=sum(1 for s in r.trajectory.steps if s.kind == "evict"))

@@ -23,7 +23,7 @@ import numpy as np
 import hope_keras
 from hope_keras import cache
 
-from _common import add_quick
+from _common import add_quick, compress
 from quality import load_splits
 
 
@@ -74,8 +74,8 @@ def main():
         row, t = [], time.perf_counter()
         for d in args.densities:
             model0.set_weights(weights)
-            hope_keras.compress(model0, density=d, analysis=analysis, merge_search=search,
-                                merge_candidates=k, correct_statistics=False, verbose=False)
+            compress(model0, density=d, analysis=analysis, merge_search=search,
+                     merge_candidates=k, correct_statistics=False)
             pred = np.argmax(model0.predict(x, batch_size=500, verbose=0), axis=1)
             row.append(100.0 * float(np.mean(pred == y)))
         label = "merge_candidates='auto'" if k == "auto" else f"{k} partners"

@@ -94,7 +94,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import quality as Q  # noqa: E402
-from _common import quick_path, quick_requested  # noqa: E402
+from _common import compress, quick_path, quick_requested  # noqa: E402
 
 import hope_keras  # noqa: E402
 from hope_keras import bn_stats, costs, synthetic  # noqa: E402
@@ -147,9 +147,9 @@ def which_bns(flops=False):
     for d in points:
         b.reset()
         if flops:
-            hope_keras.compress(b.model, flops=d, analysis=a, verbose=False)
+            compress(b.model, flops=d, analysis=a, verbose=False)
         else:
-            hope_keras.compress(b.model, density=(math.floor(d * n + 1e-9) - (n - nc)) / nc,
+            compress(b.model, density=(math.floor(d * n + 1e-9) - (n - nc)) / nc,
                                 analysis=a, verbose=False, correct_statistics="surrogate",
                                 cost=costs.HopeCost(groups="no_streams"))
         weights = [w.numpy().copy() for w in b.model.weights]
@@ -256,7 +256,7 @@ def study(model_name, vary="inputs", override=None):
     compressed = {}
     for label, kw in points.items():
         b.reset()
-        r = hope_keras.compress(b.model, analysis=a, verbose=False,
+        r = compress(b.model, analysis=a, verbose=False,
                                 correct_statistics="surrogate", **kw)
         compressed[label] = ([w.numpy().copy() for w in b.model.weights], r.trajectory.steps)
         print(f"{label}: surrogate only {b.ev()[0]}", flush=True)
@@ -392,7 +392,7 @@ def real_reference(model_name):
     compressed, reest = {}, {}
     for label, kw in points.items():
         b.reset()
-        r = hope_keras.compress(b.model, analysis=a, verbose=False,
+        r = compress(b.model, analysis=a, verbose=False,
                                 correct_statistics="surrogate", **kw)
         compressed[label] = ([w.numpy().copy() for w in b.model.weights], r.trajectory.steps)
         hope_keras.reestimate_batchnorm_statistics(b.model, b.xc)
@@ -478,7 +478,7 @@ def main():
     compressed = {}
     for d in densities:
         b.reset()
-        r = hope_keras.compress(b.model, density=(math.floor(d * n + 1e-9) - (n - nc)) / nc,
+        r = compress(b.model, density=(math.floor(d * n + 1e-9) - (n - nc)) / nc,
                                 analysis=a, verbose=False, correct_statistics="surrogate",
                                 cost=costs.HopeCost(groups="no_streams"))
         compressed[str(d)] = ([w.numpy().copy() for w in b.model.weights],

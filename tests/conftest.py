@@ -7,6 +7,10 @@ import textwrap
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# No synthetic inputs kept between runs unless asked: every test makes its own (a file
+# an earlier run or another test process left cannot stand in for the computation);
+# tests of the cache set HOPE_KERAS_CACHE themselves.
+os.environ.setdefault("HOPE_KERAS_CACHE", "off")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

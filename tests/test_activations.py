@@ -90,8 +90,8 @@ def test_moments_match_monte_carlo(name, draws):
 
 
 def test_relu_cross_tiny_sigma():
-    """kernels.cross_kernel_exact used to clip β/|γ| at ±50 (wrong for |β| > 50|γ|);
-    beyond that it now takes the linear limit."""
+    """kernels.cross_kernel_exact for |β| > 50|γ|: the linear limit, not a clip of
+    β/|γ| at ±50 (which would be wrong there)."""
     # relu(y_i) = y_i almost surely, so K = 0.8 E[relu(y_j)] + ρ σ_i σ_j Φ(μ_j/σ_j)
     from scipy.stats import norm
 

@@ -1,7 +1,7 @@
-"""keras.applications, one test per family at small input sizes (issue "Every
-keras.applications CNN"): `analyze` reads the model, ≥ 80 % of the hidden channels
-are compressible, `compress(density=0.8)` + `slim` equals the in-place model to 1e-4
-(relative to the output scale), the live parameter count is exact, and the saved
+"""keras.applications, one test per family at small input sizes: `analyze` reads the
+model, ≥ 99.8 % of the hidden channels are compressible (the README's claim),
+`compress(density=0.8)` + `slim` equals the in-place model to 1e-4 (relative to the
+output scale), the live parameter count is exact, and the saved
 `.keras` reloads in safe mode.
 
 These build full-size architectures (weights=None): run with `make test-apps`
@@ -52,7 +52,11 @@ FAMILIES = {
     "EfficientNetB0": _app("EfficientNetB0"),
     "ConvNeXtTiny": _app("ConvNeXtTiny"),
 }
-MIN_COVERAGE = {}  # a family that cannot reach 80 % would get its bound here
+# The README's claim for every family: >= 99.8 % of the hidden channels compressible
+# (measured: MobileNet 99.83 %, MobileNetV3Small 99.87 %, the others 100 %; the
+# classifier writes the output and is pinned). A family below it gets its own bound here.
+CLAIMED_COVERAGE = 0.998
+MIN_COVERAGE = {}
 
 
 def _prepare(name, model, rng):
@@ -70,7 +74,8 @@ def test_family(name, tmp_path):
     keras.utils.set_random_seed(0)
     model, x = _prepare(name, FAMILIES[name](), rng)
     analysis = hope_keras.analyze(model)
-    assert analysis.coverage() >= MIN_COVERAGE.get(name, 0.8), analysis.pinned_summary()
+    bound = MIN_COVERAGE.get(name, CLAIMED_COVERAGE)
+    assert analysis.coverage() >= bound, analysis.pinned_summary()
     result = hope_keras.Encoder(model, analysis=analysis, verbose=False).compress(density=0.8)
     small = hope_keras.slim(model)
     y, ys = model.predict(x, verbose=0), small.predict(x, verbose=0)

@@ -1,4 +1,4 @@
-"""Bad input found by probing the public API (stop 32): each test failed before its fix.
+"""Bad input to the public API (models, analyses, data, budgets, files, CLI arguments).
 
 The standard: a clear error that names what was received and what to do, and the
 user's models untouched.

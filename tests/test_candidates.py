@@ -454,6 +454,7 @@ def _top_k_misses(seed, k, oriented, monkeypatch):
     return misses
 
 
+@pytest.mark.slow  # 8 runs of both searches (the top-k search is tested above)
 def test_oriented_top_k_tables_miss_the_cheapest_merge_less_often(monkeypatch):
     """Holding each pair in the row of its smaller-capacity neuron (the default)
     spends the k slots of a row on partners that are not everyone's: with one or two

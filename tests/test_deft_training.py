@@ -118,6 +118,7 @@ def test_optimizer_config_roundtrip_and_model_save(tmp_path):
     assert int(loaded.optimizer.iterations) == int(opt.iterations) == 3
 
 
+@pytest.mark.slow  # a fresh Python process imports TensorFlow
 def test_a_saved_elastic_model_loads_in_a_fresh_process_after_importing_deft(tmp_path):
     """As docs/deft.md says: `import hope_keras` alone (which imports nothing
     heavy) does not register `ElasticOptimizer` with Keras; `import hope_keras.deft`
@@ -212,6 +213,7 @@ _MIRRORED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a fresh process (a mirrored edit is in make test: test_interruption.py)
 def test_trainer_under_mirrored_strategy_on_two_logical_cpus():
     run_on_two_logical_cpus(_MIRRORED)
 

@@ -1,6 +1,8 @@
 """Every ```python block in docs/*.md runs (blocks of one file share a namespace).
 
 A block right after a line `<!-- no-run -->` is skipped (e.g. one that downloads weights).
+docs/deploy.md's walk-through (compress, recover for an epoch, slim, export, TFLite;
+each step is tested on its own in make test) is marked slow: make test-slow runs it.
 """
 
 import pathlib
@@ -10,9 +12,12 @@ import pytest
 
 DOCS = sorted((pathlib.Path(__file__).parent.parent / "docs").glob("*.md"))
 BLOCK = re.compile(r"(<!-- no-run -->\s*\n)?```python\n(.*?)```", re.S)
+SLOW_DOCS = {"deploy.md"}  # over a minute on 2 shared cores
 
 
-@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow)
+                                  if p.name in SLOW_DOCS else p for p in DOCS],
+                         ids=[p.name for p in DOCS])
 def test_doc_code_blocks_run(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__doc_test__"}

@@ -1,4 +1,8 @@
-"""End to end on keras.applications.ResNet50 (random networks: test_fuzz.py)."""
+"""End to end on keras.applications.ResNet50 at 224 × 224 (random networks:
+test_fuzz.py; every family at small sizes: test_applications.py).
+
+Marked slow (about a minute each): `make test-slow` and `make test-all` run them.
+"""
 
 import keras
 import numpy as np
@@ -7,8 +11,9 @@ import pytest
 import hope_keras
 from conftest import L
 
+pytestmark = pytest.mark.slow
 
-@pytest.mark.slow
+
 def test_resnet50_compress_half_density_then_slim():
     model = keras.applications.ResNet50(weights=None)
     rng = np.random.default_rng(0)

@@ -369,10 +369,9 @@ def test_default_cost_evicts_the_later_of_two_like_blocks_first():
 
 def test_paper_cost_reproduces_the_previous_default_trajectory():
     """tests/data/demo_paper_trajectory_v1.npz: the bundled demo CNN compressed to
-    density 0.3 by the engine of commit 2faf675, when the paper's cost was the default
-    (kept as cost="paper"): the same actions, step for step, and the same costs and
-    parent coefficients up to float64 rounding (bit for bit until the Gram products
-    moved from TensorFlow's matmul to NumPy's on CPUs, stop 22)."""
+    density 0.3 with the paper's cost by an earlier engine: cost="paper" gives the same
+    actions, step for step, and the same costs and parent coefficients up to float64
+    rounding (the Gram products are NumPy's on CPUs, the recording TensorFlow's)."""
     from hope_keras.data import load_demo_model
     from pathlib import Path
 
@@ -540,8 +539,8 @@ def test_hope_cost_prices_the_sum_scale_parent_it_builds():
 
 def test_default_cost_prices_residual_streams_and_no_streams_leaves_them_whole():
     """The default prices every group, the residual streams included (ranked once
-    per reader, docs/quality.md decision 7); ``HopeCost(groups="no_streams")``
-    leaves them whole, and both runs slim exactly."""
+    per reader, docs/quality.md, "Every layer that reads a group counts");
+    ``HopeCost(groups="no_streams")`` leaves them whole, and both runs slim exactly."""
     model = small_resnet(seed=3)
     analysis = hope_keras.analyze(model)
     streams = [n for n, g in analysis.graph.groups.items() if g.stream]

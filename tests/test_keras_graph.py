@@ -128,7 +128,8 @@ def test_optional_classes_and_training_internals():
 
 
 def test_no_other_module_reads_keras_private_attributes():
-    """Private Keras names are read in the adapter only (issue 16, item 9)."""
+    """Private Keras names are read in the adapter only (docs/architecture.md): the
+    other modules stay on public Keras API across Keras releases."""
     private = {"_nodes_by_depth", "_keras_history", "_inbound_nodes", "_outbound_nodes",
                "_run_through_graph", "_standardize_inputs", "_flatten_layers",
                "_call_context_args", "_call_has_training_arg", "_functional",

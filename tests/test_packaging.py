@@ -10,12 +10,10 @@ present. (The wheel itself was inspected with
 import fnmatch
 import pathlib
 
-import pytest
-
 try:
     import tomllib
-except ImportError:  # Python 3.10
-    tomllib = pytest.importorskip("tomli")
+except ImportError:  # Python 3.10: tomli is a test requirement there (pyproject.toml)
+    import tomli as tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PKG = ROOT / "src" / "hope_keras"

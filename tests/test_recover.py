@@ -219,6 +219,7 @@ _MIRRORED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a fresh process (a mirrored edit is in make test: test_interruption.py)
 def test_recover_under_mirrored_strategy_matches_one_device():
     run_on_two_logical_cpus(_MIRRORED)
 
