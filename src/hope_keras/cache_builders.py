@@ -21,7 +21,7 @@ from hope_keras import cache as cache_lib
 from hope_keras import kernels
 from hope_keras import layers as layer_rules
 from hope_keras._host_buffers import read_values
-from hope_keras.neurons import LayerState
+from hope_keras.neurons import LayerState, bn_arrays, check_finite, extract_group
 
 
 def extract_rows(array, get, group, rows, dtype=np.float64, columns=None):
@@ -120,7 +120,6 @@ def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512
 
     if kernel not in ("approx", "exact"):
         raise ValueError(f"kernel must be 'approx' or 'exact'. Received: kernel={kernel!r}")
-    from hope_keras.neurons import _check_finite, bn_arrays
 
     memo = {}
 
@@ -130,7 +129,7 @@ def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512
             v = getattr(get(layer), attr)
             # No copy where TensorFlow allows (read-only; the rows read are copied).
             arr = read_values(v) if hasattr(v, "numpy") else np.asarray(v)
-            _check_finite(layer, attr, arr)
+            check_finite(layer, attr, arr)
             memo[key] = arr
         return memo[key]
 
@@ -210,7 +209,6 @@ class OnDemandState(LayerState):
         self.u_split, self.p_init = extras["u_split"], extras["p_init"]
 
     def _full(self):
-        from hope_keras.neurons import extract_group
 
         return extract_group(None, self.group, graph=self._graph)
 
