@@ -963,7 +963,7 @@ def test_overlapping_one_thread_limits_restore_the_setting_once_all_are_out():
     with threadpoolctl.threadpool_limits(2, user_api="blas"):
         if not blas_threads():
             pytest.skip("NumPy without a BLAS threadpoolctl can see")
-        first, second = _threads._one_blas_thread(), _threads._one_blas_thread()
+        first, second = _threads.one_blas_thread(), _threads.one_blas_thread()
         first.__enter__()
         second.__enter__()
         assert blas_threads() == {1}

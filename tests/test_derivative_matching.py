@@ -19,7 +19,7 @@ import tensorflow as tf
 import keras
 from hope_keras import derivative_matching as dm
 from hope_keras.derivative_matching import jets as jets_mod
-from hope_keras.derivative_matching.activations import _GELU_S, gelu_approximate
+from hope_keras.derivative_matching.activations import GELU_S as _GELU_S, gelu_approximate
 
 ANALYTIC = ["sigmoid", "tanh", "softplus", "silu", "gelu", "gelu_approximate", "linear"]
 

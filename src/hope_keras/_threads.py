@@ -11,7 +11,7 @@ import threading
 from hope_keras.cache import wait_background
 
 
-def _cpu_count() -> int:
+def cpu_count() -> int:
     """CPUs this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
@@ -24,7 +24,7 @@ _one_thread_holders = [0, None]  # how many hold the limit, and its threadpoolct
 
 
 @contextlib.contextmanager
-def _one_blas_thread():
+def one_blas_thread():
     """BLAS (NumPy's OpenBLAS/MKL) limited to one thread (`threadpoolctl`) while any
     holder is inside: the first in sets the limit, the last out restores what was
     there before. Two encoders in two threads can overlap; limits nested per holder
@@ -46,7 +46,7 @@ def _one_blas_thread():
 
 
 @contextlib.contextmanager
-def _run_threads(sketched: bool):
+def run_threads(sketched: bool):
     """The run loop's BLAS threads: one where sketched groups merge. Their merged
     parents' Gram rows are products on a background thread
     (`SketchCache.prefetch_parent_rows`) while the main thread edits the model;
@@ -57,14 +57,14 @@ def _run_threads(sketched: bool):
     if not sketched:
         yield
         return
-    with _one_blas_thread():
+    with one_blas_thread():
         try:
             yield
         finally:
             wait_background()
 
 
-def _release_free_memory() -> None:
+def release_free_memory() -> None:
     """Returns the C allocator's free memory to the system (glibc's ``malloc_trim``;
     nothing elsewhere): the fill threads' temporaries stay in their own arenas, which
     the run's later allocations do not reuse (the 4 × 8192 MLP's first 1500 steps

@@ -11,8 +11,9 @@ import numpy as np
 
 from hope_keras import graph as graph_lib
 from hope_keras import moments as moments_lib
-from hope_keras import cache as cache_lib
-from hope_keras.cache import GroupCache, PruneCache, build_group_cache
+from hope_keras import cache_builders
+from hope_keras.cache import GroupCache, PruneCache
+from hope_keras.cache_builders import build_group_cache
 from hope_keras.neurons import (LayerState, bn_arrays, coupled_capacity, eviction_p_init,
                                 extract_group)
 from hope_keras.progress import progress, resolve_verbose
@@ -349,11 +350,11 @@ def analyze(model, kernel: str = "approx", verbose="auto") -> Analysis:
     sketched: Dict[str, GroupCache] = {}
     for name, group in g.groups.items():
         try:
-            if group.kind == "neurons" and group.readers and cache_lib.use_sketch(
-                    *cache_lib.group_dims(get, group)):
+            if group.kind == "neurons" and group.readers and cache_builders.use_sketch(
+                    *cache_builders.group_dims(get, group)):
                 # Too wide for n × n tables: sketched, never held in float64.
-                sketched[name], extras = cache_lib.build_sketch_cache(get, group, kernel)
-                state = cache_lib.OnDemandState(g, group, extras)
+                sketched[name], extras = cache_builders.build_sketch_cache(get, group, kernel)
+                state = cache_builders.OnDemandState(g, group, extras)
             else:
                 state = extract_group(model, group, graph=g)
         except ValueError as e:  # NaN/Inf weights, negative variances: reported

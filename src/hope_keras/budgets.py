@@ -19,7 +19,7 @@ from hope_keras.progress import WorkBar, resolve_verbose
 BUDGETS = ("density", "params", "flops")
 
 
-def _fraction(name, value):
+def budget_fraction(name, value):
     """A budget in (0, 1] as a float (None stays None); a clear error otherwise."""
     if value is None:
         return None
@@ -83,7 +83,7 @@ class Budget:
 
     @classmethod
     def checked(cls, density=None, params=None, flops=None, steps=None) -> "Budget":
-        density, params, flops = (_fraction(name, value) for name, value in (
+        density, params, flops = (budget_fraction(name, value) for name, value in (
             ("density", density), ("params", params), ("flops", flops)))
         _check_steps(steps)
         return cls(density, params, flops, steps)

@@ -143,6 +143,21 @@ def _swap_in_slices(target, arr, uninterrupted) -> None:
         raise
 
 
+def _finishing_writes(interrupted: list):
+    """``uninterrupted(write)``: runs ``write()``; a first KeyboardInterrupt during it
+    is appended to ``interrupted`` and the write runs again to its end (a second one
+    is raised)."""
+    def uninterrupted(write):
+        while True:
+            try:
+                return write()
+            except KeyboardInterrupt as e:
+                if interrupted:
+                    raise
+                interrupted.append(e)
+    return uninterrupted
+
+
 @dataclasses.dataclass(frozen=True)
 class ParentCoefficients:
     """How a merged parent is built from its children (docs/theory.md §4).
@@ -472,16 +487,7 @@ class ModelEditor:
         """
         keys = sorted(self._dirty)
         interrupted = []
-
-        def uninterrupted(write):  # a KeyboardInterrupt: finish this write first
-            while True:
-                try:
-                    return write()
-                except KeyboardInterrupt as e:
-                    if interrupted:
-                        raise
-                    interrupted.append(e)
-
+        uninterrupted = _finishing_writes(interrupted)
         with defer_keyboard_interrupt():
             written = []
             try:

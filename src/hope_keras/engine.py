@@ -28,17 +28,17 @@ import numpy as np
 
 from hope_keras import _keras_graph as kg
 from hope_keras import costs
-from hope_keras._threads import _run_threads
+from hope_keras._threads import run_threads
 from hope_keras.actions import Action, ActionQueue
 from hope_keras.analysis import Analysis, analyze
-from hope_keras.budgets import BUDGETS, Budget, _fraction  # noqa: F401 (trajectory.py)
+from hope_keras.budgets import BUDGETS, Budget
 from hope_keras.budgets import check_flops_countable, min_reachable
-from hope_keras.cache import SketchCache, _background
+from hope_keras.cache import SketchCache, background_worker
 from hope_keras.evictions import Evictions
 from hope_keras.edit import ModelEditor, ParentCoefficients, defer_keyboard_interrupt
 from hope_keras.progress import resolve_verbose
 from hope_keras.recording import StepRecorder, new_trajectory
-from hope_keras.search import (MergeSearch, SearchOptions, _GroupState, exact_source,
+from hope_keras.search import (MergeSearch, SearchOptions, GroupState, exact_source,
                                neighbor_map)
 from hope_keras.sizes import SizeCounter
 from hope_keras.trajectory import Step, Trajectory, fingerprint
@@ -266,14 +266,14 @@ class Encoder:
         _check_finite_weights(model, a.graph.flat)
         # The trajectory's fingerprint is hashed on a thread while the tables fill
         # (hashlib releases the GIL; nothing edits the model before __init__ ends).
-        hashed = _background().submit(fingerprint, model, a.graph)
+        hashed = background_worker().submit(fingerprint, model, a.graph)
         self.actions = set(actions)
         self.merge_scale, self.kernel = self.cost.merge_scale, self.cost.kernel
         self.refresh, self.budget = search.refresh, "density"
         self.graph = a.graph
         # The cost says which groups it can price (the paper's: its neuron layers).
         scope = getattr(self.cost, "groups", "all")
-        self.groups = {name: _GroupState(name, a.caches[name], a.states[name].p_init,
+        self.groups = {name: GroupState(name, a.caches[name], a.states[name].p_init,
                                          self.graph.groups[name].num_readers)
                        for name in a.caches
                        if costs.in_scope(scope, self.graph.groups[name])}
@@ -581,7 +581,7 @@ class Encoder:
             # signal handler, not two per step) and raised before the next step.
             sketched = any(isinstance(gs.cache, SketchCache) and gs.merges
                            for gs in self.groups.values())
-            with defer_keyboard_interrupt() as deliver_pending, _run_threads(sketched):
+            with defer_keyboard_interrupt() as deliver_pending, run_threads(sketched):
                 while True:
                     deliver_pending()
                     reason = budget.reached(self.active, self.sizes, len(self.trajectory),

@@ -19,7 +19,7 @@ class Evictions:
 
     Args:
         graph: The model's `hope_keras.graph.Graph`.
-        groups: The run's group states by name (`hope_keras.search._GroupState`).
+        groups: The run's group states by name (`hope_keras.search.GroupState`).
         reports: The analysis' block reports (capacities of the identity, branch and
             stream, the block's ``P_init``).
         actions: The run's actions (evictions only with ``"evict"``).

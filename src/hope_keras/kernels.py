@@ -20,6 +20,9 @@ try:  # the ufunc that np.clip calls, without its Python-level checks: same valu
 except ImportError:  # NumPy < 2
     from numpy.core.umath import clip as _clip
 
+#: The same clip, for the cost formulas (`hope_keras.cost_formulas`).
+fast_clip = _clip
+
 __all__ = [
     "self_kernel",
     "relu_mean",

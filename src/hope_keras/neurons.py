@@ -131,7 +131,7 @@ class LayerState:
         return np.einsum("ij,ij->i", u, u)
 
 
-def _check_finite(layer_name: str, what: str, array: np.ndarray) -> None:
+def check_finite(layer_name: str, what: str, array: np.ndarray) -> None:
     # One float64 sum first (no boolean array of the weights' size): NaN or Inf
     # anywhere makes it NaN or ±Inf; a finite sum means every value is finite.
     with np.errstate(over="ignore", invalid="ignore"):  # float64 weights near 1e308
@@ -156,7 +156,7 @@ def bn_arrays(bn) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float
     beta = _np(bn.beta).astype(np.float64) if bn.center else np.zeros_like(mean)
     for what, arr in (("gamma", gamma), ("beta", beta), ("moving mean", mean),
                       ("moving variance", var)):
-        _check_finite(bn.name, what, arr)
+        check_finite(bn.name, what, arr)
     if np.any(var < 0):
         raise ValueError(
             f"BatchNormalization '{bn.name}' has a negative moving variance "
@@ -171,12 +171,12 @@ def producer_arrays(layer, native: bool = False) -> Tuple[np.ndarray, np.ndarray
     # native: half the bytes of a float64 copy for a float32 kernel; ResNet-50's
     # analyze spent a fifth of its time writing fresh float64 copies of its kernels.
     kernel = np.array(_read(layer.kernel)) if native else _read(layer.kernel).astype(np.float64)
-    _check_finite(layer.name, "kernel", kernel)
+    check_finite(layer.name, "kernel", kernel)
     n = kernel.shape[-1]
     w = kernel.reshape(-1, n).T
     if getattr(layer, "use_bias", False) and layer.bias is not None:
         bias = _read(layer.bias).astype(np.float64)
-        _check_finite(layer.name, "bias", bias)
+        check_finite(layer.name, "bias", bias)
     else:
         bias = np.zeros(n)
     return w, bias
@@ -198,7 +198,7 @@ def reader_slices(layer, positions: np.ndarray, native: bool = False) -> List[np
         if var is None:
             continue
         arr = _read(var)  # gathered in its own dtype, then one float64 copy (exact)
-        _check_finite(layer.name, w.attr, arr)
+        check_finite(layer.name, w.attr, arr)
         idx = positions if w.expand == 1 else (
             positions[..., None] * w.expand + np.arange(w.expand)).reshape(n, -1)
         flat = idx.reshape(-1)
@@ -227,7 +227,7 @@ def consumer_u(model, consumers: Tuple[Consumer, ...], channels: int, positions=
             rows = np.concatenate(reader_slices(layer, positions[c.layer]), axis=1)
         else:
             kernel = _read(layer.kernel).astype(np.float64)
-            _check_finite(c.layer, "kernel", kernel)
+            check_finite(c.layer, "kernel", kernel)
             rows = consumer_rows(kernel, c.kind, channels)
         parts.append(rows)
         split.append(split[-1] + rows.shape[1])
@@ -356,7 +356,7 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
         if c.role == "out":
             for w in rule.out_weights(layer):
                 arr = _np(getattr(layer, w.attr))
-                _check_finite(layer.name, w.attr, arr)
+                check_finite(layer.name, w.attr, arr)
                 cols = np.moveaxis(arr, w.axis, 0).reshape(arr.shape[w.axis], -1)
                 p_init += np.count_nonzero(cols, axis=1)
                 if w.attr == "bias":
@@ -366,7 +366,7 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
         elif c.role == "channel":
             for w in rule.channel_weights(layer):
                 arr = _np(getattr(layer, w.attr))
-                _check_finite(layer.name, w.attr, arr)
+                check_finite(layer.name, w.attr, arr)
                 p_init += np.take(arr, c.positions[:, :1].reshape(-1), axis=w.axis).reshape(
                     n, -1).shape[1]
         else:

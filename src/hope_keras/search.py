@@ -5,7 +5,7 @@ merge table each group gets (`hope_keras.candidates.MergeTable`: a dense pair ta
 or k partners per neuron, certified or top-k), the tables filled in threads when
 there is enough work, and, in sketched groups (`hope_keras.cache.SketchCache`), the
 selected pair re-priced from exact Gram entries until the selection is stable.
-`_GroupState` is a group's live state during a run (active neurons, live capacity,
+`GroupState` is a group's live state during a run (active neurons, live capacity,
 its merge table).
 """
 
@@ -20,9 +20,10 @@ import numpy as np
 
 from hope_keras import costs
 from hope_keras.actions import Action
-from hope_keras._threads import _cpu_count, _one_blas_thread, _release_free_memory
-from hope_keras.cache import (SketchCache, build_group_cache, build_sketch_cache,
-                              extract_rows)
+from hope_keras._threads import cpu_count as _cpu_count  # a module attribute tests patch
+from hope_keras._threads import one_blas_thread, release_free_memory
+from hope_keras.cache import SketchCache
+from hope_keras.cache_builders import build_group_cache, build_sketch_cache, extract_rows
 from hope_keras.candidates import MergeTable
 from hope_keras.neurons import extract_group
 
@@ -60,7 +61,7 @@ AUTO_TOP_K_WIDTH = 6144
 PARALLEL_FILL_PAIRS = 1 << 22
 
 #: Capacity, relative to the layer's initial capacity, below which a neuron only
-#: prunes (`_GroupState.pair_ok`).
+#: prunes (`GroupState.pair_ok`).
 NEGLIGIBLE = 1e-9
 
 MERGE_SEARCHES = ("auto", "certified", "top_k")
@@ -135,7 +136,7 @@ class SearchOptions:
 
 
 
-class _GroupState:
+class GroupState:
     """A group's live state during a run: active set, n, C, merge table."""
 
     def __init__(self, name, cache, p_init, num_readers: int = 1):
@@ -310,24 +311,24 @@ class MergeSearch:
         self.merge_search = options.merge_search
         self.bound = cost.name if builtin else None
 
-    def certified(self, gs: "_GroupState") -> bool:
+    def certified(self, gs: "GroupState") -> bool:
         """Whether the group's merge search is certified (`merge_search`)."""
         if self.merge_search == "auto":
             return gs.cache.size < AUTO_TOP_K_WIDTH
         return self.merge_search == "certified"
 
-    def dense(self, gs: "_GroupState") -> bool:
+    def dense(self, gs: "GroupState") -> bool:
         return (self.dense_pairs and self.certified(gs)
                 and gs.cache.size <= DENSE_PAIRS_MAX)
 
-    def table(self, gs: "_GroupState") -> MergeTable:
+    def table(self, gs: "GroupState") -> MergeTable:
         """A new merge table for `gs`, filled from its cache as it is."""
         k = self.merge_candidates
         return MergeTable(gs.cache, k, self.bound, gs.p_init, gs.pair_ok(),
                           preselect=32 if k is None else max(2 * k, 32),
                           certify=self.certified(gs), dense=self.dense(gs))
 
-    def set_table(self, gs: "_GroupState") -> None:
+    def set_table(self, gs: "GroupState") -> None:
         """A new merge table for `gs`: dense ones (the same selection whenever they
         are built) at first use, others now."""
         if self.dense(gs):
@@ -351,13 +352,13 @@ class MergeSearch:
             return
         # One BLAS thread per worker: OpenBLAS's own threads would spin on the cores
         # the workers use (15.1 s instead of 8.7 s for the MLP's four fills).
-        with _one_blas_thread(), concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        with one_blas_thread(), concurrent.futures.ThreadPoolExecutor(workers) as pool:
             tables = list(pool.map(self.table, now))
         for gs, table in zip(now, tables):
             gs.table = table
-        _release_free_memory()
+        release_free_memory()
 
-    def best_action(self, gs: "_GroupState", cost, actions, rank_info) -> Optional[Action]:
+    def best_action(self, gs: "GroupState", cost, actions, rank_info) -> Optional[Action]:
         """The group's cheapest prune or merge under `cost`, or None (the group has
         two live neurons or more); ``rank_info(kind, p_init)``: the `costs.RankInfo`
         of its actions."""
@@ -373,7 +374,7 @@ class MergeSearch:
             best = Action("prune", gs.name, int(idx[k]), -1, float(J[k]), float(dr[k]),
                           float(gs.p_init[idx[k]]), 1)
         if best is not None and cap[best.i] <= NEGLIGIBLE * gs.C_init:
-            # A free prune (see `_GroupState.pair_ok`): no merge saves a neuron for less
+            # A free prune (see `GroupState.pair_ok`): no merge saves a neuron for less
             # that matters, and the bounds could not certify one below it.
             return best
         if "merge" in actions and gs.table is not None:
@@ -393,7 +394,7 @@ class MergeSearch:
                     best = Action("merge", gs.name, i, j, J, dr, float(gs.p_init[j]), 1)
         return best
 
-    def best(self, gs: "_GroupState", price, cutoff: float, scale: float):
+    def best(self, gs: "GroupState", price, cutoff: float, scale: float):
         """The group's cheapest merge below `cutoff`: ``(DR, J, i, j)`` or None
         (`MergeTable.select`; `price` is the run's cost)."""
         cache = gs.cache

@@ -32,6 +32,8 @@ from typing import List, Optional
 
 import numpy as np
 
+from hope_keras.budgets import budget_fraction
+
 FORMAT = "hope_keras.trajectory"
 VERSION = 2
 # Version 1 files (no ``flops_after``) still load, with NaN FLOPs ratios.
@@ -340,9 +342,8 @@ class Trajectory:
         from hope_keras import edit, graph as graph_lib
         from hope_keras import moments as moments_lib
         from hope_keras.correction import StatisticsCorrection
-        from hope_keras.engine import _fraction
 
-        density, params, flops = (_fraction(name, value) for name, value in (
+        density, params, flops = (budget_fraction(name, value) for name, value in (
             ("density", density), ("params", params), ("flops", flops)))
         given = [k for k, v in (("density", density), ("step", step), ("params", params),
                                 ("flops", flops)) if v is not None]

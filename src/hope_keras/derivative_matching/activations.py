@@ -156,13 +156,13 @@ def _gelu_erf_scale() -> float:
     return 1.0
 
 
-_GELU_S = _gelu_erf_scale()
+GELU_S = _gelu_erf_scale()
 
 
 def _gelu_taylor(z0: np.ndarray, order: int) -> np.ndarray:
     # gelu(x) = x Φ(s x). With u = s z0: Φ' = φ, φ' = -u φ
     #   =>  (n+1) φ_{n+1} = -(u φ_n + φ_{n-1});  then rescale the n-th term by s^n.
-    u = _GELU_S * z0
+    u = GELU_S * z0
     phi = np.zeros((order + 1,) + z0.shape)
     phi[0] = _INV_SQRT_2PI * np.exp(-0.5 * u * u)
     for n in range(order):
@@ -171,27 +171,27 @@ def _gelu_taylor(z0: np.ndarray, order: int) -> np.ndarray:
     cdf = np.zeros_like(phi)
     cdf[0] = special.ndtr(u)
     cdf[1:] = phi[:-1] / np.arange(1, order + 1).reshape((-1,) + (1,) * z0.ndim)
-    cdf *= (_GELU_S ** np.arange(order + 1)).reshape((-1,) + (1,) * z0.ndim)
+    cdf *= (GELU_S ** np.arange(order + 1)).reshape((-1,) + (1,) * z0.ndim)
     return _times_x(z0, cdf)
 
 
-_GELU_C = math.sqrt(2.0 / math.pi)
+GELU_C = math.sqrt(2.0 / math.pi)
 # tf.nn.gelu(approximate=True) casts 0.044715 from a float32 constant (also for float64).
-_GELU_A = float(np.float32(0.044715)) if keras.backend.backend() == "tensorflow" else 0.044715
+GELU_A = float(np.float32(0.044715)) if keras.backend.backend() == "tensorflow" else 0.044715
 
 
 def _gelu_tanh_taylor(z0: np.ndarray, order: int) -> np.ndarray:
     # u(h) = c (x + a x^3), x = z0 + h ; T = tanh(u) ; T' = (1 - T^2) u'
     du = np.stack(
         [
-            _GELU_C * (1.0 + 3.0 * _GELU_A * z0 * z0),
-            2.0 * _GELU_C * 3.0 * _GELU_A * z0,
-            np.full_like(z0, 3.0 * _GELU_C * _GELU_A),
+            GELU_C * (1.0 + 3.0 * GELU_A * z0 * z0),
+            2.0 * GELU_C * 3.0 * GELU_A * z0,
+            np.full_like(z0, 3.0 * GELU_C * GELU_A),
         ]
     )
     t = np.zeros((order + 1,) + z0.shape)
     v = np.zeros_like(t)  # v = 1 - T^2
-    t[0] = np.tanh(_GELU_C * (z0 + _GELU_A * z0**3))
+    t[0] = np.tanh(GELU_C * (z0 + GELU_A * z0**3))
     for n in range(order):
         v[n] = (1.0 if n == 0 else 0.0) - _cauchy(t, t, n)
         acc = np.zeros_like(z0)
@@ -212,11 +212,11 @@ def _linear_taylor(z0: np.ndarray, order: int) -> np.ndarray:
 
 
 def _gelu_np(z):
-    return z * special.ndtr(_GELU_S * z)
+    return z * special.ndtr(GELU_S * z)
 
 
 def _gelu_tanh_np(z):
-    return 0.5 * z * (1.0 + np.tanh(_GELU_C * (z + _GELU_A * z**3)))
+    return 0.5 * z * (1.0 + np.tanh(GELU_C * (z + GELU_A * z**3)))
 
 
 @keras.saving.register_keras_serializable(package="hope_keras")
@@ -298,7 +298,7 @@ def register_activation(
         table[key] = spec
 
 
-def _activation_name(activation) -> Optional[str]:
+def activation_name(activation) -> Optional[str]:
     if isinstance(activation, str):
         return activation
     try:
@@ -335,7 +335,7 @@ def get_analytic_activation(activation) -> Optional[AnalyticActivation]:
             return _BY_CALLABLE[activation]
     except TypeError:  # unhashable
         pass
-    name = _activation_name(activation)
+    name = activation_name(activation)
     if name is not None and name in _BY_NAME:
         return _BY_NAME[name]
     return None
@@ -370,7 +370,7 @@ def taylor_coefficients(activation, z0, order: int) -> np.ndarray:
     spec = get_analytic_activation(activation)
     if spec is None:
         raise ValueError(
-            f"Activation {_activation_name(activation)!r} is not registered as "
+            f"Activation {activation_name(activation)!r} is not registered as "
             "real-analytic. Register it with "
             "hope_keras.derivative_matching.register_activation."
         )

@@ -16,21 +16,21 @@ from hope_keras import costs
 # Rows per chunk for (rows × n) temporaries.
 CHUNK_ROWS = 256
 # Relative safety margin of the bounds: pairs within it are priced exactly.
-_TOL = 1e-9
+TOL = 1e-9
 # Pairs per chunk of an uncertified fill ((rows × n) float64 temporaries of 4 MB):
 # filling 2048 rows of an 8192-wide group took 0.89 s against 1.06 s with 2M-pair
 # chunks and 1.43 s with 32k-pair ones.
 FILL_PAIRS = 1 << 19
 
 
-def _nonzero2(mask):
+def nonzero2(mask):
     """``np.nonzero`` of a 2-D mask (row-major order, the same arrays), through the
     flat indices: several times faster on the engine's (rows × n) masks."""
     flat = np.flatnonzero(mask)
     return np.divmod(flat, mask.shape[1])
 
 
-def _row_min(pos, l, dr, J, nrows):
+def row_min(pos, l, dr, J, nrows):
     """Per row (flat pairs grouped by `pos`, in any order): the smallest DR, ties →
     the smallest partner `l` (its first pair); (inf, 0, -1) for rows without a
     finite one. Unbuffered reductions, not a sort: O(pairs)."""
@@ -50,7 +50,7 @@ def _row_min(pos, l, dr, J, nrows):
     return best, Jb, part
 
 
-def _pick(rows, dr, J, part):
+def pick_best(rows, dr, J, part):
     """The smallest DR; ties → the lexicographically smallest pair (i < j)."""
     finite = np.isfinite(dr) & (part >= 0)
     if not finite.any():
@@ -173,8 +173,8 @@ class PairBounds:
         cap = self.cache.capacity
         x_max = float(cap[ok].max()) if ok.any() else 0.0
         if self.sum_residual:
-            return np.maximum(C, costs.FLOOR + cap + x_max) * (1.0 + _TOL)
-        return np.maximum(2.0 * C - cap, 2.0 * costs.FLOOR + cap + x_max) * (1.0 + _TOL)
+            return np.maximum(C, costs.FLOOR + cap + x_max) * (1.0 + TOL)
+        return np.maximum(2.0 * C - cap, 2.0 * costs.FLOOR + cap + x_max) * (1.0 + TOL)
 
     def _j_lower(self, R, t):
         """A lower bound of J₁ from a lower bound of the residual and ``t_max``."""
@@ -183,14 +183,14 @@ class PairBounds:
                 J1 = np.sqrt(R) / t
             else:
                 J1 = np.sqrt(2.0 * R / (t * t + R))
-        return np.where(np.isnan(J1), 0.0, J1) * (1.0 - _TOL)
+        return np.where(np.isnan(J1), 0.0, J1) * (1.0 - TOL)
 
     def _r_cut(self, best, f, t):
         """Per row, the residual below which a pair's DR could be below `best`, for
         the rank factor `f` and the denominators' upper bounds `t` (see `_t_max`)."""
-        c = best / f / (1.0 - _TOL)
+        c = best / f / (1.0 - TOL)
         with np.errstate(over="ignore", invalid="ignore"):
             if self.sum_residual:  # J₁ = sqrt(E)/t' < c needs E < c²t'²
-                return c * c * t * t * (1.0 + _TOL)
+                return c * c * t * t * (1.0 + TOL)
             # J₁ = sqrt(2R/(t² + R)) < c needs R < c²t²/(2 − c²)
-            return np.where(c * c < 2.0, c * c * t * t / (2.0 - c * c) * (1.0 + _TOL), np.inf)
+            return np.where(c * c < 2.0, c * c * t * t / (2.0 - c * c) * (1.0 + TOL), np.inf)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from hope_keras import kernels
-from hope_keras.merge_tables.bounds import _TOL, CHUNK_ROWS, _nonzero2, _row_min
+from hope_keras.merge_tables.bounds import TOL, CHUNK_ROWS, nonzero2, row_min
 from hope_keras.merge_tables.rows import PartnerRows
 
 # A rescan prices the partners whose bound of R is below HEADROOM × what the
@@ -56,7 +56,7 @@ class CertifiedRows(PartnerRows):
         if self.sum_residual:  # ‖f_i − f_j‖² bounds R, not E
             return sv
         Q = x * x + y * y - 2.0 * self.ncos[rows, None] * x * y
-        Q = Q - 4.0 * _TOL * (x * x + y * y) - 1e-300
+        Q = Q - 4.0 * TOL * (x * x + y * y) - 1e-300
         return np.maximum(Q, sv)
 
     def _below_by_capacity(self, rows, ok):
@@ -106,7 +106,7 @@ class CertifiedRows(PartnerRows):
         cols = np.arange(n)
         valid = ok[None, :] & ok[rows, None] & (cols[None, :] != rows[:, None])
         held = self.cand[rows]
-        hp, hc = _nonzero2((held >= 0) & ok[np.maximum(held, 0)])
+        hp, hc = nonzero2((held >= 0) & ok[np.maximum(held, 0)])
         is_cand = np.zeros(valid.shape, dtype=bool)
         is_cand[hp, held[hp, hc]] = True
         # Partners left out whose capacity bound is below the cut; then their pair
@@ -124,7 +124,7 @@ class CertifiedRows(PartnerRows):
             # step while the best cost creeps up.
             more = (valid & ~is_cand & below_cut(r_cut * headroom)).sum(axis=1)
             r_cut = np.where(more <= 4 * self.preselect, r_cut * headroom, r_cut)
-        sp, sl = _nonzero2(valid & ~is_cand & below_cut(r_cut))
+        sp, sl = nonzero2(valid & ~is_cand & below_cut(r_cut))
         if sp.size:
             D = self._distance(rows[sp], sl)[0]
             below = D < r_cut[sp]
@@ -163,7 +163,7 @@ class CertifiedRows(PartnerRows):
             r, l, B, kc, gu, R = self._rescan(rr, ok, r_cut[s0:s0 + step], HEADROOM)
             pos = np.searchsorted(rr, r)
             dr, J = self._price(r, l, B, kc, gu, C, price)
-            out.append(_row_min(pos, l, dr, J, rr.size))
+            out.append(row_min(pos, l, dr, J, rr.size))
         return tuple(np.concatenate(x) for x in zip(*out))
 
     def _nc_residual(self, ok):
@@ -178,7 +178,7 @@ class CertifiedRows(PartnerRows):
         rho = np.minimum(self.ncos, 1.0)
         xm = np.maximum(x_min, np.maximum(rho, 0.0) * cap)
         Q = cap * cap + xm * xm - 2.0 * rho * cap * xm
-        Q = Q - 4.0 * _TOL * (cap * cap + xm * xm) - 1e-300
+        Q = Q - 4.0 * TOL * (cap * cap + xm * xm) - 1e-300
         return np.maximum(self.nc, Q)
 
     def _fine_bounds(self, rows, C, n_live, ok):

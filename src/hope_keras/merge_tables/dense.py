@@ -17,7 +17,7 @@ import numpy as np
 
 from hope_keras.cache import sorted_unique
 from hope_keras.candidates import MergeTable
-from hope_keras.merge_tables.bounds import CHUNK_ROWS, FILL_PAIRS, _nonzero2
+from hope_keras.merge_tables.bounds import CHUNK_ROWS, FILL_PAIRS, nonzero2
 
 # Best pairs re-priced first at the next selection (an upper bound).
 HINTS = 8
@@ -191,7 +191,7 @@ class DenseTable(MergeTable):
         # rows and masking the dead columns).
         sub = np.take(np.take(self.lo, rows, axis=0), cols, axis=1)
         # x ≤ cut ⇔ x ≤ cut rounded down, for float32 x (no float64 copy of `sub`).
-        pr, pc = _nonzero2(sub <= self._stored(cut[rows])[:, None])
+        pr, pc = nonzero2(sub <= self._stored(cut[rows])[:, None])
         r, l = rows[pr], cols[pc]
         new = ~self.exact[r, l]
         if new.any():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 
-class _ExactStore:
+class ExactStore:
     """Pairs re-priced from exact entries, by key ``i·n + j`` (``i < j``): the
     neurons' stamps then, and ``(B, K(i,j), ⟨u_i, u_j⟩)``. Two sorted levels: new
     keys enter a small one, merged into the large one once it holds `RECENT` keys,

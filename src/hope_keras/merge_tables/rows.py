@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from hope_keras.candidates import MergeTable
-from hope_keras.merge_tables.bounds import _TOL, CHUNK_ROWS, _nonzero2, _pick, _row_min
+from hope_keras.merge_tables.bounds import TOL, CHUNK_ROWS, nonzero2, pick_best, row_min
 
 
 class PartnerRows(MergeTable):
@@ -99,11 +99,11 @@ class PartnerRows(MergeTable):
         smallest partner."""
         cand = self.cand[rows]
         valid = (cand >= 0) & ok[np.maximum(cand, 0)] & (cand != rows[:, None])
-        pr, pc = _nonzero2(valid)
+        pr, pc = nonzero2(valid)
         l = cand[pr, pc]
         r = rows[pr]
         dr, J = self._price(r, l, self.B[r, pc], self.kc[r, pc], self.gu[r, pc], C, price)
-        best, Jb, part = _row_min(pr, l, dr, J, rows.size)
+        best, Jb, part = row_min(pr, l, dr, J, rows.size)
         self.row_dr[rows] = best
         self.row_C[rows] = C
         self.row_n[rows] = n_live
@@ -115,7 +115,7 @@ class PartnerRows(MergeTable):
         lb = self.row_dr * (self.scale / self.row_g)
         if self.bound == "paper":
             lb = lb * (n_live / self.row_n)
-        lb = lb * (1.0 - _TOL) - 1e-300
+        lb = lb * (1.0 - TOL) - 1e-300
         lb[self.dirty | (C > self.row_C)] = -np.inf
         lb[~ok] = np.inf
         return lb
@@ -132,7 +132,7 @@ class PartnerRows(MergeTable):
             return
         others = ok.copy()
         others[i] = False
-        hold_r, hold_p = _nonzero2((self.cand == i) & others[:, None])
+        hold_r, hold_p = nonzero2((self.cand == i) & others[:, None])
         self.dirty[hold_r] = True
         self.cand[i] = -1
         self.R[i] = np.inf
@@ -233,7 +233,7 @@ class PartnerRows(MergeTable):
         """Every row priced (exhaustive, or a cost without bounds)."""
         dr, J, part = self._price_rows(rows_ok, C, n_live, ok, price)
         self._last = (rows_ok, dr, part)
-        found = _pick(rows_ok, dr, J, part)
+        found = pick_best(rows_ok, dr, J, part)
         return found if found is not None and found[0] < cutoff else None
 
     def _select_bounded(self, C, n_live, ok, price, cutoff):
@@ -264,7 +264,7 @@ class PartnerRows(MergeTable):
                 break
         rows = np.flatnonzero(fresh)
         self._last = (rows, val[rows], part[rows])
-        found = _pick(rows, val[rows], Jv[rows], part[rows])
+        found = pick_best(rows, val[rows], Jv[rows], part[rows])
         return found if found is not None and found[0] < cutoff else None
 
     # The searches' hooks (here: no partner outside the rows is looked for).
@@ -286,7 +286,7 @@ class PartnerRows(MergeTable):
 
     def _store_refined(self, ii, jj, B, kc, gu, R) -> None:
         rows, part = np.concatenate([ii, jj]), np.concatenate([jj, ii])
-        pr, pc = _nonzero2(self.cand[rows] == part[:, None])
+        pr, pc = nonzero2(self.cand[rows] == part[:, None])
         r, q = rows[pr], pr % ii.size
         self.B[r, pc], self.kc[r, pc], self.gu[r, pc], self.R[r, pc] = B[q], kc[q], gu[q], R[q]
         self.dirty[rows] = True

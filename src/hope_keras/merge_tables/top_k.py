@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hope_keras.merge_tables.bounds import FILL_PAIRS, _nonzero2
+from hope_keras.merge_tables.bounds import FILL_PAIRS, nonzero2
 from hope_keras.merge_tables.rows import PartnerRows
 
 # Uncertified refills ("top_k"): the smallest-capacity live neurons every refilled
@@ -79,7 +79,7 @@ class TopKRows(PartnerRows):
         m = min(m, D.shape[1])
         top = np.argpartition(D, m - 1, axis=1)[:, :m]
         finite = np.isfinite(np.take_along_axis(D, top, axis=1))
-        pr, pc = _nonzero2(finite)
+        pr, pc = nonzero2(finite)
         r, l = rr[pr], np.take_along_axis(cols, top, axis=1)[pr, pc]
         B, kc, gu = self._values(r, l)
         R = self._residual(r, l, B, kc * gu)
@@ -131,7 +131,7 @@ class TopKRows(PartnerRows):
                     rr, cols, valid, up = rr[~none], cols[~none], valid[~none], up[~none]
                     if not rr.size:
                         continue
-            pr, pc = _nonzero2(valid)
+            pr, pc = nonzero2(valid)
             D = np.full(cols.shape, np.inf)
             D[pr, pc] = self._distance(rr[pr], cols[pr, pc])[0]
             # Live partners never looked at: nothing is known of them (R ≥ 0).

@@ -1,0 +1,188 @@
+"""The package's layout: small modules and classes, no import cycles, no private imports.
+
+Read from the source with `ast` (nothing is imported): every module under
+``src/hope_keras``, its top-level imports (those that run when the module is
+imported; imports inside functions are lazy and are not edges), its classes.
+"""
+
+import ast
+import pathlib
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "hope_keras"
+MAX_MODULE_LINES = 800
+MAX_CLASS_LINES = 400
+
+#: Module-level imports of another module's private name that are allowed, as
+#: (importing module, imported module, name). Empty: none is needed today.
+PRIVATE_IMPORT_ALLOWANCES = set()
+
+
+def _modules():
+    """{dotted name: path} of every module of the package."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_package(name):
+    return MODULES[name].name == "__init__.py"
+
+
+def _resolve(module, node):
+    """The absolute module an ``ImportFrom`` names (relative imports resolved)."""
+    if not node.level:
+        return node.module
+    base = module.split(".")
+    if not _is_package(module):
+        base = base[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _top_level_imports(tree):
+    """Import statements that run at import time: the module body, `if`/`try` blocks
+    included, ``if TYPE_CHECKING:`` blocks excluded; never function or class bodies."""
+    out = []
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.append(node)
+            elif isinstance(node, ast.If):
+                if "TYPE_CHECKING" not in ast.unparse(node.test):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, node.orelse, node.finalbody):
+                    visit(block)
+                for handler in node.handlers:
+                    visit(handler.body)
+    visit(tree.body)
+    return out
+
+
+def _edges(module):
+    """[(imported hope_keras module, names imported from it or None, lineno)]."""
+    tree = ast.parse(MODULES[module].read_text())
+    edges = []
+    for node in _top_level_imports(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES:
+                    edges.append((alias.name, None, node.lineno))
+            continue
+        target = _resolve(module, node)
+        if target not in MODULES:
+            continue
+        names = []
+        for alias in node.names:
+            sub = f"{target}.{alias.name}"
+            if sub in MODULES:  # `from package import submodule`
+                edges.append((sub, None, node.lineno))
+            else:
+                names.append(alias.name)
+        if names:
+            edges.append((target, names, node.lineno))
+    return edges
+
+
+GRAPH = {m: _edges(m) for m in MODULES}
+
+
+def _dependencies(module):
+    """The hope_keras modules that importing ``module`` imports at module level
+    (``from package import name`` depends on the package's ``__init__``)."""
+    return {target for target, _, _ in GRAPH[module] if target != module}
+
+
+def test_no_module_over_800_lines():
+    long = {m: n for m, p in MODULES.items()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_no_class_over_400_lines():
+    long = {}
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_CLASS_LINES:
+                    long[f"{module}.{node.name}"] = n
+    assert not long, f"classes over {MAX_CLASS_LINES} lines: {long}"
+
+
+def _cycles(graph):
+    """The strongly connected components of ``graph`` ({node: set of nodes}) with
+    more than one node, each sorted (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def strong(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    # A package's __init__ importing its submodules is an edge like any other: a
+    # submodule importing names back from its package's __init__ closes a cycle.
+    cycles = _cycles({m: _dependencies(m) for m in MODULES})
+    assert not cycles, f"module-level import cycles: {cycles}"
+
+
+def test_no_private_import_across_modules():
+    found = []
+    for module in MODULES:
+        for target, names, line in GRAPH[module]:
+            for name in names or ():
+                if name.startswith("_") and not name.startswith("__") and target != module:
+                    key = (module, target, name)
+                    if key not in PRIVATE_IMPORT_ALLOWANCES:
+                        found.append(f"{module}:{line} imports {target}.{name}")
+    assert not found, "private names imported from another module:\n" + "\n".join(found)
+
+
+def test_the_graph_sees_imports():
+    # The checks above are only as good as the graph read from the source.
+    assert {"hope_keras.cache", "hope_keras.kernels"} <= _dependencies("hope_keras.cache_builders")
+    assert "hope_keras.deft.plan" in _dependencies("hope_keras.deft")  # package facade
+    assert "hope_keras.derivative_matching.report" in _dependencies(
+        "hope_keras.derivative_matching.compress")  # relative import
+    assert ("hope_keras.derivative_matching.activations", ["activation_name"]) in [
+        (t, [n for n in names if n == "activation_name"])
+        for t, names, _ in GRAPH["hope_keras.derivative_matching.compress"] if names]
