@@ -1,11 +1,11 @@
 """Below density 0.5 on ResNet-50: do the late evictions cost the accuracy?
 
 The default (`compress(density=d)`, every default, the stream readers' correction
-included) against the same run with its evictions stopped at density `--stop`
-(default 0.5): the encoder runs to `--stop` as usual, then continues with prunes and
+included) against the same run with its evictions stopped at density
+`--evictions-until` (default 0.5): the encoder runs to it as usual, then continues with prunes and
 merges only (`Encoder.next_action(max_removed=0)` skips every eviction), and the BN
 statistics are corrected as `compress` does. Both start from the same steps, so the
-difference is what the evictions after `--stop` (and the prunes and merges they
+difference is what the evictions after that density (and the prunes and merges they
 replace) do. A diagnostic, not a setting of the library: accuracy on the selection
 split (the first 1000 bundled test images) and the held-out split (1000 others).
 
@@ -14,7 +14,8 @@ eviction_diagnostic_<model>_stop<stop>_<first>-<last>.json). ``--reestimate``: a
 each compressed model with every BN re-estimated on the 512 calibration images (uses
 data), which separates the selection from the statistics.
 
-Run: .venv/bin/python benchmarks/eviction_diagnostic.py [--model resnet50] [--stop 0.5]
+Run: .venv/bin/python benchmarks/eviction_diagnostic.py [--model resnet50]
+[--evictions-until 0.5]
 (~3 min for ResNet-50 on 2 cores). Writes
 benchmarks/results/eviction_diagnostic_<model>_stop<stop>.json.
 """
@@ -61,7 +62,8 @@ def compressed(b, density, stop=None):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="resnet50")
-    p.add_argument("--stop", type=float, default=0.5)
+    p.add_argument("--evictions-until", dest="stop", type=float, default=0.5,
+                   help="density below which the second run evicts no block")
     p.add_argument("--densities", nargs="+", type=float, default=None)
     p.add_argument("--reestimate", action="store_true",
                    help="also re-estimate every BN on the calibration images (uses data)")
