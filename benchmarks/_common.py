@@ -99,7 +99,7 @@ def encoder(model, *, analysis=None, correct_statistics="auto", cost="hope", act
     import copy
 
     import hope_keras
-    from hope_keras import costs
+    from hope_keras.scoring import costs
 
     cost = costs.get(cost)
     if (merge_scale, kernel, mean_compensation) != (None, None, None):

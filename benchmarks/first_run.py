@@ -50,7 +50,7 @@ def forward_time(model, size, repeats=5):
 
 
 def timing(size, quick, only=None):
-    from hope_keras import bn_stats
+    from hope_keras.stats import bn_stats
 
     shape = (size, size, 3)
     reference = calibrated_resnet50(images=4) if size == 224 else None
@@ -138,7 +138,7 @@ def main():
     args = p.parse_args()
     suffix = ""
     if args.synthetic_inputs:
-        from hope_keras import synthetic
+        from hope_keras.stats import synthetic
 
         synthetic.SYNTHETIC_INPUTS = args.synthetic_inputs
         suffix = f"_synthetic{args.synthetic_inputs}"

@@ -4,14 +4,14 @@
 The model is ``benchmarks/fixtures/swish_cnn.keras`` (``scripts/make_benchmark_fixtures.py
 --only swish``: vgg8's layout at half width, Conv → BN → swish everywhere, BN statistics
 re-estimated). Every group is then ``"coupled"`` (prune only, scored through
-`hope_keras.moments` with swish's Gaussian moments). Data-free, no fine-tuning; test
+`hope_keras.scoring.moments` with swish's Gaussian moments). Data-free, no fine-tuning; test
 accuracy and top-1 agreement with the uncompressed model are measured along
 
 * neuron density (active / initial compressible channels) 0.9 … 0.5, and
 * the FLOPs ratio of the slimmed model 0.9 … 0.5 (2 × multiply-adds of the layers
   with a kernel, per example, counted by the engine's own counter
-  ``hope_keras.sizes.SizeCounter`` for HOPE and baselines alike; checked once
-  against ``hope_keras.profile.model_flops`` of the slimmed model),
+  ``hope_keras.search.sizes.SizeCounter`` for HOPE and baselines alike; checked once
+  against ``hope_keras.deploy.profile.model_flops`` of the slimmed model),
 
 on two disjoint splits of the Fashion-MNIST test set (the model was trained on the
 60 000 training images):
@@ -136,7 +136,7 @@ class Sizes:
     """Live parameter and FLOPs ratios of the slimmed model for given live widths."""
 
     def __init__(self, model, analysis):
-        from hope_keras.sizes import SizeCounter
+        from hope_keras.search.sizes import SizeCounter
 
         self.counter = SizeCounter(model, analysis)  # pristine: never edited
         self.sizes = {g.name: g.size for g in analysis.groups}
@@ -231,7 +231,7 @@ class Bench:
 
     def _density_for_flops(self, scores, scope, ratio):
         """The highest density whose removal set reaches FLOPs ≤ `ratio` (or None)."""
-        from hope_keras import baselines
+        from hope_keras.search import baselines
 
         N = self.analysis.num_neurons
         if scope == "global":
@@ -260,7 +260,7 @@ class Bench:
         return lo / 1000
 
     def run_baseline(self, name, axis):
-        from hope_keras import baselines
+        from hope_keras.search import baselines
 
         parts = name.split("_")
         sc = parts[-1] == "sc"
@@ -286,7 +286,7 @@ class Bench:
         """The counter against `profile.model_flops` of a slimmed model, and slim's
         outputs against the in-place compressed model."""
         import hope_keras
-        from hope_keras.profile import model_flops
+        from hope_keras.deploy.profile import model_flops
 
         self.reset()
         res = compress(self.model, density=0.6, analysis=self.analysis)
@@ -340,7 +340,7 @@ def diagnose(model_name, n_sel, n_heldout, targets=(0.8, 0.7, 0.6)):
     """
     import hope_keras
     from hope_keras.data import load_demo_data
-    from hope_keras.edit import ModelEditor
+    from hope_keras.edit.editor import ModelEditor
 
     bench = Bench(model_name, n_sel, n_heldout)
     a = bench.analysis

@@ -9,7 +9,7 @@ test accuracy and top-1 agreement with the uncompressed model along three axes:
   residual-stream groups included): 0.9 … 0.3 (LeNet … 0.2);
 * live parameter ratio and FLOPs ratio of the slimmed model: 0.9 … 0.3 (points a
   method cannot reach are left out). FLOPs are 2 × multiply-adds of the layers with a
-  kernel, for one example (`hope_keras.sizes.SizeCounter`, the count HOPE's
+  kernel, for one example (`hope_keras.search.sizes.SizeCounter`, the count HOPE's
   trajectories record as ``flops_after`` and `hope_keras.profile` gives; checked
   against ``profile`` of a slimmed model per run); the baselines are counted alike.
 
@@ -59,7 +59,7 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
 * ``hope_auto``, ``hope_prune_auto``, ``hope_nocorr``: the default and prune-only
   HOPE with ``compress(correct_statistics="auto")`` (the default since it was
   measured; ``hope_nocorr``: False) (BN statistics corrected after the run
-  where `hope_keras.bn_stats.untrusted_tensors` trusts the prediction; replays
+  where `hope_keras.stats.bn_stats.untrusted_tensors` trusts the prediction; replays
   apply it).
 * Statistics correction: ``hope_sc``, ``hope_prune_sc`` and every baseline name with ``_sc``
   (``bn_scale_layer_sc``, ``nm_layer_sc`` …): the method, then, at every point, on
@@ -73,7 +73,7 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   is left after it is what the selection costs; what it restores is what the stale
   BN statistics cost.
 * Stream readers' correction (data-free): every baseline name with ``_syn``: the
-  method, then, at every point, `hope_keras.synthetic.correct_stream_readers` (the
+  method, then, at every point, `hope_keras.stats.synthetic.correct_stream_readers` (the
   part of ``compress(correct_statistics="auto")`` that measures the BNs reading a
   residual stream on synthetic inputs, recorded once on the uncompressed model), for
   every stream reader.
@@ -135,7 +135,7 @@ NM_PAPER_LENET = {"baseline": 89.80, "prune": 66.76, "neuron_merging": 80.02}
 
 # -------------------------------------------------------------- experimental costs
 def _costs():
-    from hope_keras import costs
+    from hope_keras.scoring import costs
 
     class ScoreRankCost(costs.HopeCost):
         """The default cost with another per-neuron score in the prune cost:
@@ -216,7 +216,7 @@ def _costs():
 def hope_methods(ctx):
     """{name: (compress options, axes)}; `ctx` holds the model's mean savings."""
     ScoreRankCost, OrderCost, WidthWeightedCost, NeuronsOnlyCost, OneReaderCost = _costs()
-    from hope_keras import costs
+    from hope_keras.scoring import costs
 
     def order(alpha, alpha_merge=False):
         return OrderCost(alpha, ctx["mean_params"], ctx["mean_flops"], alpha_merge)
@@ -378,7 +378,7 @@ class Sizes:
     (the engine's own counter, so HOPE and the baselines are counted alike)."""
 
     def __init__(self, model, analysis):
-        from hope_keras.sizes import SizeCounter
+        from hope_keras.search.sizes import SizeCounter
 
         self.counter = SizeCounter(model, analysis)  # pristine; copied per count
         self.sizes = {g.name: g.size for g in analysis.groups}
@@ -419,7 +419,7 @@ def alive_after(traj, n_steps, sizes, block_groups):
 class Bench:
     def __init__(self, model_name, n_sel, n_heldout, densities):
         import hope_keras
-        from hope_keras.calibration import calibrate
+        from hope_keras.stats.calibration import calibrate
 
         model, splits, xc = load_splits(model_name, n_sel, n_heldout)
         info = {"model": model_name, "params": int(model.count_params()),
@@ -474,7 +474,7 @@ class Bench:
         if self.reestimate:
             hope_keras.reestimate_batchnorm_statistics(self.model, self.xc)
         if self.synthetic and self.stream_reference is not None:
-            from hope_keras.synthetic import correct_stream_readers
+            from hope_keras.stats.synthetic import correct_stream_readers
 
             correct_stream_readers(self.stream_reference, set(self.analysis.graph.flat.shapes))
         params, flops = self.sizes(alive, evicted)
@@ -574,7 +574,7 @@ class Bench:
     def _scores(self, method):
         import keras
 
-        from hope_keras import baselines
+        from hope_keras.search import baselines
 
         if method != "nm":
             return baselines.scores(self.analysis, method)
@@ -586,7 +586,7 @@ class Bench:
         return out
 
     def _apply_baseline(self, method, scope, mc, density):
-        from hope_keras import baselines
+        from hope_keras.search import baselines
 
         if method == "nm":
             return baselines.neuron_merging(self.model, density, scope=scope,
@@ -602,7 +602,7 @@ class Bench:
 
     def _density_for_ratio(self, scores, scope, axis, ratio):
         """The highest density whose removal set reaches ≤ `ratio`, or None."""
-        from hope_keras import baselines
+        from hope_keras.search import baselines
 
         N = self.analysis.num_neurons
         col = 0 if axis == "params" else 1
@@ -688,7 +688,8 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
         bench.reestimate = name.endswith("_re")
         bench.synthetic = name.endswith("_syn")
         if bench.synthetic and bench.stream_reference is None:
-            from hope_keras import bn_stats, synthetic
+            from hope_keras.stats import bn_stats
+            from hope_keras.stats import synthetic
 
             bench.reset()  # recorded on the original model
             x = bn_stats.synthetic_inputs(bench.model, verbose=False)

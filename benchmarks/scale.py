@@ -149,11 +149,11 @@ def main():
         cand = int(args.candidates)
     load = os.getloadavg()
     if args.refine_batch is not None:
-        from hope_keras import search as search_lib
+        from hope_keras.search import merge_search as search_lib
 
         search_lib.REFINE_BATCH = search_lib.REFINE_BATCH_WIDE = args.refine_batch
     if args.unoriented:
-        from hope_keras import candidates
+        from hope_keras.search import candidates
 
         candidates.ORIENTED = False
     if args.width is not None or args.init != "keras" or args.bn_stats:
@@ -193,7 +193,7 @@ def main():
     t_init = time.perf_counter() - t
     correction, mode = None, args.correct_statistics
     if mode is not None:
-        from hope_keras.correction import StatisticsCorrection
+        from hope_keras.stats.correction import StatisticsCorrection
 
         mode = {"true": True, "false": False}.get(mode.lower(), mode)
         correction = StatisticsCorrection(mode, verbose=False)

@@ -1,6 +1,6 @@
 """The merge search on sketched groups: certified against top-k, on trained models.
 
-Sketch caches (`hope_keras.cache.SketchCache`) are built for groups of
+Sketch caches (`hope_keras.scoring.cache.SketchCache`) are built for groups of
 `cache.SKETCH_WIDTH` (6144) neurons or more, wider than any trained model the
 quality benchmark has. This script lowers the threshold so that every group of a
 trained benchmark model is sketched, then compresses it with
@@ -21,7 +21,7 @@ import keras
 import numpy as np
 
 import hope_keras
-from hope_keras import cache
+from hope_keras.scoring import cache
 
 from _common import add_quick, compress
 from quality import load_splits
@@ -51,11 +51,11 @@ def main():
     if args.quick:
         args.searches, args.densities, n_sel = ["top_k"], [0.8], 500
     if args.refine_batch is not None:
-        from hope_keras import search as search_lib
+        from hope_keras.search import merge_search as search_lib
 
         search_lib.REFINE_BATCH = search_lib.REFINE_BATCH_WIDE = args.refine_batch
     if args.unoriented:
-        from hope_keras import candidates
+        from hope_keras.search import candidates
 
         candidates.ORIENTED = False
     model0, splits, xc = load_splits(args.model, n_sel, 0)

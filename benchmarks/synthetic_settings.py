@@ -97,7 +97,9 @@ import quality as Q  # noqa: E402
 from _common import compress, quick_path, quick_requested  # noqa: E402
 
 import hope_keras  # noqa: E402
-from hope_keras import bn_stats, costs, synthetic  # noqa: E402
+from hope_keras.stats import bn_stats
+from hope_keras.scoring import costs
+from hope_keras.stats import synthetic  # noqa: E402
 
 DENSITIES = (0.55, 0.5, 0.45)
 # (inputs, Adam steps, learning rate, seed, mode); steps 0: standard normal noise.
@@ -331,7 +333,7 @@ def relative_correction(b, compressed, x, tensors_of):
     with ``μ₀, σ₀²`` its moving statistics *before* the run and ``m₀, v₀`` its input's
     batch moments on the uncompressed model: the reader's own edits (a merged
     channel) are measured on the batch too, instead of kept as the edits wrote them."""
-    from hope_keras import _keras_graph as kg
+    from hope_keras.graph import adapter as kg
 
     a = b.analysis
     b.reset()

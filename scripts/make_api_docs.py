@@ -18,10 +18,10 @@ MODULES = [
     "hope_keras.layers",
     "hope_keras.activations",
     "hope_keras.plots",
-    "hope_keras.profile",
-    "hope_keras.export",
+    "hope_keras.deploy.profile",
+    "hope_keras.deploy.export",
     "hope_keras.baselines",
-    "hope_keras.tracing",
+    "hope_keras.graph.tracing",
     "hope_keras.deft",
     "hope_keras.derivative_matching",
 ]

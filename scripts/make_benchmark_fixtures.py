@@ -144,7 +144,7 @@ def accuracy(model, x, y, batch_size=250) -> float:
 
 
 def reestimate(model, x_train, convert, rng, batches=24, batch_size=256):
-    from hope_keras.bn_stats import reestimate_batchnorm_statistics
+    from hope_keras.stats.bn_stats import reestimate_batchnorm_statistics
 
     idx = rng.permutation(len(x_train))[: batches * batch_size]
     reestimate_batchnorm_statistics(model, convert(x_train[idx]), batch_size=batch_size)

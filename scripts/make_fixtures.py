@@ -11,7 +11,7 @@ files); when they are missing it runs ``apt-get install -y
 dataset-fashion-mnist`` (as root) first. It then trains a small residual CNN
 with Adam for a few epochs on CPU (fixed seeds), re-estimates the
 BatchNormalization statistics with
-:func:`hope_keras.bn_stats.reestimate_batchnorm_statistics` over 24 training
+:func:`hope_keras.stats.bn_stats.reestimate_batchnorm_statistics` over 24 training
 batches of 256, prints the test accuracies before and after that, and writes:
 
 ``fmnist_cnn.keras``
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
 
     import keras
 
-    from hope_keras.bn_stats import reestimate_batchnorm_statistics
+    from hope_keras.stats.bn_stats import reestimate_batchnorm_statistics
 
     t_start = time.time()
     keras.utils.set_random_seed(args.seed)

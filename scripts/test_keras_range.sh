@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the Keras-facing tests (the adapter hope_keras._keras_graph, the layer
+# Runs the Keras-facing tests (the adapter hope_keras.graph.adapter, the layer
 # registry, walker, slim, engine, and the training wrappers) on the oldest and the newest Keras release that
 # pyproject.toml allows, each installed with --no-deps into its own folder under
 # .cache/keras-range/ and put in front of the virtual environment's own Keras (so the
@@ -19,7 +19,7 @@ TESTS=(
     tests/test_slim_trajectory.py tests/test_engine.py tests/test_data.py
     tests/test_profile.py::test_flops_equal_a_brute_force_count_of_multiply_accumulates
     tests/test_profile.py::test_nested_sequential_and_shared_layers
-    src/hope_keras/_keras_graph.py src/hope_keras/layers.py
+    src/hope_keras/graph/adapter.py src/hope_keras/graph/layers.py
     # What sets the floor (docs/architecture.md): training wrappers on Keras internals.
     tests/test_recover.py::test_labels_and_teacherless_training
     tests/test_deft_training.py::test_optimizer_config_roundtrip_and_model_save

@@ -2,7 +2,7 @@
 
 Monte Carlo (one seeded draw of 10^6 standard pairs reused for every case), scipy
 adaptive quadrature, a dense tensor Gauss–Legendre grid, Keras' own activations, and
-hope_keras.kernels (bit-identity of ReLU).
+hope_keras.activations.kernels (bit-identity of ReLU).
 """
 
 import functools
@@ -15,7 +15,7 @@ from scipy import integrate
 from scipy.stats import norm
 
 from hope_keras import activations as A
-from hope_keras import kernels
+from hope_keras.activations import kernels
 from hope_keras.derivative_matching import gelu_approximate
 
 N_MC = 1_000_000

@@ -92,7 +92,7 @@ def test_convnext_streams_prune_through_layer_norms_and_slim_exactly(tmp_path):
     (stem, every block, downsampling, head): after `compress` and 8 channels of
     every stream removed by the editor, `slim` (which counts them as zeros in every
     LayerNormalization it shrinks) equals the in-place model and reloads."""
-    from hope_keras.edit import ModelEditor
+    from hope_keras.edit.editor import ModelEditor
 
     rng = np.random.default_rng(0)
     keras.utils.set_random_seed(0)

@@ -10,8 +10,8 @@ import pytest
 
 import hope_keras
 from conftest import copy_model, mlp
-from hope_keras import baselines
-from hope_keras.engine import Encoder
+from hope_keras.search import baselines
+from hope_keras.search.encoder import Encoder
 
 
 def _weights(model):
@@ -319,7 +319,7 @@ def test_deft_trainer_refuses_source_data_it_cannot_score_before_training():
 
 
 def test_analyze_pins_a_sketched_group_with_nan_weights_naming_layer_and_count(monkeypatch):
-    from hope_keras import cache as cache_lib
+    from hope_keras.scoring import cache as cache_lib
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 8)  # every group of the mlp sketched
     model = mlp(seed=6)

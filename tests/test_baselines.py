@@ -6,7 +6,7 @@ import pytest
 
 import hope_keras
 from conftest import copy_model, mlp, outputs_equal, small_resnet
-from hope_keras import baselines
+from hope_keras.search import baselines
 
 
 def _x(model, n=16, seed=0):

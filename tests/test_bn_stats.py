@@ -1,11 +1,11 @@
-"""Tests for hope_keras.bn_stats.reestimate_batchnorm_statistics."""
+"""Tests for hope_keras.stats.bn_stats.reestimate_batchnorm_statistics."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from hope_keras.bn_stats import reestimate_batchnorm_statistics
+from hope_keras.stats.bn_stats import reestimate_batchnorm_statistics
 
 
 def _model():

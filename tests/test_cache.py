@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from conftest import L, mlp, randomize_bn
-from hope_keras import cache as cache_lib
-from hope_keras import costs
-from hope_keras.graph import walk
-from hope_keras.neurons import extract_group
+from hope_keras.scoring import cache as cache_lib
+from hope_keras.scoring import costs
+from hope_keras.graph.walker import walk
+from hope_keras.scoring.neurons import extract_group
 
 
 def _cache(model, name, kernel="approx"):
@@ -68,7 +68,7 @@ def test_pair_table_equals_explicit_vector_path():
     v, u, w = state.v, state.u, state.w_eff
     for i, j in [(0, 1), (2, 5), (6, 3)]:
         cos = w[i] @ w[j] / np.linalg.norm(w[i]) / np.linalg.norm(w[j])
-        from hope_keras.kernels import warped_correlation
+        from hope_keras.activations.kernels import warped_correlation
 
         rho = warped_correlation(cos, abs(state.gamma[i]), np.linalg.norm(w[i]),
                                  abs(state.gamma[j]), np.linalg.norm(w[j]))
@@ -161,7 +161,7 @@ def test_gram_backends_agree_and_the_option_is_checked(monkeypatch):
 def test_wide_float32_cache_equals_the_float64_formulas_bit_for_bit(monkeypatch):
     # Wide groups (float32 tables) round w_eff and b bᵀ a chunk at a time and keep
     # u in the readers' dtype: the same bits as rounding the float64 arrays whole.
-    from hope_keras import neurons
+    from hope_keras.scoring import neurons
 
     model = mlp((40, 12), seed=11)
     group = walk(model).groups["fc0"]

@@ -6,7 +6,7 @@ import pytest
 
 import hope_keras
 from conftest import L, outputs_equal
-from hope_keras.calibration import EPSILON, calibrate, calibration_targets
+from hope_keras.stats.calibration import EPSILON, calibrate, calibration_targets
 
 
 def _lenet(seed=0):

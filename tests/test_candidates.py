@@ -1,4 +1,4 @@
-"""Bounded merge candidates (hope_keras.candidates): the bounded scan selects what the
+"""Bounded merge candidates (hope_keras.search.candidates): the bounded scan selects what the
 exhaustive scan selects, its tables stay consistent with a rebuild, its bounds are
 lower bounds."""
 
@@ -8,14 +8,15 @@ import pytest
 
 import hope_keras
 from conftest import mlp, small_resnet
-from hope_keras import candidates, costs
-from hope_keras.cache import build_group_cache
-from hope_keras.candidates import MergeTable
-from hope_keras.engine import Encoder
-from hope_keras.graph import walk
-from hope_keras.merge_tables import dense as dense_tables
-from hope_keras.merge_tables import top_k as top_k_tables
-from hope_keras.neurons import extract_group
+from hope_keras.search import candidates
+from hope_keras.scoring import costs
+from hope_keras.scoring.cache import build_group_cache
+from hope_keras.search.candidates import MergeTable
+from hope_keras.search.encoder import Encoder
+from hope_keras.graph.walker import walk
+from hope_keras.search.merge_tables import dense as dense_tables
+from hope_keras.search.merge_tables import top_k as top_k_tables
+from hope_keras.scoring.neurons import extract_group
 
 
 def clustered_mlp(seed, widths=(24, 20), noise=0.05):
@@ -338,7 +339,7 @@ def test_cache_copy_shares_grams_until_a_merge():
 
 
 def test_wide_groups_keep_float32_grams():
-    from hope_keras import cache as cache_lib
+    from hope_keras.scoring import cache as cache_lib
 
     model = mlp((40,), d_in=5, seed=1)
     state = extract_group(model, walk(model).groups["fc0"])
@@ -435,7 +436,7 @@ def test_top_k_search_selects_the_cheapest_pair_it_holds(seed):
 
 def _top_k_misses(seed, k, oriented, monkeypatch):
     """Selections of a top-k merge run that cost more than the exhaustive minimum."""
-    from hope_keras import candidates
+    from hope_keras.search import candidates
 
     monkeypatch.setattr(candidates, "ORIENTED", oriented)
     enc = Encoder(mlp((24, 20), d_in=7, seed=seed), actions=("merge",), search=dict(merge_candidates=k, merge_search="top_k"))
@@ -485,7 +486,7 @@ def test_auto_merge_search_is_top_k_only_in_the_widest_groups(monkeypatch):
     `search.AUTO_TOP_K_WIDTH` and keeps top-k tables in groups at least that wide:
     with no group that wide its run is the certified run, with every group that wide
     the top-k run, and in between each group gets its own."""
-    from hope_keras import search as search_lib
+    from hope_keras.search import merge_search as search_lib
 
     def run(search=None):
         # One partner per row: there the two searches differ (see above).
@@ -516,7 +517,7 @@ def test_sketched_groups_select_exactly_priced_merges_and_edit_exactly(monkeypat
     Gram entries are within a few 1/sqrt(SKETCH_DIM) of the exact ones, every merge
     the engine executes was re-priced from exact entries first, and the edited model
     equals its slimmed copy."""
-    from hope_keras import cache as cache_lib
+    from hope_keras.scoring import cache as cache_lib
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
     model = clustered_mlp(3)
@@ -555,7 +556,7 @@ def test_top_k_refill_prices_a_subset_and_leaves_every_row_partners(monkeypatch,
     partners' partners), every live row then holds a live partner (oriented: but
     those no live neuron outranks), and the selection is the cheapest held pair,
     never cheaper than the exhaustive minimum."""
-    from hope_keras import candidates
+    from hope_keras.search import candidates
 
     monkeypatch.setattr(candidates, "ORIENTED", oriented)
     monkeypatch.setattr(top_k_tables, "REFILL_HUBS", 4)
@@ -607,8 +608,8 @@ def test_top_k_refill_prices_a_subset_and_leaves_every_row_partners(monkeypatch,
 def test_index_helpers_match_numpy():
     """The table's `_nonzero2` and the cache's `sorted_unique` (faster paths) return
     exactly what `np.nonzero` and `np.unique` return, empty inputs included."""
-    from hope_keras.cache import sorted_unique as _unique
-    from hope_keras.candidates import _nonzero2
+    from hope_keras.scoring.cache import sorted_unique as _unique
+    from hope_keras.search.candidates import _nonzero2
 
     rng = np.random.default_rng(0)
     for shape, p in (((7, 11), 0.3), ((1, 5), 0.0), ((0, 4), 0.5), ((40, 33), 0.9)):
@@ -636,7 +637,7 @@ def test_row_min_matches_a_sort_with_ties_infinities_and_any_order():
     """`_row_min` (unbuffered reductions) picks each row's smallest DR, ties → the
     smallest partner (its first pair), skipping infinite and NaN values, whatever the
     order of the pairs."""
-    from hope_keras.candidates import _row_min
+    from hope_keras.search.candidates import _row_min
 
     rng = np.random.default_rng(0)
     for nrows, per in ((40, 6), (3, 50), (1, 1), (5, 0)):
@@ -659,8 +660,8 @@ def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatc
     `exact_pair_values` prices each one (to float32 rounding: the batch reads float32
     rows and takes their pairs' products in float32; one pair reads float64); `leading_pairs`
     offers the last selection's cheapest pairs not yet re-priced, cheapest first."""
-    from hope_keras import cache as cache_lib
-    from hope_keras.search import REFINE_BATCH
+    from hope_keras.scoring import cache as cache_lib
+    from hope_keras.search.merge_search import REFINE_BATCH
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
     model = clustered_mlp(3)
@@ -699,8 +700,8 @@ def test_wide_sketched_groups_re_price_more_pairs_a_round(monkeypatch):
     """Sketched groups of `search.REFINE_WIDE` neurons or more re-price up to
     `search.REFINE_BATCH_WIDE` pairs a round, narrower ones up to `REFINE_BATCH`
     (the pairs each `SketchCache.exact_pairs` call of the run receives)."""
-    from hope_keras import cache as cache_lib
-    from hope_keras import search as search_lib
+    from hope_keras.scoring import cache as cache_lib
+    from hope_keras.search import merge_search as search_lib
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
     monkeypatch.setattr(search_lib, "REFINE_BATCH", 3)
@@ -757,7 +758,7 @@ def test_exact_store_matches_a_dict(monkeypatch):
     """The two-level store of exactly re-priced pairs returns what a dict of the
     same puts returns (stamps checked, overwrites, merges of the small level into
     the large one, clean-ups)."""
-    from hope_keras.candidates import _ExactStore
+    from hope_keras.search.candidates import _ExactStore
 
     monkeypatch.setattr(_ExactStore, "RECENT", 7)
     rng = np.random.default_rng(0)
@@ -791,7 +792,7 @@ def test_a_parents_bound_row_equals_the_pairwise_bounds(monkeypatch, sketched):
     parent's row is built from) gives `_distance` of the same pairs: bit for bit from
     an exact cache; from a sketched one to float32 rounding (a matrix product, where
     a few pairs are summed pair by pair, in another order)."""
-    from hope_keras import cache as cache_lib
+    from hope_keras.scoring import cache as cache_lib
 
     if sketched:
         monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
@@ -819,8 +820,8 @@ def test_sketched_runs_read_the_same_weights_through_the_column_cache(monkeypatc
     network, every group sketched)."""
     import functools
 
-    from hope_keras import cache as cache_lib
-    from hope_keras import engine
+    from hope_keras.scoring import cache as cache_lib
+    from hope_keras.search import encoder as engine
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 2 if convolutional else 16)
     if convolutional:
@@ -854,8 +855,8 @@ def test_top_k_tables_filled_in_threads_give_the_same_run(monkeypatch):
     (`search.PARALLEL_FILL_PAIRS`): each table reads only its own group's cache, so
     the run takes the same steps with the same costs as with tables filled one after
     another (sketched groups: the fill's Gram products run in each thread)."""
-    from hope_keras import cache as cache_lib
-    from hope_keras import search as search_lib
+    from hope_keras.scoring import cache as cache_lib
+    from hope_keras.search import merge_search as search_lib
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
     monkeypatch.setattr(search_lib, "_cpu_count", lambda: 2)
@@ -892,7 +893,7 @@ def test_parent_rows_computed_in_the_background_are_the_ones_computed_after(monk
     background thread before the model is edited (`SketchCache.prefetch_parent_rows`):
     the run takes the same steps with bit-for-bit the same costs as one that computes
     them after the merge, and the background rows are the ones read."""
-    from hope_keras import cache as cache_lib
+    from hope_keras.scoring import cache as cache_lib
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
     used = []
@@ -925,7 +926,7 @@ def test_prefetched_parent_rows_equal_the_rows_after_the_merge(monkeypatch):
     """`prefetch_parent_rows` then `replace_with_parent`: the Gram rows of the parent
     read from the background product are bit for bit those computed afterwards; a
     prefetch for another pair, or one overtaken by another change, is not read."""
-    from hope_keras import cache as cache_lib
+    from hope_keras.scoring import cache as cache_lib
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
     enc = Encoder(clustered_mlp(7, widths=(40, 36)), search=dict(merge_search="top_k"))
@@ -954,7 +955,7 @@ def test_overlapping_one_thread_limits_restore_the_setting_once_all_are_out():
     from before comes back when the last one leaves (not the first one's view of it,
     one thread, which nested limits would restore last)."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from hope_keras import _threads
+    from hope_keras.search import _threads
 
     def blas_threads():
         return {m["num_threads"] for m in threadpoolctl.threadpool_info()
@@ -980,7 +981,7 @@ def test_runs_with_sketched_groups_use_one_blas_thread_and_restore_it(monkeypatc
     thread's core) and gives the setting back afterwards, even when a step fails;
     runs without sketched groups leave it alone."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from hope_keras import cache as cache_lib
+    from hope_keras.scoring import cache as cache_lib
 
     def blas_threads():
         return {m["num_threads"] for m in threadpoolctl.threadpool_info()

@@ -69,7 +69,7 @@ def test_cli_compress_replay_report(model_file, tmp_path, capsys):
     tfl = str(tmp_path / "slim.tflite")
     status, _ = _in_process(capsys, "export", out, "--out", tfl)
     assert status == 0
-    np.testing.assert_allclose(hope_keras.export.tflite_predict(tfl, x), small(x),
+    np.testing.assert_allclose(hope_keras.deploy.export.tflite_predict(tfl, x), small(x),
                                rtol=1e-5, atol=1e-5)
 
     status, stdout = _in_process(capsys, "analyze", model_file)

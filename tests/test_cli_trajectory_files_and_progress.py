@@ -115,12 +115,12 @@ def test_cli_corrupt_model_file_is_not_reported_as_missing(tmp_path, capsys):
 
 
 def test_cli_checks_output_paths_before_any_work(tmp_path, monkeypatch, capsys):
-    import hope_keras.engine
+    import hope_keras.search.encoder
 
     def no_run(*args, **kwargs):
         raise AssertionError("compress ran before the output paths were checked")
 
-    monkeypatch.setattr(hope_keras.engine, "compress", no_run)
+    monkeypatch.setattr(hope_keras.search.encoder, "compress", no_run)
     model = str(tmp_path / "m.keras")
     mlp((5, 4)).save(model)
     for out, message in ((str(tmp_path / "no" / "such" / "dir" / "s.keras"), "does not exist"),

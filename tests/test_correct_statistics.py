@@ -13,7 +13,7 @@ L = keras.layers
 def _exact_surrogate_model(seed=0, width=6, d_in=6):
     """x ~ N(0, I) → Dense with orthonormal columns, no bias → BN (moving stats the
     true ones: mean 0, variance 1) → ReLU → Dense → BN2. BN outputs are then exactly
-    independent N(β, γ²), as `hope_keras.moments` assumes."""
+    independent N(β, γ²), as `hope_keras.scoring.moments` assumes."""
     keras.utils.set_random_seed(seed)
     rng = np.random.default_rng(seed)
     inputs = keras.Input((d_in,))
@@ -114,7 +114,7 @@ def test_auto_leaves_the_statistics_behind_merges_and_replays_prefixes():
     """"auto": after a prune in fc0 and a merge in fc1, fc1's BN (downstream of the
     merge) keeps its statistics; a replay decides on the steps it replays: after the
     prune alone, fc1's BN (whose input lost a channel) is corrected."""
-    from hope_keras.engine import Action
+    from hope_keras.search.encoder import Action
 
     enc = hope_keras.Encoder(_two_layer_mlp(1))
     enc.execute(Action("prune", "fc0", 3, -1, 0.0, 0.0, 1.0, 1))
@@ -160,7 +160,7 @@ def test_surrogate_skips_what_a_moved_residual_sum_reaches():
     propagation adds the branch and the shortcut as if independent). True corrects
     those whose input the propagation predicts to move."""
     from conftest import small_resnet
-    from hope_keras.engine import Action
+    from hope_keras.search.encoder import Action
 
     enc = hope_keras.Encoder(small_resnet(seed=3), actions=("prune",))
     enc.execute(Action("prune", "c2", 0, -1, 0.0, 0.0, 1.0, 1))

@@ -1,4 +1,4 @@
-"""The statistics correction the encoder runs after its steps (`hope_keras.correction`):
+"""The statistics correction the encoder runs after its steps (`hope_keras.stats.correction`):
 with ``data=`` (re-estimation of the stale BatchNormalizations, nothing synthetic),
 data-free (synthetic inputs only when a residual stream moved, made from the original
 weights after the run, equal to making them before), undone and redone by a run that
@@ -10,7 +10,10 @@ import pytest
 import tensorflow as tf
 
 import hope_keras
-from hope_keras import bn_stats, correction, moments, synthetic
+from hope_keras.stats import bn_stats
+from hope_keras.stats import correction
+from hope_keras.scoring import moments
+from hope_keras.stats import synthetic
 
 from conftest import copy_model, mlp, small_resnet
 

@@ -17,7 +17,7 @@ from scipy.stats import norm
 
 import hope_keras
 from conftest import L, randomize_bn
-from hope_keras.engine import Encoder
+from hope_keras.search.encoder import Encoder
 from test_exactness import _channel_rows
 
 # The engine options that select the spec's (the paper's) cost.
@@ -198,7 +198,7 @@ BLOCK = ("blk", ["b_in"], "stem_bn", ["b_in_bn", "b_out_bn"])
 def engine_table(enc):
     """The engine's step-0 J and DR of every action (the one place that reads the
     encoder's tables: update it with the engine's API)."""
-    from hope_keras import costs
+    from hope_keras.scoring import costs
 
     table = {}
     for name, gs in enc.groups.items():

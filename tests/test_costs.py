@@ -7,7 +7,7 @@ import pytest
 from scipy import integrate
 from scipy.stats import norm
 
-from hope_keras.costs import (
+from hope_keras.scoring.costs import (
     alpha_star,
     j_evict,
     j_merge,
@@ -281,7 +281,7 @@ def _one_pair_cases():
 def test_merge_solution_of_one_pair_matches_the_vectorised_one():
     """The engine solves the merge it executes in Python floats (`merge_solution_one`):
     the same values as `merge_solution`, to rounding, degenerate pairs included."""
-    from hope_keras.kernels import self_kernel
+    from hope_keras.activations.kernels import self_kernel
 
     for c in _one_pair_cases():
         gi, bi, gj, bj = c[6:10]
@@ -300,7 +300,7 @@ def test_merge_solution_values_do_not_depend_on_the_batch(kernel):
     certifies its selection with those values, then solves the chosen pair alone:
     each pair's values must be the same bits whatever the batch, and passing the
     self-kernels a cache holds must not change them."""
-    from hope_keras.kernels import self_kernel
+    from hope_keras.activations.kernels import self_kernel
 
     cases = [_random_pair(s) for s in range(40)]
     arr = [np.array(c) for c in zip(*[(*_grams(c[0], c[1], c[2], c[3]), *c[4:])
@@ -333,7 +333,7 @@ def test_merge_duplicates(kernel, g, b):
     f_i = np.linalg.norm(ui) * np.sqrt(_K_self_quad(g, b))
     assert float(sol.B) == pytest.approx(2 * f_i, rel=1e-9)
     # with the warped correlation of truly identical neurons (rho_tilde ~ 1 - 1e-12)
-    from hope_keras.kernels import warped_correlation
+    from hope_keras.activations.kernels import warped_correlation
     rt = warped_correlation(1.0, g, 1.0, g, 1.0)
     sol2 = merge_solution(*G, g, b, g, b, rt, kernel=kernel)
     assert float(sol2.B) == pytest.approx(2 * f_i, rel=1e-5)

@@ -266,8 +266,8 @@ def test_mean_var_compensation_against_an_explicit_loop():
     p = deft.plan(model, percentile=50, compensate="mean_var")
     m = copy_model(model)
     p.apply(m)
-    from hope_keras import moments
-    from hope_keras.graph import walk
+    from hope_keras.scoring import moments
+    from hope_keras.graph.walker import walk
 
     # Reference: the merged (unmasked) model's surrogate moments, explicit loops.
     ref = copy_model(model)
@@ -428,8 +428,8 @@ def test_layer_threshold_makes_only_dead_neurons_slack_when_most_are_dead():
 
 @pytest.mark.parametrize("cost", ["paper", "hope"])
 def test_plan_covers_exactly_the_groups_its_cost_prices(cost):
-    from hope_keras import costs
-    from hope_keras.graph import walk
+    from hope_keras.scoring import costs
+    from hope_keras.graph.walker import walk
 
     model = small_resnet(seed=1)
     p = deft.plan(model, percentile=20, cost=cost)

@@ -68,7 +68,7 @@ def test_dynamic_decoupling_core_activations_do_not_move(cost):
     """With ``cost="hope"`` the plan also covers the residual stream ("stem": stem,
     b1b and the Add), a coupled group without a BN of its own: its channels are
     probed at every BN that writes them (stem_bn, and b1b_bn, the branch's share)."""
-    from hope_keras.graph import walk
+    from hope_keras.graph.walker import walk
 
     model, p, retention, target, x, y = _setup(seed=2, percentile=60, cost=cost)
     assert ("stem" in p.groups) == (cost == "hope")

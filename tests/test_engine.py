@@ -12,7 +12,7 @@ from scipy.stats import norm
 
 import hope_keras
 from conftest import L, copy_model, mlp, outputs_equal, randomize_bn, small_resnet
-from hope_keras.engine import Action, Encoder
+from hope_keras.search.encoder import Action, Encoder
 
 
 def _x(model, n=6, seed=0):
@@ -282,7 +282,7 @@ def test_zero_moving_variance_is_pinned_with_a_reason():
 def test_interruption_leaves_model_at_last_completed_step(exc, monkeypatch):
     model = small_resnet(seed=9)
     original = copy_model(model)
-    from hope_keras import edit
+    from hope_keras.edit import editor as edit
 
     calls = {"n": 0}
     real_prune = edit.ModelEditor.prune
@@ -441,7 +441,7 @@ def test_mean_compensation_of_a_bias_free_consumer_goes_into_its_bn_mean():
 
     model = randomize_bn(model, 12)
     before = copy_model(model)
-    editor = hope_keras.edit.ModelEditor(model, hope_keras.walk(model),
+    editor = hope_keras.edit.editor.ModelEditor(model, hope_keras.walk(model),
                                          mean_compensation=True)
     with editor.step():
         editor.prune("a", 2)
@@ -472,7 +472,7 @@ def _flops(model):
 def test_hope_cost_ranks_a_flops_budget_by_the_geometric_mean_of_neurons_and_flops():
     """Under flops=, DR = J / sqrt(k·S), S the FLOPs the slimmed model loses (counted
     here by slimming the edited model), k the neurons removed."""
-    from hope_keras.edit import ModelEditor
+    from hope_keras.edit.editor import ModelEditor
 
     model = small_resnet(seed=5)
     base = _flops(hope_keras.slim(model))

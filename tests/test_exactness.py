@@ -13,7 +13,7 @@ import pytest
 
 import hope_keras
 from conftest import L, copy_model, plant_duplicate, randomize_bn
-from hope_keras.edit import ModelEditor, ParentCoefficients
+from hope_keras.edit.editor import ModelEditor, ParentCoefficients
 
 
 def _x(model, n=8, seed=0):

@@ -4,7 +4,7 @@ import keras
 import pytest
 
 from conftest import L, bn_relu, mlp, small_resnet
-from hope_keras.graph import walk
+from hope_keras.graph.walker import walk
 
 
 @pytest.fixture(scope="module")

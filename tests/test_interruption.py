@@ -18,8 +18,8 @@ import pytest
 
 import hope_keras
 from conftest import plant_duplicate, run_on_two_logical_cpus, small_resnet
-from hope_keras import edit
-from hope_keras.engine import Encoder
+from hope_keras.edit import editor as edit
+from hope_keras.search.encoder import Encoder
 
 DENSITY = 0.35
 COPIES = 1 << 62  # edit.VIEW_MIN_BYTES that no variable reaches: the copying editor
@@ -161,7 +161,7 @@ def test_sigint_during_a_step_takes_effect_after_the_step(reference, monkeypatch
 
 def test_interrupted_bookkeeping_keeps_model_and_trajectory_but_refuses_to_continue(
         monkeypatch, editor_path):
-    from hope_keras import cache
+    from hope_keras.scoring import cache
 
     _interrupt_on_call(monkeypatch, cache.GroupCache, "replace_with_parent", 1, before=True)
     model = _model()
@@ -178,7 +178,7 @@ def test_a_custom_loop_interrupted_in_the_bookkeeping_refuses_to_continue(monkey
     """`next_action` / `execute` by hand (the class docstring's custom loop): a step
     recorded, then interrupted in the table updates, leaves an encoder that raises
     at its next call instead of going on from half-updated tables."""
-    from hope_keras import cache
+    from hope_keras.scoring import cache
 
     model = _model()
     enc = Encoder(model, analysis=hope_keras.analyze(model))
@@ -288,7 +288,7 @@ def test_the_copying_editor_edits_its_own_copy_until_commit(copies):
     """The copying editor's arrays are its own (Keras hands back a fresh array, kept
     without a second copy): an edit leaves the model's variables as they were until
     `commit`."""
-    from hope_keras.graph import walk
+    from hope_keras.graph.walker import walk
 
     model = small_resnet(seed=1)
     graph = walk(model)
@@ -313,7 +313,7 @@ def test_a_large_variable_is_written_in_slices_without_a_whole_copy(monkeypatch,
     whole during the write-back (no copy of its previous values beside the mirror),
     and ends with the editor's edits; smaller variables are written whole."""
     import keras
-    from hope_keras.graph import walk
+    from hope_keras.graph.walker import walk
 
     inputs = keras.Input((48,))
     x = keras.layers.Dense(64, name="wide")(inputs)
@@ -367,7 +367,7 @@ def test_on_the_cpu_the_editor_edits_the_variables_in_place(monkeypatch):
     """The default editor writes into the variables' own buffers: the model holds an
     edit as soon as its step completes, an interrupted step is undone in the model,
     and `commit` assigns nothing."""
-    from hope_keras.graph import walk
+    from hope_keras.graph.walker import walk
 
     model = _one_group_model()
     editor = edit.ModelEditor(model, walk(model))
@@ -403,7 +403,7 @@ def test_commit_writes_the_edits_over_an_assignment_from_elsewhere(how):
     """Between an edit and `commit` the variable is assigned from outside the editor
     (which gives it a new buffer): commit writes the editor's values, with views as
     with copies."""
-    from hope_keras.graph import walk
+    from hope_keras.graph.walker import walk
 
     gen = _editor_holding(how)
     next(gen)
@@ -496,8 +496,8 @@ def test_the_analysis_keeps_no_view_of_the_weights(monkeypatch):
     keeps may be such a view, or the editor's in-place writes would change it. Every
     array of an analysis (dense and sketched groups) is the same after every group
     of the model was edited in place."""
-    from hope_keras import cache as cache_lib
-    from hope_keras.graph import walk
+    from hope_keras.scoring import cache as cache_lib
+    from hope_keras.graph.walker import walk
 
     monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 8)  # "fc" (9 wide) sketched
     model = small_resnet(seed=3)

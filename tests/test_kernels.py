@@ -1,11 +1,11 @@
-"""Tests for hope_keras.kernels against independent computations (Monte Carlo, scipy)."""
+"""Tests for hope_keras.activations.kernels against independent computations (Monte Carlo, scipy)."""
 
 import numpy as np
 import pytest
 from scipy import integrate
 from scipy.stats import multivariate_normal, norm
 
-from hope_keras.kernels import (
+from hope_keras.activations.kernels import (
     arccos_I,
     bivariate_normal_cdf,
     cross_kernel_approx,

@@ -9,9 +9,9 @@ import pytest
 
 import hope_keras
 from conftest import L
-from hope_keras import _keras_graph as kg
-from hope_keras.edit import ModelEditor
-from hope_keras.profile import model_flops
+from hope_keras.graph import adapter as kg
+from hope_keras.edit.editor import ModelEditor
+from hope_keras.deploy.profile import model_flops
 
 
 def _randomize(model, seed=0):
@@ -238,7 +238,7 @@ def test_channels_first_pooling_on_channels_last_tensors_pins_with_a_reason():
 @pytest.mark.parametrize("pattern", [concatenate, residual_stream, channels_first_flatten],
                          ids=lambda p: p.__name__)
 def test_baselines_on_coupled_patterns_slim_exactly(pattern):
-    from hope_keras import baselines
+    from hope_keras.search import baselines
 
     for method in ("l1_input", "bn_scale", "neuron_merging"):
         model = _model(pattern, seed=4)
@@ -255,7 +255,7 @@ def test_convnext_stream_channels_go_and_slim_counts_them_in_layer_norms(tmp_pat
     """Stream channels pruned through every LayerNormalization: slim's copies count
     them as zeros (`ZeroPaddedLayerNormalization`), outputs equal, and the model
     reloads in safe mode. A channel that only looks unread but is not zero stays."""
-    from hope_keras.layers import ZeroPaddedLayerNormalization
+    from hope_keras.graph.layers import ZeroPaddedLayerNormalization
 
     model = _model(convnext, seed=5)
     graph = hope_keras.walk(model)
@@ -293,7 +293,7 @@ def test_convnext_stream_channels_go_and_slim_counts_them_in_layer_norms(tmp_pat
 
 def test_zero_padded_layer_norm_equals_layer_norm_on_the_padded_input():
     """Against a float64 NumPy LayerNormalization of the input with the zeros put back."""
-    from hope_keras.layers import ZeroPaddedLayerNormalization
+    from hope_keras.graph.layers import ZeroPaddedLayerNormalization
 
     rng = np.random.default_rng(0)
     x = rng.normal(1.0, 2.0, (4, 3, 5)).astype("float32")

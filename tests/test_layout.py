@@ -179,7 +179,7 @@ def test_no_private_import_across_modules():
 
 def test_the_graph_sees_imports():
     # The checks above are only as good as the graph read from the source.
-    assert {"hope_keras.cache", "hope_keras.kernels"} <= _dependencies("hope_keras.cache_builders")
+    assert {"hope_keras.scoring.cache", "hope_keras.activations.kernels"} <= _dependencies("hope_keras.scoring.cache_builders")
     assert "hope_keras.deft.plan" in _dependencies("hope_keras.deft")  # package facade
     assert "hope_keras.derivative_matching.report" in _dependencies(
         "hope_keras.derivative_matching.compress")  # relative import

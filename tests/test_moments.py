@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import hope_keras
-from hope_keras import _keras_graph as kg
-from hope_keras import moments as moments_lib
-from hope_keras.neurons import coupled_capacity
+from hope_keras.graph import adapter as kg
+from hope_keras.scoring import moments as moments_lib
+from hope_keras.scoring.neurons import coupled_capacity
 
 L = keras.layers
 N = 200_000

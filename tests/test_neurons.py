@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from conftest import L, randomize_bn
-from hope_keras.graph import walk
-from hope_keras.neurons import consumer_rows, extract_group, rows_to_kernel
+from hope_keras.graph.walker import walk
+from hope_keras.scoring.neurons import consumer_rows, extract_group, rows_to_kernel
 
 
 def test_neurons_state_keeps_filters_in_kernel_dtype_and_folds_in_float64(rng):
@@ -137,7 +137,7 @@ def test_coupled_state_builds_its_arrays_on_access_from_the_weights_as_extracted
 
 
 def test_check_finite_counts_nan_and_inf_and_accepts_huge_finite_values():
-    from hope_keras.neurons import check_finite as _check_finite
+    from hope_keras.scoring.neurons import check_finite as _check_finite
 
     _check_finite("p", "kernel", np.array([1e308, 1e308, -1e308]))  # the sum overflows
     _check_finite("p", "kernel", np.ones((3, 4), np.float32))

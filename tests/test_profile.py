@@ -12,8 +12,8 @@ import pytest
 
 import hope_keras
 from conftest import small_resnet
-from hope_keras import layers as layer_rules
-from hope_keras.profile import layer_flops, model_flops
+from hope_keras.graph import layers as layer_rules
+from hope_keras.deploy.profile import layer_flops, model_flops
 
 L = keras.layers
 
@@ -117,7 +117,7 @@ def test_latency_methods_interleaved_and_tflite(tmp_path):
 
 
 def test_tflite_float32_matches_keras_and_int8_is_smaller(tmp_path):
-    from hope_keras.export import tflite_predict
+    from hope_keras.deploy.export import tflite_predict
 
     model = small_resnet(seed=4)
     hope_keras.compress(model, density=0.5, verbose=False)
@@ -137,7 +137,7 @@ def test_tflite_float32_matches_keras_and_int8_is_smaller(tmp_path):
 def test_dynamic_range_int8_runs_agrees_and_is_smaller():
     # Dynamic-range quantisation skips tensors under 1024 entries: use the demo CNN.
     from hope_keras.data import load_demo_data, load_demo_model
-    from hope_keras.export import tflite_predict
+    from hope_keras.deploy.export import tflite_predict
 
     model = load_demo_model()
     hope_keras.compress(model, density=0.8, verbose=False)

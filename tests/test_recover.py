@@ -14,7 +14,7 @@ import pytest
 
 import hope_keras
 from conftest import copy_model, mlp, run_on_two_logical_cpus, small_resnet
-from hope_keras.recover import Distiller
+from hope_keras.deploy.recover import Distiller
 
 L = keras.layers
 

@@ -22,10 +22,10 @@ from conftest import mlp, small_resnet
 DATA = os.path.join(os.path.dirname(__file__), "data", "refactor_identity.npz")
 INT_FIELDS = ("i", "j", "active_after")
 FLOAT_FIELDS = ("J", "DR", "P_init", "c_before", "c_after", "params_after", "flops_after")
-#: Module attributes a run sets: every group sketched (`hope_keras.cache.SketchCache`,
+#: Module attributes a run sets: every group sketched (`hope_keras.scoring.cache.SketchCache`,
 #: pairs re-priced from exact entries), or dense tables stored compact (float32).
-SKETCHED = (("hope_keras.cache", "SKETCH_WIDTH", 16),)
-COMPACT = (("hope_keras.merge_tables.dense", "DENSE_FLOAT64_MAX", 0),)
+SKETCHED = (("hope_keras.scoring.cache", "SKETCH_WIDTH", 16),)
+COMPACT = (("hope_keras.search.merge_tables.dense", "DENSE_FLOAT64_MAX", 0),)
 
 
 def _demo():
@@ -67,7 +67,7 @@ def _digest(w) -> str:
 
 
 def _run(name, setattr_) -> dict:
-    from hope_keras.engine import Encoder
+    from hope_keras.search.encoder import Encoder
 
     make, budget, cost, search, patches = RUNS[name]
     for module, attr, value in patches:

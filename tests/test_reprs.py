@@ -8,7 +8,8 @@ import pytest
 
 import hope_keras
 from conftest import copy_model, mlp
-from hope_keras import baselines, deft
+from hope_keras import deft
+from hope_keras.search import baselines
 
 
 def _results(widths):

@@ -106,8 +106,8 @@ def test_fingerprint_is_the_hash_of_the_weights_as_copied(compressed, monkeypatc
     """The run's fingerprint (hashed on a thread from views of the weights while the
     tables fill) is the model's before the run, byte for byte the hash of copies of
     its weights: trajectories saved before views were used still replay."""
-    from hope_keras import _keras_graph
-    from hope_keras.trajectory import fingerprint
+    from hope_keras.graph import adapter as _keras_graph
+    from hope_keras.search.trajectory import fingerprint
 
     original, _, result = compressed
     graph = hope_keras.analyze(original).graph

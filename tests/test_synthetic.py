@@ -9,8 +9,8 @@ import pytest
 from conftest import small_resnet
 
 import hope_keras
-from hope_keras import bn_stats
-from hope_keras.synthetic import StreamReference, correct_stream_readers, stream_readers
+from hope_keras.stats import bn_stats
+from hope_keras.stats.synthetic import StreamReference, correct_stream_readers, stream_readers
 
 L = keras.layers
 
@@ -89,8 +89,8 @@ def _gap_resnet(side=24, seed=0, height=None):
 
 def _mismatch_at(model, x):
     """`_mismatch` on inputs of any size (the flattened graph run op by op)."""
-    from hope_keras import _keras_graph as kg
-    from hope_keras import synthetic
+    from hope_keras.graph import adapter as kg
+    from hope_keras.stats import synthetic
 
     total = []
 
@@ -131,7 +131,7 @@ def _images(coef, size):
     """The images `synthesize_inputs` makes from spectrum coefficients at `size`."""
     import tensorflow as tf
 
-    from hope_keras.synthetic import _spectrum_scale
+    from hope_keras.stats.synthetic import _spectrum_scale
 
     h, w = size
     amp = _spectrum_scale(h, w)
@@ -144,7 +144,7 @@ def test_an_upsampled_spectrum_interpolates_the_small_images(small):
     """At twice the size, the even pixels of the upsampled spectrum's images are the
     small images' pixels (the inverse FFTs computed independently, at both sizes), for
     even and odd sides."""
-    from hope_keras.synthetic import _upsampled_spectrum
+    from hope_keras.stats.synthetic import _upsampled_spectrum
 
     h0, w0 = small
     coef = np.random.default_rng(0).normal(size=(2, 3, 2, h0, w0 // 2 + 1)).astype("float32")
@@ -163,7 +163,7 @@ def test_synthetic_inputs_with_coarse_steps():
     matched better than the start and about as well as the same number of steps at
     the full size; the default makes none below COARSE_MIN_SIDE (the same inputs as
     coarse_steps=0); bad values and a model that cannot run at half size are refused."""
-    from hope_keras import synthetic
+    from hope_keras.stats import synthetic
 
     model = _gap_resnet(side=16)
     start = hope_keras.synthesize_inputs(model, num=16, steps=0, verbose=False)
@@ -197,7 +197,7 @@ def test_the_default_coarse_steps_skip_a_model_that_runs_at_its_size_only(monkey
     """With the default rule in force (COARSE_MIN_SIDE lowered for a small model), a
     model whose Flatten fixes its size gets every step at the full size; one that
     runs at any size gets the coarse steps (other inputs than without them)."""
-    from hope_keras import synthetic
+    from hope_keras.stats import synthetic
 
     fixed = small_resnet()
     ref = hope_keras.synthesize_inputs(fixed, num=4, steps=5, coarse_steps=0, verbose=False)
@@ -355,7 +355,7 @@ def test_auto_corrects_the_readers_of_a_moved_stream_when_replayed_too():
     """A prune inside the block moves the stream: replaying the trajectory with
     the "auto" correction (as `compress` records it) gives the stream reader c2_bn
     new statistics, which "surrogate" leaves; two replays give the same model."""
-    from hope_keras.engine import Action
+    from hope_keras.search.encoder import Action
 
     enc = hope_keras.Encoder(small_resnet(seed=3), actions=("prune",))
     enc.execute(Action("prune", "b1a", 1, -1, 0.0, 0.0, 1.0, 1))
@@ -387,7 +387,7 @@ def test_compress_auto_on_a_residual_net_runs_end_to_end():
 def test_inputs_that_cannot_be_made_leave_the_readers_with_a_warning(monkeypatch):
     """If the synthesis fails (here: it diverges), compress warns, keeps the stream
     readers' statistics and still corrects the rest as the surrogate does."""
-    from hope_keras import synthetic
+    from hope_keras.stats import synthetic
 
     def diverged(model, **kwargs):
         raise ValueError("synthesize_inputs: the optimisation diverged (test).")
@@ -407,7 +407,7 @@ def test_synthetic_inputs_are_kept_on_disk_between_sessions(monkeypatch, tmp_pat
     later session (the in-memory cache emptied) reads them instead of making them:
     the same compressed model. A file that cannot be read back is made again, with a
     warning; "off" writes nothing."""
-    from hope_keras import synthetic
+    from hope_keras.stats import synthetic
 
     monkeypatch.setenv("HOPE_KERAS_CACHE", str(tmp_path))
     bn_stats._SYNTHETIC_INPUTS.clear()

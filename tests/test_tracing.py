@@ -1,5 +1,5 @@
 """Subclassed models: traced into Functional models of the same layers
-(hope_keras.tracing), compressed in place and slimmed exactly; refused clearly when
+(hope_keras.graph.tracing), compressed in place and slimmed exactly; refused clearly when
 their `call` cannot be traced."""
 
 import keras
@@ -9,7 +9,7 @@ import tensorflow as tf
 from keras import layers, ops
 
 import hope_keras
-from hope_keras.tracing import TracingError, traced
+from hope_keras.graph.tracing import TracingError, traced
 
 
 class BlockNet(keras.Model):

@@ -17,6 +17,8 @@
 """
 
 import importlib
+import importlib.abc
+import importlib.util
 import sys
 import types
 
@@ -25,30 +27,38 @@ __version__ = "0.1.0"
 # Public name → the submodule that defines it, imported on first use: `import
 # hope_keras` (and `hope-keras --help`) does not import TensorFlow.
 _EXPORTS = {
-    "Analysis": "analysis", "BlockReport": "analysis", "GroupReport": "analysis",
-    "analyze": "analysis",
-    "correct_statistics": "bn_stats", "reestimate_batchnorm_statistics": "bn_stats",
-    "calibrate": "calibration",
-    "CompressionInterrupted": "engine", "CompressionResult": "engine", "Encoder": "engine",
-    "SearchOptions": "engine", "compress": "engine",
-    "StatisticsCorrection": "correction",
-    "Coupling": "graph", "ModelGraph": "graph", "NeuronGroup": "graph", "Pinned": "graph",
-    "ResidualBlock": "graph", "walk": "graph",
-    "slim": "slim",
-    "synthesize_inputs": "synthetic",
-    "Step": "trajectory", "Trajectory": "trajectory",
-    "export_tflite": "export",
-    "Profile": "profile", "profile": "profile",
-    "Distiller": "recover", "recover": "recover",
+    "Analysis": "scoring.analysis", "BlockReport": "scoring.analysis",
+    "GroupReport": "scoring.analysis", "analyze": "scoring.analysis",
+    "correct_statistics": "stats.bn_stats", "reestimate_batchnorm_statistics": "stats.bn_stats",
+    "calibrate": "stats.calibration",
+    "StatisticsCorrection": "stats.correction",
+    "synthesize_inputs": "stats.synthetic",
+    "CompressionInterrupted": "search.encoder", "CompressionResult": "search.encoder",
+    "Encoder": "search.encoder", "SearchOptions": "search.encoder", "compress": "search.encoder",
+    "Step": "search.trajectory", "Trajectory": "search.trajectory",
+    "Coupling": "graph.walker", "ModelGraph": "graph.walker", "NeuronGroup": "graph.walker",
+    "Pinned": "graph.walker", "ResidualBlock": "graph.walker", "walk": "graph.walker",
+    "slim": "edit.slim",
+    "export_tflite": "deploy.export",
+    "Profile": "deploy.profile", "profile": "deploy.profile",
+    "Distiller": "deploy.recover", "recover": "deploy.recover",
 }
 
-__all__ = sorted([*_EXPORTS, "baselines", "costs", "deft", "derivative_matching", "layers"])
+# Public modules that live inside a stage's sub-package: `hope_keras.costs`,
+# `import hope_keras.layers` and `from hope_keras import baselines` all name them.
+_MODULE_ALIASES = {
+    "costs": "scoring.costs", "layers": "graph.layers", "baselines": "search.baselines",
+}
+
+__all__ = sorted([*_EXPORTS, *_MODULE_ALIASES, "activations", "deft", "derivative_matching"])
 
 
 class _LazyPackage(types.ModuleType):
     def __getattr__(self, name):
         if name in _EXPORTS:
             value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        elif name in _MODULE_ALIASES:
+            value = importlib.import_module(f"{__name__}.{name}")
         else:
             try:
                 value = importlib.import_module(f"{__name__}.{name}")
@@ -60,8 +70,8 @@ class _LazyPackage(types.ModuleType):
         return value
 
     def __setattr__(self, name, value):
-        # Importing the submodule `hope_keras.slim` binds the attribute `slim` to the
-        # module; `hope_keras.slim` stays the function.
+        # Importing a submodule named like a public function (`hope_keras.edit.slim`,
+        # `hope_keras.deploy.profile`) never rebinds the function's name.
         if name in _EXPORTS and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
@@ -70,4 +80,25 @@ class _LazyPackage(types.ModuleType):
         return sorted(set(super().__dir__()) | set(__all__))
 
 
+class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``hope_keras.<alias>`` as the module it names (one module object)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        prefix, _, name = fullname.rpartition(".")
+        if prefix != __name__ or name not in _MODULE_ALIASES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        name = spec.name.rpartition(".")[2]
+        module = importlib.import_module(f"{__name__}.{_MODULE_ALIASES[name]}")
+        self._specs = {**getattr(self, "_specs", {}), spec.name: module.__spec__}
+        return module
+
+    def exec_module(self, module):
+        # The import system set the alias's spec on the module: give its own back.
+        module.__spec__ = self._specs[module.__spec__.name]
+
+
 sys.modules[__name__].__class__ = _LazyPackage
+sys.meta_path.append(_AliasFinder())

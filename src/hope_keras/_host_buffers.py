@@ -3,7 +3,7 @@
 TensorFlow reads a resource variable that lives in host memory without copying it:
 the tensor of a read shares the variable's buffer, and ``EagerTensor._numpy()``
 (private) wraps that buffer as a NumPy array that keeps it alive. The editor writes
-through such views (`hope_keras.edit.VIEW_MIN_BYTES`), and analysis reads through
+through such views (`hope_keras.edit.editor.VIEW_MIN_BYTES`), and analysis reads through
 read-only ones where it copies or reduces what it reads at once: an 8192 × 8192
 float32 kernel is 256 MB that `variable.numpy()` would copy first.
 

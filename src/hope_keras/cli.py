@@ -204,7 +204,7 @@ def _load_data(path, model):
             if not loaded.files:
                 raise ValueError(f"--data '{path}' holds no array.")
             loaded = loaded["x" if "x" in loaded.files else loaded.files[0]]
-    from hope_keras import _keras_graph as kg
+    from hope_keras.graph import adapter as kg
 
     inputs = kg.functional_of(model).inputs  # a subclassed model: its traced graph's
     want = tuple(inputs[0].shape[1:]) if len(inputs) == 1 else None
@@ -241,7 +241,7 @@ def _replay(args):
 
 def _report(args):
     from hope_keras import plots
-    from hope_keras.trajectory import Trajectory
+    from hope_keras.search.trajectory import Trajectory
 
     trajectory = Trajectory.load(args.trajectory)
     model = None

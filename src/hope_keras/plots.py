@@ -29,7 +29,7 @@ def widths(trajectory, step: Optional[int] = None) -> Dict[str, tuple]:
 
     Example:
 
-    >>> from hope_keras.trajectory import Step, Trajectory
+    >>> from hope_keras.search.trajectory import Step, Trajectory
     >>> t = Trajectory({"groups": [["fc", 4]], "blocks": [], "num_neurons": 4},
     ...                [Step("prune", "fc", 1, -1, 1.0, 10.0, 0.1, 2.0, 1.5, 3, 0.9)])
     >>> widths(t)

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Dict, Optional
 import keras
 import numpy as np
 
-from hope_keras import _keras_graph as kg
-from hope_keras import graph as graph_lib
-from hope_keras import layers as layer_rules
-from hope_keras.trajectory import apply_step, fingerprint
+from hope_keras.graph import adapter as kg
+from hope_keras.graph import walker as graph_lib
+from hope_keras.graph import layers as layer_rules
+from hope_keras.search.trajectory import apply_step, fingerprint
 
 if TYPE_CHECKING:
     from hope_keras.deft.plan import DeftPlan
@@ -164,7 +164,7 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
 
     With ``compensate="mean"`` every cut (drifting input ``a`` → core output ``b``)
     is replaced by its data-free mean: ``Σ_a W[…, a, b] E[x_a]`` (``E[x]`` from
-    `hope_keras.moments.propagate` on the merged model, kernel positions summed) goes
+    `hope_keras.scoring.moments.propagate` on the merged model, kernel positions summed) goes
     into ``b``'s bias, or is subtracted from the moving mean of the BatchNormalization
     that alone follows the layer. ``"mean_var"`` also multiplies that BN's moving
     variance by the share of the surrogate variance ``Σ W² Var[x_a]`` that was kept,
@@ -182,7 +182,7 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
     >>> p = deft.plan(model, percentile=50)
     >>> _ = deft.apply_plan(model, p)
     """
-    from hope_keras.edit import ModelEditor
+    from hope_keras.edit.editor import ModelEditor
 
     g = graph_lib.walk(model)
     missing = [n for n in plan.groups if n not in g.groups]
@@ -234,7 +234,7 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
 def _compensate_cuts(fg, cuts, compensate):
     """Moves the first (and second) moment of every cut signal into its core neuron
     (see `apply_plan`); `cuts` maps a kernel layer to its eq.-28 mask."""
-    from hope_keras import moments as moments_lib
+    from hope_keras.scoring import moments as moments_lib
 
     table = moments_lib.propagate(fg)
     for name, m in cuts.items():

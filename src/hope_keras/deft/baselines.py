@@ -257,7 +257,7 @@ def _layerwise_fisher_fn(model, variables, loss_fn):
     """The closed-form per-example Fisher of Dense/Conv2D/BN variables, or None."""
     import tensorflow as tf
 
-    from hope_keras import _keras_graph as kg
+    from hope_keras.graph import adapter as kg
 
     try:
         fg = kg.flatten(model)

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from hope_keras import _keras_graph as kg
+from hope_keras.graph import adapter as kg
 
 __all__ = ["ElasticOptimizer"]
 

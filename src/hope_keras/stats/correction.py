@@ -1,0 +1,336 @@
+"""Correcting the BatchNormalization statistics a compression leaves stale.
+
+Every edit changes what the layers after it see: a BatchNormalization downstream of
+a pruned, merged or evicted unit normalises with moving statistics of a tensor that
+is gone. `StatisticsCorrection` puts them right after a run, one of three ways:
+
+* **with data** (``data=``, any unlabeled inputs): the stale BatchNormalizations are
+  moved by the change their inputs show on a sample of the data between the
+  original model (measured before the first edit) and the edited one: one forward
+  pass each; nothing synthetic is made.
+* **data-free** (``"auto"``, the default): the Gaussian surrogate predicts the new
+  statistics where its independence assumptions hold (`hope_keras.scoring.moments`), and
+  the readers of a residual stream the run moved are measured on synthetic inputs
+  made from the original weights (`hope_keras.stats.synthetic`). Those inputs are made
+  only when the run moved such a stream, after the run, and kept for later runs
+  from the same weights.
+* ``"surrogate"`` (the prediction only, where trusted), True (the prediction for
+  every BatchNormalization) or False (none).
+
+The `hope_keras.Encoder` owns one and applies it at the end of each ``run``; a
+second ``run`` first puts back the statistics the first one wrote, so the
+correction always starts from the model's own statistics (docs/theory.md,
+"Statistics correction").
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import keras
+import numpy as np
+
+from hope_keras.graph import adapter as kg
+from hope_keras.stats import bn_stats
+from hope_keras.progress import WorkBar, resolve_verbose
+
+__all__ = ["StatisticsCorrection"]
+
+MODES = (False, True, "auto", "surrogate")
+
+#: With ``data=``: inputs are drawn until every stale BatchNormalization sees at
+#: least this many values per channel (its input's spatial positions times the
+#: inputs), so a 7 × 7 map needs 21 inputs and a 1 × 1 one 1024 (docs/hope.md,
+#: "Compressing with data").
+DATA_VALUES_PER_CHANNEL = 1024
+#: ... and never fewer than this many inputs, nor more than the data holds.
+DATA_MIN_INPUTS = 16
+
+
+def _check_mode(mode):
+    if not any(mode is v or (isinstance(v, str) and mode == v) for v in MODES):
+        raise ValueError(f"correction must be False, True, 'auto' or 'surrogate'. "
+                         f"Received: correction={mode!r}")
+    return mode
+
+
+class StatisticsCorrection:
+    """What the `hope_keras.Encoder` does to the BatchNormalization statistics after
+    its run (see the module docstring).
+
+    Args:
+        mode: ``"auto"`` (default), ``"surrogate"``, True or False; ignored when
+            ``data`` is given (the stale statistics are then re-estimated on it).
+        data: Unlabeled inputs: an array, a ``tf.data.Dataset`` or an iterable of
+            batches (``x`` or ``(x, y, ...)``: labels are ignored).
+        verbose: ``"auto"``, True or False: announce and show the progress of the
+            synthetic inputs and of the re-estimation.
+
+    Example:
+
+    >>> import keras, numpy as np, hope_keras
+    >>> inputs = keras.Input((8,))
+    >>> x = keras.layers.Dense(16)(inputs)
+    >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization(name="first")(x))
+    >>> x = keras.layers.BatchNormalization(name="late")(keras.layers.Dense(8)(x))
+    >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    >>> data = np.random.default_rng(0).normal(size=(128, 8)).astype("float32")
+    >>> result = hope_keras.compress(model, density=0.5, data=data, verbose=False)
+    >>> result.corrected  # the BNs of the edited group and after it
+    ['first', 'late']
+    """
+
+    def __init__(self, mode="auto", data=None, verbose="auto"):
+        self.mode = _check_mode(mode)
+        if data is not None and isinstance(data, (str, bytes, numbers.Number)):
+            raise TypeError(f"data must be inputs (an array, a tf.data.Dataset or an "
+                            f"iterable of batches). Received: {data!r}")
+        self.data = data
+        resolve_verbose(verbose)
+        self.verbose = verbose
+        self._original = None  # the weights before the first edit
+        self._x = None  # the inputs drawn from `data`
+        self._written = {}  # BN layer → (moving_mean, moving_variance) before the writes
+        self.last = {}
+
+    @property
+    def name(self):
+        """How the trajectory records it: ``"data"`` or the mode."""
+        return "data" if self.data is not None else self.mode
+
+    def start(self, model, graph, moments) -> None:
+        """Before the first edit: what the correction needs of the original model.
+        Puts back what an earlier `finish` wrote (a run that goes on corrects from
+        the model's own statistics)."""
+        self.model, self.graph, self.moments = model, graph, moments
+        self.undo()
+        if self.data is not None and self._x is None:
+            self._measure_original(model, graph)
+        if (self._original is None and self.data is None and self.mode == "auto"
+                and _stream_readers(graph)):
+            # Copies, not views: the edits write into the variables' buffers.
+            self._original = [np.array(kg.weight_view(w)) for w in model.weights]
+
+    def _measure_original(self, model, graph) -> None:
+        """With data, before any edit: a sample drawn and checked, enough for the BN
+        that sees the fewest values per input (whichever the run leaves stale), and
+        every BN's moving statistics and input moments on it (one forward pass)."""
+        from hope_keras.stats import synthetic
+
+        flat = graph.flat
+        nodes = [node for node in flat.nodes
+                 if isinstance(node.op, keras.layers.BatchNormalization) and node.inputs]
+        if not nodes:
+            return
+        x = _sample(self.data, flat, [node.op.name for node in nodes])
+        _check_data(model, x)
+        if resolve_verbose(self.verbose):
+            print(f"Measuring the inputs of {len(nodes)} BatchNormalization layers on "
+                  f"{len(x)} of the inputs given as data=, before the first edit.")
+        wanted = {node.index for node in nodes}
+        before = {}
+
+        def measure(node, args, kwargs):
+            if node.index in wanted:
+                before[node.index] = synthetic._moments(args[0], node.op)
+            return None
+
+        synthetic._run(flat, x, measure, synthetic._release_plan(flat))
+        self._before = before
+        self._stats0 = {node.index: (np.asarray(node.op.moving_mean.numpy(), np.float64),
+                                     np.asarray(node.op.moving_variance.numpy(), np.float64))
+                        for node in nodes}
+        self._x = x
+
+    def undo(self) -> None:
+        """Puts back the statistics the last `finish` wrote."""
+        for bn, (mean, var) in self._written.items():
+            bn.moving_mean.assign(mean)
+            bn.moving_variance.assign(var)
+        self._written = {}
+
+    def finish(self, steps) -> dict:
+        """Corrects the statistics after `steps` (all the steps since `start`'s
+        model was original). Returns ``{BN name: (mean, variance)}`` written."""
+        if self.data is None and not self.mode:
+            self.last = {}
+            return {}
+        bns = {layer.name: layer for layer in self.graph.flat.layers.values()
+               if isinstance(layer, keras.layers.BatchNormalization)}
+        saved = {name: (bn.moving_mean.numpy(), bn.moving_variance.numpy())
+                 for name, bn in bns.items()}
+        try:
+            if self.data is not None:
+                out = self._from_data(steps)
+            else:
+                out = self._data_free(steps)
+        except BaseException:
+            for name, (mean, var) in saved.items():
+                bns[name].moving_mean.assign(mean)
+                bns[name].moving_variance.assign(var)
+            raise
+        self._written = {bns[name]: saved[name] for name in out if name in bns}
+        self.last = out
+        return out
+
+    # ------------------------------------------------------------------ with data
+    def _from_data(self, steps) -> dict:
+        """Each stale BN's statistics moved by the change its input shows on the data
+        between the original and the edited model: ``μ = μ₀ + (m₁ − m₀)``,
+        ``σ² = σ₀² · v₁ / v₀`` (``μ₀, σ₀²``: its moving statistics before the run;
+        ``m, v``: its input's mean and variance on the same inputs before and after),
+        in topological order, so each BN sees those before it corrected (``m₀, v₀``
+        and ``μ₀, σ₀²`` were taken by `start`, before the first edit). Measuring
+        the change on the same inputs cancels their sampling noise, and the
+        statistics keep the population the model was calibrated on."""
+        from hope_keras.stats import synthetic
+
+        stale = bn_stats.downstream_of(self.graph, {s.unit for s in steps})
+        flat = self.graph.flat
+        todo = {node.index: node for node in flat.nodes
+                if isinstance(node.op, keras.layers.BatchNormalization)
+                and node.inputs and node.inputs[0] in stale}
+        if not todo:
+            return {}
+        x = self._x
+        if resolve_verbose(self.verbose):
+            print(f"Correcting {len(todo)} BatchNormalization layers on {len(x)} of the "
+                  "inputs given as data= (measured before the run, and now).")
+        bar = WorkBar(len(todo), "layer", verbose=self.verbose)
+        written = {}
+
+        def correct(node, args, kwargs):
+            if node.index not in todo:
+                return None
+            bn = node.op
+            m0, v0 = self._before[node.index]
+            m1, v1 = synthetic._moments(args[0], bn)
+            mean0, var0 = self._stats0[node.index]
+            mean = np.asarray(bn.moving_mean.numpy(), np.float64)
+            var = np.asarray(bn.moving_variance.numpy(), np.float64)
+            finite = np.isfinite(m0) & np.isfinite(v0) & np.isfinite(m1) & np.isfinite(v1)
+            scale = max(float(np.mean(v0[finite])) if finite.any() else 0.0, 1e-30)
+            live = finite & (v0 > 1e-6 * scale) & (v1 > 1e-6 * scale)
+            mean = np.where(live, mean0 + (m1 - m0), mean)
+            var = np.where(live, var0 * v1 / np.where(live, v0, 1.0), var)
+            bn.moving_mean.assign(mean.astype(bn.moving_mean.dtype))
+            bn.moving_variance.assign(var.astype(bn.moving_variance.dtype))
+            written[bn.name] = (mean, var)
+            bar.update(len(written))
+            return None  # the BN now runs with the corrected statistics
+
+        try:
+            synthetic._run(flat, x, correct, synthetic._release_plan(flat))
+        finally:
+            bar.close()
+        return written
+
+    # ------------------------------------------------------------------ data-free
+    def _data_free(self, steps) -> dict:
+        from hope_keras.scoring import moments as moments_lib
+
+        untrusted = bn_stats.untrusted_tensors(self.graph, steps, self.mode)
+        out = bn_stats.apply_correction(self.graph.flat, self.moments,
+                                        moments_lib.propagate(self.graph.flat), untrusted)
+        if self.mode != "auto" or self._original is None:
+            return out
+        readers = [n for n in _stream_readers(self.graph) if n.inputs[0] in untrusted]
+        if readers:
+            if resolve_verbose(self.verbose):
+                from hope_keras.stats.synthetic import SYNTHETIC_INPUTS
+
+                print(f"Correcting {len(readers)} BatchNormalization layers that read a "
+                      f"moved residual stream, measured on {SYNTHETIC_INPUTS} synthetic "
+                      "inputs made from the original weights (kept for later runs; pass "
+                      "data= to use real inputs instead).")
+            reference = self._reference()
+            if reference is not None:
+                from hope_keras.stats import synthetic
+
+                out.update(synthetic.correct_stream_readers(reference, untrusted))
+        return out
+
+    def _reference(self):
+        """The stream readers' reference on synthetic inputs of the original model:
+        its weights are put back for the measurement, then the edited ones."""
+        from hope_keras.stats import synthetic
+        from hope_keras.edit.editor import defer_keyboard_interrupt
+
+        model = self.model
+        edited = [np.array(kg.weight_view(w)) for w in model.weights]
+        try:
+            _assign(model, self._original)
+            x = bn_stats.synthetic_inputs(model, verbose=self.verbose)
+            if x is None:
+                return None
+            return synthetic.StreamReference(model, self.graph, x)
+        finally:
+            with defer_keyboard_interrupt():
+                _assign(model, edited)
+
+
+def _assign(model, values) -> None:
+    for w, v in zip(model.weights, values):
+        w.assign(v)
+
+
+def _stream_readers(graph):
+    from hope_keras.stats import synthetic
+
+    return synthetic.stream_readers(graph)
+
+
+def _check_data(model, x) -> None:
+    """The data's inputs against a single-input model's input shape, and finite;
+    named before any edit."""
+    inputs = getattr(kg.functional_of(model), "inputs", None) or []  # subclassed: traced
+    if len(inputs) != 1:
+        raise ValueError(f"data= takes the inputs of a model with one input; model "
+                         f"'{model.name}' has {len(inputs)}.")
+    want = tuple(inputs[0].shape)
+    if x.ndim != len(want) or any(w is not None and w != g
+                                  for w, g in zip(want[1:], x.shape[1:])):
+        raise ValueError(f"data= holds inputs of shape {x.shape}, but model "
+                         f"'{model.name}' takes inputs of shape {want}. Nothing was "
+                         "changed.")
+    if len(x) < 2:
+        raise ValueError(f"data= holds {len(x)} input(s): a BatchNormalization needs at "
+                         "least 2 to measure a variance. Nothing was changed.")
+    if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
+        raise ValueError("data= holds NaN or infinite values. Nothing was changed.")
+
+
+def _positions(flat, names) -> int:
+    """The fewest values per channel one input gives any of the BNs `names`."""
+    fewest = math.inf
+    for node in flat.nodes:
+        if node.op.name in names and node.inputs:
+            shape = flat.shapes[node.inputs[0]]
+            spatial = [d for d in shape[1:-1]]
+            known = int(np.prod([d for d in spatial if d is not None])) if spatial else 1
+            fewest = min(fewest, max(known, 1))
+    return 1 if fewest is math.inf else int(fewest)
+
+
+def _sample(data, flat, names):
+    """An array (or the dataset itself) holding enough of `data` that every BN of
+    `names` sees `DATA_VALUES_PER_CHANNEL` values per channel: arrays are cut, a
+    dataset or iterable is read batch by batch until enough inputs came."""
+    want = max(DATA_MIN_INPUTS, math.ceil(DATA_VALUES_PER_CHANNEL / _positions(flat, names)))
+    if isinstance(data, tuple):  # (x, y): labels are ignored
+        data = data[0]
+    if isinstance(data, np.ndarray) or keras.ops.is_tensor(data):
+        return np.asarray(data[:want])
+    batches, got = [], 0
+    for element in data:
+        if isinstance(element, tuple):
+            element = element[0]
+        element = np.asarray(element)
+        batches.append(element)
+        got += len(element)
+        if got >= want:
+            break
+    if not batches:
+        raise ValueError("data= yielded no inputs. Nothing was changed.")
+    return np.concatenate(batches)[:want]
