@@ -6,13 +6,14 @@ import pytest
 
 from conftest import L, mlp, randomize_bn
 from hope_keras.scoring import cache as cache_lib
+from hope_keras.scoring import cache_builders
 from hope_keras.scoring import costs
 from hope_keras.graph.walker import walk
 from hope_keras.scoring.neurons import extract_group
 
 
 def _cache(model, name, kernel="approx"):
-    return cache_lib.build_group_cache(extract_group(model, walk(model).groups[name]), kernel)
+    return cache_builders.build_group_cache(extract_group(model, walk(model).groups[name]), kernel)
 
 
 def _set(layer, attr, fn):
@@ -64,7 +65,7 @@ def test_capacity_invariant_to_scaling_raw_weights_before_bn(rng):
 def test_pair_table_equals_explicit_vector_path():
     model = mlp((7,), seed=4)
     state = extract_group(model, walk(model).groups["fc0"])
-    c = cache_lib.build_group_cache(state)
+    c = cache_builders.build_group_cache(state)
     v, u, w = state.v, state.u, state.w_eff
     for i, j in [(0, 1), (2, 5), (6, 3)]:
         cos = w[i] @ w[j] / np.linalg.norm(w[i]) / np.linalg.norm(w[j])
@@ -103,9 +104,9 @@ def test_duplicated_and_dead_neurons_give_finite_correct_values():
 def test_chunked_cache_equals_unchunked(monkeypatch):
     model = mlp((300,), d_in=20, seed=6)
     state = extract_group(model, walk(model).groups["fc0"])
-    full = cache_lib.build_group_cache(state)
+    full = cache_builders.build_group_cache(state)
     monkeypatch.setattr(cache_lib, "CHUNK_ROWS", 37)
-    chunked = cache_lib.build_group_cache(state)
+    chunked = cache_builders.build_group_cache(state)
     np.testing.assert_allclose(chunked.B, full.B, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(cache_lib.gram(state.u, chunk_rows=17), state.u @ state.u.T,
                                rtol=1e-12, atol=1e-12)
@@ -124,7 +125,7 @@ def test_exact_kernel_equals_approx_when_biases_are_zero():
 def test_replace_with_parent_matches_fresh_cache_of_edited_vectors():
     model = mlp((6,), seed=8)
     state = extract_group(model, walk(model).groups["fc0"])
-    c = cache_lib.build_group_cache(state)
+    c = cache_builders.build_group_cache(state)
     sol = c.solve_pair(1, 4)
     pc = costs.parent_coefficients(sol, sol.B, c.gram_v[1, 1], c.gram_v[4, 4],
                                    c.gram_u[1, 1], c.gram_u[4, 4], c.gram_u[1, 4])
@@ -174,7 +175,7 @@ def test_wide_float32_cache_equals_the_float64_formulas_bit_for_bit(monkeypatch)
     assert state.u.dtype == np.float32
     np.testing.assert_array_equal(state.u, reference.u)
     np.testing.assert_array_equal(state.u_sq_norms(), reference.u_sq_norms())
-    c = cache_lib.build_group_cache(state)
+    c = cache_builders.build_group_cache(state)
     w32 = reference.w_eff.astype(np.float32)  # the whole float64 array, rounded once
     gram_w = cache_lib.gram(w32, dtype=np.float32)
     b = reference.b_eff
@@ -190,6 +191,6 @@ def test_scaled_rows_rounds_like_the_whole_product(order, monkeypatch):
     rng = np.random.default_rng(0)
     w = np.asarray(rng.normal(size=(37, 300)).astype(np.float32), order=order)
     scale = rng.uniform(0.1, 3.0, 37)
-    out = cache_lib._scaled_rows(scale, w, np.float32)
+    out = cache_builders._scaled_rows(scale, w, np.float32)
     np.testing.assert_array_equal(out, (scale[:, None] * w).astype(np.float32))
     assert out.flags["F_CONTIGUOUS" if order == "F" else "C_CONTIGUOUS"]

@@ -10,7 +10,8 @@ import hope_keras
 from conftest import mlp, small_resnet
 from hope_keras.search import candidates
 from hope_keras.scoring import costs
-from hope_keras.scoring.cache import build_group_cache
+from hope_keras.scoring import cache_builders
+from hope_keras.scoring.cache_builders import build_group_cache
 from hope_keras.search.candidates import MergeTable
 from hope_keras.search.encoder import Encoder
 from hope_keras.graph.walker import walk
@@ -839,7 +840,7 @@ def test_sketched_runs_read_the_same_weights_through_the_column_cache(monkeypatc
     assert sum(c.misses for c in small.editor._columns.values()) > 0
 
     def uncached(self, name):
-        return functools.partial(cache_lib.extract_rows, self.editor.array, self.editor.layer,
+        return functools.partial(cache_builders.extract_rows, self.editor.array, self.editor.layer,
                                  self.graph.groups[name])
 
     monkeypatch.setattr(Encoder, "_exact_source", uncached)

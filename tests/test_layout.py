@@ -186,3 +186,88 @@ def test_the_graph_sees_imports():
     assert ("hope_keras.derivative_matching.activations", ["activation_name"]) in [
         (t, [n for n in names if n == "activation_name"])
         for t, names, _ in GRAPH["hope_keras.derivative_matching.compress"] if names]
+
+
+#: The pipeline's stages in the order data flows through them: a module imports from
+#: its own stage or an earlier one, never a later one (docs/architecture.md). The
+#: utilities come first; the two other methods, the command line and plots last.
+STAGES = ["_host_buffers", "progress", "activations", "graph", "scoring", "edit", "stats",
+          "deploy", "search", "deft", "derivative_matching", "data", "plots", "cli"]
+
+#: Function-level imports of the package's own modules that stay, as (importing
+#: module, imported module): each breaks what would otherwise be a module-level cycle.
+LAZY_IMPORT_ALLOWANCES = {
+    # only subclassed models are traced, and tracing builds on the adapter
+    ("hope_keras.graph.adapter", "hope_keras.graph.tracing"),
+    # `MergeTable(...)` picks one of its implementations, which subclass it
+    ("hope_keras.search.candidates", "hope_keras.search.merge_tables.certified"),
+    ("hope_keras.search.candidates", "hope_keras.search.merge_tables.dense"),
+    ("hope_keras.search.candidates", "hope_keras.search.merge_tables.rows"),
+    ("hope_keras.search.candidates", "hope_keras.search.merge_tables.top_k"),
+}
+
+
+#: Imports of a later stage that remain, as (importing module, imported module).
+UPWARD_ALLOWANCES = {
+    # the GELU constants live with derivative matching's analytic activations until
+    # one activation registry serves both methods
+    ("hope_keras.activations.registry", "hope_keras.derivative_matching.activations"),
+}
+
+
+def _stage(module):
+    parts = module.split(".")
+    return STAGES.index(parts[1]) if len(parts) > 1 else len(STAGES)
+
+
+def _all_imports(module):
+    """[(imported hope_keras module, lineno, at module level)] of every import
+    statement in ``module``, function bodies included (``TYPE_CHECKING`` blocks
+    excluded)."""
+    tree = ast.parse(MODULES[module].read_text())
+    top = {id(n) for n in _top_level_imports(tree)}
+    checking = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            checking |= {id(n) for n in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in checking:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names if a.name in MODULES]
+        else:
+            base = _resolve(module, node)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                       for a in node.names]
+            targets = [t for t in targets if t in MODULES]
+        found += [(t, node.lineno, id(node) in top) for t in dict.fromkeys(targets)]
+    return found
+
+
+def test_every_module_belongs_to_a_stage():
+    unknown = [m for m in MODULES if m != "hope_keras" and m.split(".")[1] not in STAGES]
+    assert not unknown, f"modules outside the stages of STAGES: {unknown}"
+
+
+def test_no_stage_imports_a_later_stage():
+    upward = [f"{m}:{line} imports {t}"
+              for m in MODULES if m != "hope_keras"
+              for t, line, _ in _all_imports(m)
+              if t != "hope_keras" and _stage(t) > _stage(m) and (m, t) not in UPWARD_ALLOWANCES]
+    assert not upward, "imports of a later stage:\n" + "\n".join(upward)
+
+
+def test_no_function_level_import_of_the_package_but_the_allowed_ones():
+    # The command line imports the library inside its commands: `hope-keras --help`
+    # answers without importing TensorFlow.
+    lazy = [f"{m}:{line} imports {t}"
+            for m in MODULES if m not in ("hope_keras", "hope_keras.cli")
+            for t, line, top in _all_imports(m)
+            if not top and (m, t) not in LAZY_IMPORT_ALLOWANCES]
+    assert not lazy, "function-level imports:\n" + "\n".join(lazy)
+
+
+def test_the_stage_checks_see_function_level_imports():
+    imports = _all_imports("hope_keras.graph.adapter")
+    assert ("hope_keras.graph.tracing", False) in [(t, top) for t, _, top in imports]

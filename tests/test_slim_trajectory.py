@@ -107,7 +107,7 @@ def test_fingerprint_is_the_hash_of_the_weights_as_copied(compressed, monkeypatc
     tables fill) is the model's before the run, byte for byte the hash of copies of
     its weights: trajectories saved before views were used still replay."""
     from hope_keras.graph import adapter as _keras_graph
-    from hope_keras.search.trajectory import fingerprint
+    from hope_keras.graph.fingerprint import fingerprint
 
     original, _, result = compressed
     graph = hope_keras.analyze(original).graph

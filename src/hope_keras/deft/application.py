@@ -20,7 +20,10 @@ import numpy as np
 from hope_keras.graph import adapter as kg
 from hope_keras.graph import walker as graph_lib
 from hope_keras.graph import layers as layer_rules
-from hope_keras.search.trajectory import apply_step, fingerprint
+from hope_keras.graph.fingerprint import fingerprint
+from hope_keras.search.trajectory import apply_step
+from hope_keras.edit.editor import ModelEditor
+from hope_keras.scoring import moments as moments_lib
 
 if TYPE_CHECKING:
     from hope_keras.deft.plan import DeftPlan
@@ -182,8 +185,6 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
     >>> p = deft.plan(model, percentile=50)
     >>> _ = deft.apply_plan(model, p)
     """
-    from hope_keras.edit.editor import ModelEditor
-
     g = graph_lib.walk(model)
     missing = [n for n in plan.groups if n not in g.groups]
     wrong = [n for n in plan.groups if n in g.groups and g.groups[n].size != plan.groups[n]]
@@ -234,8 +235,6 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
 def _compensate_cuts(fg, cuts, compensate):
     """Moves the first (and second) moment of every cut signal into its core neuron
     (see `apply_plan`); `cuts` maps a kernel layer to its eq.-28 mask."""
-    from hope_keras.scoring import moments as moments_lib
-
     table = moments_lib.propagate(fg)
     for name, m in cuts.items():
         layer = fg.layers[name]

@@ -23,6 +23,7 @@ import keras
 import numpy as np
 
 from hope_keras.deft.plan import find_head
+from hope_keras.graph import adapter as kg
 
 __all__ = ["METHODS", "replace_head", "method_elasticity", "diagonal_fisher",
            "EWCPenalty", "L2Penalty"]
@@ -256,8 +257,6 @@ def _vmap_fisher_fn(model, variables, loss_fn):
 def _layerwise_fisher_fn(model, variables, loss_fn):
     """The closed-form per-example Fisher of Dense/Conv2D/BN variables, or None."""
     import tensorflow as tf
-
-    from hope_keras.graph import adapter as kg
 
     try:
         fg = kg.flatten(model)

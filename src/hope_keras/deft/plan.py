@@ -42,7 +42,9 @@ from hope_keras.scoring import costs
 from hope_keras.graph import walker as graph_lib
 from hope_keras.deft.application import (  # noqa: F401 - COMPENSATIONS, apply_plan: given here
     COMPENSATIONS, apply_plan, as_vector, check_compensate, elasticities_and_drift)
-from hope_keras.search.trajectory import Step, fingerprint
+from hope_keras.graph.fingerprint import fingerprint
+from hope_keras.search.trajectory import Step
+from hope_keras.search.encoder import Encoder
 
 FORMAT = "hope_keras.deft_plan"
 VERSION = 1
@@ -533,8 +535,6 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     >>> p.head, sum(sum(c) for c in p.counts().values())
     ('head', 16)
     """
-    from hope_keras.search.encoder import Encoder
-
     if pinned_elasticity not in (0, 1, 0.0, 1.0):
         raise ValueError(
             f"pinned_elasticity must be 0 or 1. Received: {pinned_elasticity}")

@@ -10,6 +10,7 @@ import numpy as np
 
 from hope_keras.graph import adapter as kg
 from hope_keras.deft.plan import COMPENSATIONS, feature_layer_of, find_head
+from hope_keras.scoring import moments
 
 __all__ = ["SourceRetention", "h_score", "accuracy"]
 
@@ -38,8 +39,6 @@ def accuracy(model, x, y, batch_size: int = 512) -> float:
 
 def _input_means(model, head, rows):
     """Data-free means (BN surrogate) of the head's input features `rows`."""
-    from hope_keras.scoring import moments
-
     fg = kg.flatten(model)
     mean, _ = moments.propagate(fg)[fg.node_of(head).inputs[0]]
     if mean.shape != rows.shape:

@@ -106,7 +106,7 @@ def tflite_interpreter(source, num_threads: Optional[int] = None):
     return interpreter
 
 
-def _prepare(interpreter, x):
+def set_tflite_inputs(interpreter, x):
     """Resizes the interpreter's inputs to ``x``'s shapes (when needed) and sets them."""
     details = interpreter.get_input_details()
     xs = x if isinstance(x, (list, tuple)) else [x]
@@ -128,7 +128,7 @@ def tflite_predict(source, x, num_threads: Optional[int] = None):
     """Runs a TFLite model (path, bytes or interpreter) on ``x``; returns its output(s)."""
     interpreter = source if hasattr(source, "invoke") else tflite_interpreter(
         source, num_threads)
-    _prepare(interpreter, x)
+    set_tflite_inputs(interpreter, x)
     interpreter.invoke()
     outs = [interpreter.get_tensor(d["index"]) for d in interpreter.get_output_details()]
     return outs[0] if len(outs) == 1 else outs

@@ -31,6 +31,7 @@ import numpy as np
 
 from hope_keras.graph import adapter as kg
 from hope_keras.graph import layers as layer_rules
+from hope_keras.deploy.export import export_tflite, set_tflite_inputs, tflite_interpreter
 
 __all__ = ["Profile", "layer_flops", "model_flops", "profile"]
 
@@ -49,7 +50,7 @@ def _dims(shape, what, layer) -> List[int]:
     return dims
 
 
-def _node_flops(node, fg) -> int:
+def node_flops(node, fg) -> int:
     layer = node.op
     if not isinstance(layer, keras.layers.Layer) or not node.inputs or not node.outputs:
         return 0
@@ -124,7 +125,7 @@ def model_flops(model, per_layer: bool = False):
                 table[layer.name] = table.get(layer.name, 0) + value
     else:
         for node in fg.nodes:
-            value = _node_flops(node, fg)
+            value = node_flops(node, fg)
             if value:
                 table[node.key] = table.get(node.key, 0) + value
     total = int(sum(table.values()))
@@ -142,8 +143,6 @@ def _inputs_for(model, x, batch_size):
         return x
     rng = np.random.default_rng(0)
     if _is_tflite(model):
-        from hope_keras.deploy.export import tflite_interpreter
-
         specs = [(tuple(d["shape_signature"][1:]), d["dtype"])
                  for d in tflite_interpreter(model).get_input_details()]
     else:
@@ -173,13 +172,11 @@ def _runners(model, x, methods, num_threads):
             xt = keras.tree.map_structure(tf.convert_to_tensor, x)
             out[method] = (lambda: keras.tree.map_structure(np.asarray, fn(xt)))
         elif method == "tflite":
-            from hope_keras.deploy.export import _prepare, export_tflite, tflite_interpreter
-
             source = model if _is_tflite(model) else export_tflite(model)
             if isinstance(source, (bytes, bytearray)):
                 size = len(source)
             interpreter = tflite_interpreter(source, num_threads)
-            _prepare(interpreter, x)
+            set_tflite_inputs(interpreter, x)
             out[method] = interpreter.invoke
         else:
             raise ValueError(f"methods must be among {METHODS}. Received: {method!r}")

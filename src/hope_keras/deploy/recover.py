@@ -36,6 +36,7 @@ from keras import ops
 
 from hope_keras.graph import adapter as kg
 from hope_keras.stats.bn_stats import reestimate_batchnorm_statistics
+from hope_keras.progress import interactive
 
 __all__ = ["Distiller", "recover"]
 
@@ -600,8 +601,6 @@ def _train(model, distiller, strategy, optimizer, fit_data, epochs, verbose, bat
         else:
             fit_kwargs.setdefault("batch_size", batch_size)
         if verbose == "auto":  # the library's meaning: a bar only when interactive
-            from hope_keras.progress import interactive
-
             verbose = 1 if interactive() else 0
         history = distiller.fit(**fit_data, epochs=epochs, verbose=verbose,
                                 steps_per_epoch=steps_per_epoch, **fit_kwargs)

@@ -37,6 +37,8 @@ from hope_keras.graph import layers as layer_rules
 from hope_keras._host_buffers import buffer_view, still_aliased
 from hope_keras.graph.walker import Coupling, ModelGraph, NeuronGroup
 from hope_keras.activations.kernels import relu_mean
+from hope_keras.scoring.neurons import reader_means
+from hope_keras.scoring import moments as moments_lib
 
 
 @contextlib.contextmanager
@@ -606,8 +608,6 @@ class ModelEditor:
 
     def _channel_means(self, g: NeuronGroup, i: int) -> Dict[str, np.ndarray]:
         """Per reader, ``(out,)``: what channel i adds on average to its outputs."""
-        from hope_keras.scoring.neurons import reader_means
-
         if g.kind == "neurons":
             bn = self.layer(g.bn)
             gamma = float(self.array(g.bn, "gamma")[i]) if bn.scale else 1.0
@@ -623,8 +623,6 @@ class ModelEditor:
                 out[c.layer] = m * kernel.reshape(-1, kernel.shape[-1]).sum(axis=0)
             return out
         if self._moments is None:
-            from hope_keras.scoring import moments as moments_lib
-
             self._moments = moments_lib.propagate(self.graph.flat)
         get = self.mirror_model().get_layer
         return {c.layer: reader_means(get, c, self._moments)[i] for c in g.readers}

@@ -46,6 +46,7 @@ import keras
 import numpy as np
 
 from hope_keras.graph import adapter as kg
+from hope_keras import activations as acts
 
 __all__ = [
     "WeightAxis", "LayerRule", "SourceRule", "ChannelwiseRule", "MergeRule",
@@ -640,8 +641,6 @@ def _register_ops():
 def _register_activation_ops():
     """Elementwise activations called as `keras.ops` (``keras.ops.relu(x)`` in a
     traced subclassed model, or in a Functional one): channelwise, like the layers."""
-    from hope_keras import activations as acts
-
     A = keras.activations
     fixed = {"Relu": A.relu, "Relu6": A.relu6, "Sigmoid": A.sigmoid, "Silu": A.silu,
              "Selu": A.selu, "Softplus": A.softplus, "HardSigmoid": A.hard_sigmoid,

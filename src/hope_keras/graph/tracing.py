@@ -44,6 +44,7 @@ from typing import Optional
 
 import keras
 import numpy as np
+from hope_keras.graph import adapter as kg
 
 __all__ = ["traced", "is_subclassed", "input_shape_of", "TracingError"]
 
@@ -58,15 +59,11 @@ class TracingError(ValueError):
 
 def is_subclassed(model) -> bool:
     """Whether `model` is a `keras.Model` that is neither Functional nor Sequential."""
-    from hope_keras.graph import adapter as kg
-
     return kg.is_subclassed(model)
 
 
 def input_shape_of(model) -> Optional[tuple]:
     """The input shape (batch axis included) `model` was built or called with, or None."""
-    from hope_keras.graph import adapter as kg
-
     shapes = kg.build_shapes(model)
     if len(shapes) == 1:
         shape = next(iter(shapes.values()))

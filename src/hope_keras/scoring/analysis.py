@@ -17,6 +17,7 @@ from hope_keras.scoring.cache_builders import build_group_cache
 from hope_keras.scoring.neurons import (LayerState, bn_arrays, coupled_capacity, eviction_p_init,
                                 extract_group)
 from hope_keras.progress import progress, resolve_verbose
+from hope_keras.graph.fingerprint import fingerprint
 
 
 #: Values of each weight in `Analysis.fingerprint` (a full hash of ResNet-50 @224's
@@ -105,7 +106,7 @@ class Analysis:
             propagation (`hope_keras.scoring.moments`).
         kernel: The cross-kernel its caches were built with (``analyze``'s).
         fingerprint: A signature of the weights it read (`SIGNATURE_VALUES` values of
-            each, `hope_keras.search.trajectory.fingerprint`): `check` refuses a model
+            each, `hope_keras.graph.fingerprint.fingerprint`): `check` refuses a model
             whose weights changed since.
     """
 
@@ -126,8 +127,6 @@ class Analysis:
         Returns:
             The model's weight signature (see ``fingerprint``).
         """
-        from hope_keras.search.trajectory import fingerprint
-
         flat = getattr(self.graph, "flat", None)
         if flat is not None and flat.model is not model:
             raise ValueError(
@@ -409,7 +408,5 @@ def analyze(model, kernel: str = "approx", verbose="auto") -> Analysis:
         )
         for b in blocks
     ]
-    from hope_keras.search.trajectory import fingerprint
-
     return Analysis(model.name, reports, block_reports, pinned, g, states, caches, moments,
                     fingerprint=fingerprint(model, g, sample=SIGNATURE_VALUES), kernel=kernel)

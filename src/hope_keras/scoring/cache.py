@@ -690,17 +690,3 @@ def sorted_unique(keys):
     if keys.size:
         keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
     return keys
-
-
-#: Names defined in `hope_keras.scoring.cache_builders`, still given here. They are looked
-#: up on first use: the builders read this module's sizes, so this module cannot
-#: import them while it loads.
-_BUILDERS = ("extract_rows", "group_dims", "use_sketch", "build_sketch_cache",
-             "OnDemandState", "build_group_cache", "_scaled_rows", "_u_split")
-
-
-def __getattr__(name):
-    if name in _BUILDERS:
-        from hope_keras.scoring import cache_builders
-        return getattr(cache_builders, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,6 +32,7 @@ import numpy as np
 
 from hope_keras.graph import layers as layer_rules
 from hope_keras._host_buffers import read_values
+from hope_keras import activations as acts
 
 __all__ = ["propagate", "activation_moments"]
 
@@ -69,8 +70,6 @@ def _gaussian_spec(activation):
     """The `hope_keras.activations.GaussianActivation` of a Keras activation (name,
     callable or activation layer), or None when it has none (moments then pass
     through unchanged)."""
-    from hope_keras import activations as acts
-
     try:
         if isinstance(activation, keras.layers.Layer):
             return acts.from_layer(activation)

@@ -65,7 +65,7 @@ def rows_to_kernel(rows: np.ndarray, kind: str, shape: Tuple[int, ...]) -> np.nd
 
 
 #: ``"neurons"`` groups at least this wide keep their output vectors ``u`` in the
-#: readers' dtype: `hope_keras.scoring.cache.build_group_cache` rounds them to float32 for its
+#: readers' dtype: `hope_keras.scoring.cache_builders.build_group_cache` rounds them to float32 for its
 #: Gram product there (`hope_keras.scoring.cache.FLOAT32_WIDTH`, the same width), and a float64
 #: copy of a 4096 × 4096 reader is 128 MB of fresh memory, what a cold `analyze` pays
 #: most for on a virtual machine (measured with `benchmarks/scale.py vgg16`).

@@ -14,6 +14,7 @@ import numbers
 from typing import Optional
 
 from hope_keras.progress import WorkBar, resolve_verbose
+from hope_keras.deploy.profile import node_flops
 
 #: The budget kinds the encoder can rank actions for (`Encoder.set_budget`).
 BUDGETS = ("density", "params", "flops")
@@ -40,11 +41,9 @@ def _check_steps(steps) -> None:
 def check_flops_countable(graph) -> None:
     """A FLOPs budget needs every layer's FLOPs: refused (before any edit) when a
     layer has an unknown spatial dimension, as `hope_keras.profile` refuses."""
-    from hope_keras.deploy.profile import _node_flops
-
     fg = graph.flat
     for node in fg.nodes:
-        _node_flops(node, fg)
+        node_flops(node, fg)
 
 
 def min_reachable(groups, blocks, evicted, actions, sizes):

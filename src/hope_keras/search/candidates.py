@@ -157,7 +157,7 @@ class MergeTable(PairBounds, ExactRefinement):
     >>> from hope_keras.graph.walker import walk
     >>> from hope_keras.scoring.neurons import extract_group
     >>> from hope_keras import costs
-    >>> from hope_keras.scoring.cache import build_group_cache
+    >>> from hope_keras.scoring.cache_builders import build_group_cache
     >>> keras.utils.set_random_seed(0)
     >>> inputs = keras.Input((8,))
     >>> x = keras.layers.Dense(16)(inputs)

@@ -41,7 +41,13 @@ from hope_keras.search.recording import StepRecorder, new_trajectory
 from hope_keras.search.merge_search import (MergeSearch, SearchOptions, GroupState, exact_source,
                                neighbor_map)
 from hope_keras.search.sizes import SizeCounter
-from hope_keras.search.trajectory import Step, Trajectory, fingerprint
+from hope_keras.graph.fingerprint import fingerprint
+from hope_keras.search.trajectory import Step, Trajectory
+from hope_keras.stats.correction import StatisticsCorrection
+from hope_keras.deploy.recover import recover
+from hope_keras.deploy.profile import profile
+from hope_keras.edit.slim import slim
+from hope_keras.edit.slim import live_channels
 
 ACTIONS = ("prune", "merge", "evict")
 
@@ -123,8 +129,6 @@ class CompressionResult:
         >>> sorted(history.history)
         ['distillation_loss', 'loss']
         """
-        from hope_keras.deploy.recover import recover
-
         if self.model is None or self.data is None:
             raise ValueError("CompressionResult.recover needs the data= given to compress; "
                              "this run had none: call hope_keras.recover(model, data, "
@@ -140,8 +144,6 @@ class CompressionResult:
         parameters, FLOPs and latency (dense kernels do not skip zeros). Keyword
         arguments go to `hope_keras.profile` (``latency=False``: counts only).
         """
-        from hope_keras.deploy.profile import profile
-        from hope_keras.edit.slim import slim
 
         if self.model is None:
             raise ValueError("This CompressionResult holds no model to profile.")
@@ -456,8 +458,6 @@ class Encoder:
         `slim` drops) starts removed: the densities, ratios and budgets of this run
         count from the model as given, not from its dense shapes. Only groups with a
         channel of zero capacity are read again (none in an uncompressed model)."""
-        from hope_keras.edit.slim import live_channels
-
         counter = self.sizes
         touched, removed = self.evictions.evict_dead_branches(counter)
         self.active -= removed
@@ -706,8 +706,6 @@ def _checked_actions(actions) -> tuple:
 
 def _statistics_correction(correction, data, verbose):
     """The run's `StatisticsCorrection`: the one given, or made from its mode."""
-    from hope_keras.stats.correction import StatisticsCorrection
-
     if isinstance(correction, StatisticsCorrection):
         if data is not None:
             raise ValueError("Give data= or a StatisticsCorrection, not both.")

@@ -23,7 +23,6 @@ direct run's weights exactly.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import numbers
 import os
@@ -33,6 +32,12 @@ from typing import List, Optional
 import numpy as np
 
 from hope_keras.search.budgets import budget_fraction
+from hope_keras.graph.fingerprint import fingerprint
+from hope_keras.edit.editor import ParentCoefficients
+from hope_keras.edit import editor as edit
+from hope_keras.graph import walker as graph_lib
+from hope_keras.scoring import moments as moments_lib
+from hope_keras.stats.correction import StatisticsCorrection
 
 FORMAT = "hope_keras.trajectory"
 VERSION = 2
@@ -59,37 +64,6 @@ class Step:
     params_after: float
     coef: tuple = (np.nan,) * 6
     flops_after: float = np.nan
-
-
-def fingerprint(model, graph, sample: Optional[int] = None) -> str:
-    """sha256 of every weight HOPE reads (every coupled layer of every group, and
-    each block's branch end).
-
-    ``sample``: hash at most about this many evenly spaced values of each weight (and
-    its shape) instead of all of them: a cheap signature that any compression step
-    changes (a step rewrites a channel's BN parameters, which are hashed whole up to
-    that size), for `hope_keras.Analysis.check`; not a proof of identity."""
-    from hope_keras.graph.adapter import weight_view
-
-    names = []
-    for g in graph.groups.values():
-        names += [c.layer for c in g.couplings] if g.couplings else (
-            [g.producer, g.bn] + [c.layer for c in g.consumers])
-    for b in graph.blocks:
-        names.append(b.final_bn if b.final_bn is not None else b.final_producer)
-    get = graph.layer if getattr(graph, "flat", None) is not None else model.get_layer
-    h = hashlib.sha256()
-    for name in sorted(set(names)):
-        h.update(name.encode())
-        for w in get(name).weights:
-            if sample is not None:
-                arr = weight_view(w).reshape(-1)
-                h.update(str(tuple(w.shape)).encode())
-                h.update(np.ascontiguousarray(arr[::max(1, arr.size // sample)]).view(np.uint8))
-                continue
-            # Its bytes in place (any dtype): no copy of a large kernel.
-            h.update(np.ascontiguousarray(weight_view(w)).reshape(-1).view(np.uint8))
-    return h.hexdigest()
 
 
 class Trajectory:
@@ -339,10 +313,6 @@ class Trajectory:
             ValueError: if the model is not the one recorded (it is left untouched),
                 or the requested density/step is out of range.
         """
-        from hope_keras.edit import editor as edit
-        from hope_keras.graph import walker as graph_lib
-        from hope_keras.scoring import moments as moments_lib
-        from hope_keras.stats.correction import StatisticsCorrection
 
         density, params, flops = (budget_fraction(name, value) for name, value in (
             ("density", density), ("params", params), ("flops", flops)))
@@ -437,8 +407,6 @@ def _step_problem(s: Step, groups: dict, blocks: set) -> Optional[str]:
 
 def apply_step(editor, s: Step) -> None:
     """Applies one recorded step with `editor` (shared by the engine and replay)."""
-    from hope_keras.edit.editor import ParentCoefficients
-
     if s.kind == "prune":
         editor.prune(s.unit, s.i)
     elif s.kind == "merge":

@@ -27,6 +27,10 @@ import numpy as np
 from keras import ops
 
 from hope_keras.graph import adapter as kg
+from hope_keras.scoring import moments as moments_lib
+from hope_keras.scoring.analysis import Analysis
+from hope_keras.stats import synthetic
+from hope_keras.graph import layers as layer_rules
 
 __all__ = ["correct_statistics", "reestimate_batchnorm_statistics", "synthetic_cache_dir"]
 
@@ -406,8 +410,6 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
     >>> sorted(new)
     ['bn1', 'bn2']
     """
-    from hope_keras.scoring import moments as moments_lib
-    from hope_keras.scoring.analysis import Analysis
 
     if not isinstance(analysis, Analysis):
         raise TypeError(f"correct_statistics needs the hope_keras.Analysis of the model "
@@ -463,8 +465,6 @@ def _synthetic_file(digest):
     """The cache file of a weights digest under the current synthesis settings."""
     import hashlib
 
-    from hope_keras.stats import synthetic
-
     folder = synthetic_cache_dir()
     if folder is None:
         return None
@@ -477,8 +477,6 @@ def _synthetic_file(digest):
 def _load_synthetic(path, model):
     """The inputs cached at `path` (None when absent; a warning when unreadable)."""
     import warnings
-
-    from hope_keras.stats import synthetic
 
     if path is None or not path.exists():
         return None
@@ -521,8 +519,6 @@ def synthetic_inputs(model, verbose="auto"):
     per weights: kept in memory for the last few models and on disk
     (`synthetic_cache_dir`). None, with a warning, when they cannot be made for
     this model."""
-    from hope_keras.stats import synthetic
-
     digest = _weights_digest(model)
     x = _SYNTHETIC_INPUTS.get(digest)
     if x is not None:
@@ -570,8 +566,6 @@ def untrusted_tensors(graph, steps, mode) -> set:
     its predictions are what the correction was measured on."""
     if mode is True:
         return set()
-    from hope_keras.graph import layers as layer_rules
-
     moved = downstream_of(graph, {s.unit for s in steps})
     sums = {node.key for node in graph.flat.nodes
             if layer_rules.role_of(node.op, node) == "merge"

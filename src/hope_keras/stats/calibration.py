@@ -40,6 +40,7 @@ import numpy as np
 
 from hope_keras.graph import adapter as kg
 from hope_keras.graph import layers as layer_rules
+from hope_keras.stats.bn_stats import check_finite_statistics
 
 _PRODUCERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D,
               keras.layers.Conv3D)
@@ -248,8 +249,6 @@ def calibrate(model, data, batch_size: int = 256, batches: Optional[int] = None,
         seen += 1
     if seen == 0:
         raise ValueError("calibrate: data yielded no batches.")
-    from hope_keras.stats.bn_stats import check_finite_statistics
-
     check_finite_statistics(producers, mean, m2, "calibrate: the statistics measured at",
                             "The model was not changed.")
     records: List[CalibratedLayer] = []

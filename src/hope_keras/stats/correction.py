@@ -34,6 +34,10 @@ import numpy as np
 from hope_keras.graph import adapter as kg
 from hope_keras.stats import bn_stats
 from hope_keras.progress import WorkBar, resolve_verbose
+from hope_keras.stats import synthetic
+from hope_keras.scoring import moments as moments_lib
+from hope_keras.edit.editor import defer_keyboard_interrupt
+from hope_keras.stats.synthetic import SYNTHETIC_INPUTS
 
 __all__ = ["StatisticsCorrection"]
 
@@ -116,8 +120,6 @@ class StatisticsCorrection:
         """With data, before any edit: a sample drawn and checked, enough for the BN
         that sees the fewest values per input (whichever the run leaves stale), and
         every BN's moving statistics and input moments on it (one forward pass)."""
-        from hope_keras.stats import synthetic
-
         flat = graph.flat
         nodes = [node for node in flat.nodes
                  if isinstance(node.op, keras.layers.BatchNormalization) and node.inputs]
@@ -184,8 +186,6 @@ class StatisticsCorrection:
         and ``μ₀, σ₀²`` were taken by `start`, before the first edit). Measuring
         the change on the same inputs cancels their sampling noise, and the
         statistics keep the population the model was calibrated on."""
-        from hope_keras.stats import synthetic
-
         stale = bn_stats.downstream_of(self.graph, {s.unit for s in steps})
         flat = self.graph.flat
         todo = {node.index: node for node in flat.nodes
@@ -228,8 +228,6 @@ class StatisticsCorrection:
 
     # ------------------------------------------------------------------ data-free
     def _data_free(self, steps) -> dict:
-        from hope_keras.scoring import moments as moments_lib
-
         untrusted = bn_stats.untrusted_tensors(self.graph, steps, self.mode)
         out = bn_stats.apply_correction(self.graph.flat, self.moments,
                                         moments_lib.propagate(self.graph.flat), untrusted)
@@ -238,24 +236,18 @@ class StatisticsCorrection:
         readers = [n for n in _stream_readers(self.graph) if n.inputs[0] in untrusted]
         if readers:
             if resolve_verbose(self.verbose):
-                from hope_keras.stats.synthetic import SYNTHETIC_INPUTS
-
                 print(f"Correcting {len(readers)} BatchNormalization layers that read a "
                       f"moved residual stream, measured on {SYNTHETIC_INPUTS} synthetic "
                       "inputs made from the original weights (kept for later runs; pass "
                       "data= to use real inputs instead).")
             reference = self._reference()
             if reference is not None:
-                from hope_keras.stats import synthetic
-
                 out.update(synthetic.correct_stream_readers(reference, untrusted))
         return out
 
     def _reference(self):
         """The stream readers' reference on synthetic inputs of the original model:
         its weights are put back for the measurement, then the edited ones."""
-        from hope_keras.stats import synthetic
-        from hope_keras.edit.editor import defer_keyboard_interrupt
 
         model = self.model
         edited = [np.array(kg.weight_view(w)) for w in model.weights]
@@ -276,8 +268,6 @@ def _assign(model, values) -> None:
 
 
 def _stream_readers(graph):
-    from hope_keras.stats import synthetic
-
     return synthetic.stream_readers(graph)
 
 

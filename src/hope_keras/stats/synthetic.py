@@ -24,6 +24,8 @@ import keras
 import numpy as np
 
 from hope_keras.graph import adapter as kg
+from hope_keras.progress import WorkBar, resolve_verbose
+from hope_keras.graph import layers as layer_rules
 
 __all__ = ["synthesize_inputs", "stream_readers", "StreamReference",
            "correct_stream_readers"]
@@ -272,8 +274,6 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
     """
     import tensorflow as tf
 
-    from hope_keras.progress import WorkBar, resolve_verbose
-
     if isinstance(num, bool) or not isinstance(num, int) or num < 2:
         raise ValueError(f"num must be an integer ≥ 2 (a batch has statistics). "
                          f"Received: num={num!r}")
@@ -407,8 +407,6 @@ def stream_readers(graph) -> list:
     Returns:
         list: The readers' `FlatNode` s, in topological order.
     """
-    from hope_keras.graph import layers as layer_rules
-
     flat = graph.flat
     reach, out = set(), []
     for node in flat.nodes:
