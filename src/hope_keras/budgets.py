@@ -47,13 +47,15 @@ def check_flops_countable(graph) -> None:
         _node_flops(node, fg)
 
 
-def min_reachable(groups, blocks, evicted, actions, sizes):
+def min_reachable(groups, blocks, evicted, actions, sizes, min_width=lambda n: min(n, 1)):
     """(min active neurons, min parameter ratio, min FLOPs ratio) reachable with
-    `actions` from the groups' live counts and the blocks not yet `evicted`."""
+    `actions` from the groups' live counts and the blocks not yet `evicted`;
+    `min_width(n)`: the narrowest a group of n live channels gets by prunes and
+    merges (`hope_keras.rounding.WidthRounding.min_width`)."""
     if not actions & {"prune", "merge"}:
         per_group = {n: g.n for n, g in groups.items()}
     else:
-        per_group = {n: min(g.n, 1) for n, g in groups.items()}
+        per_group = {n: min_width(g.n) for n, g in groups.items()}
     evicted_layers = []
     if "evict" in actions:
         for b in blocks.values():
@@ -113,6 +115,10 @@ class Budget:
             return "budget"
         if self.flops is not None and sizes.flops_ratio <= self.flops + 1e-12:
             return "budget"
+        return self.steps_reached(num_steps)
+
+    def steps_reached(self, num_steps) -> Optional[str]:
+        """``"steps"`` when the step budget is used up, else None."""
         if self.steps is not None and num_steps >= self.steps:
             return "steps"
         return None

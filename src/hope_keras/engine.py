@@ -38,6 +38,7 @@ from hope_keras.evictions import Evictions
 from hope_keras.edit import ModelEditor, ParentCoefficients, defer_keyboard_interrupt
 from hope_keras.progress import resolve_verbose
 from hope_keras.recording import StepRecorder, new_trajectory
+from hope_keras.rounding import WidthRounding
 from hope_keras.search import (MergeSearch, SearchOptions, GroupState, exact_source,
                                neighbor_map)
 from hope_keras.sizes import SizeCounter
@@ -234,6 +235,10 @@ class Encoder:
             (`hope_keras.correction`), or a `StatisticsCorrection`.
         verbose: ``"auto"`` (default: progress bars when standard output is a
             terminal or a notebook), True or False.
+        round_to: Every group the run touches ends at a multiple of this many
+            channels, or as it was (`hope_keras.rounding`): kernels vectorised over
+            blocks of channels run faster at such widths (docs/hope.md, "Widths
+            that suit the hardware"). 1 (default): any width.
 
     Example:
 
@@ -242,6 +247,8 @@ class Encoder:
     >>> x = keras.layers.Dense(16)(inputs)
     >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
     >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
+    >>> hope_keras.Encoder(model, round_to=4, verbose=False).compress(density=0.6).density
+    0.5
     >>> enc = hope_keras.Encoder(model, verbose=False)
     >>> action = enc.next_action()
     >>> step = enc.execute(action)
@@ -251,8 +258,9 @@ class Encoder:
 
     def __init__(self, model, *, cost="hope", actions=ACTIONS,
                  analysis: Optional[Analysis] = None, search=None, data=None,
-                 correction="auto", verbose="auto"):
+                 correction="auto", verbose="auto", round_to: int = 1):
         actions = _checked_actions(actions)
+        self.rounding = WidthRounding(round_to)
         self.search = search = SearchOptions.get(search)
         self.correction = _statistics_correction(correction, data, verbose)
         resolve_verbose(verbose)
@@ -303,6 +311,8 @@ class Encoder:
         self._start_from_live_channels(model)
         self._push_all()
         self.trajectory = new_trajectory(self, hashed.result())
+        if self.rounding.multiple > 1:
+            self.trajectory.meta["options"]["round_to"] = self.rounding.multiple
         self._recorder = StepRecorder(self.trajectory, self.sizes, self.blocks)
 
     @property
@@ -344,7 +354,7 @@ class Encoder:
     def best_group_action(self, name: str) -> Optional[Action]:
         """The group's cheapest prune or merge under the run's cost, or None."""
         gs = self.groups[name]
-        if gs.frozen or gs.n <= 1:
+        if gs.frozen or gs.n <= 1 or self.rounding.target(gs.n) is None:
             return None
         sizes = self.sizes.marginal(name, 1)
         return self.merges.best_action(gs, self.cost, self.actions, lambda kind, p_init: (
@@ -375,6 +385,8 @@ class Encoder:
         """The cheapest valid `Action` (evictions removing more than `max_removed`
         neurons are skipped), or None."""
         self._check_not_stale()
+        if self.rounding.open is not None:  # a group's round goes on (`rounding`)
+            return self.best_group_action(self.rounding.open[0])
         return self.queue.cheapest(self._valid, max_removed)
 
     def _check_not_stale(self) -> None:
@@ -396,12 +408,19 @@ class Encoder:
                             f"Received: {action!r}")
         self._check_not_stale()
         self._start_correction()
-        recorded = len(self.trajectory)
+        recorded, was_open = len(self.trajectory), self.rounding.open
         try:
-            return self._execute(action)
+            if action.kind != "evict":
+                self.rounding.start(action.unit, self.groups[action.unit].n)
+            step = self._execute(action)
+            if action.kind != "evict":
+                self._after_rounding(action.unit)
+            return step
         except BaseException:
             # Recorded, then interrupted: the tables may be half updated.
             self._stale = len(self.trajectory) > recorded
+            if not self._stale:
+                self.rounding.open = was_open
             raise
 
     def _execute(self, action: Action) -> Step:
@@ -429,6 +448,14 @@ class Encoder:
         gs.C = step.c_after
         self._after_group_change(unit)
         return step
+
+    def _after_rounding(self, unit: str) -> None:
+        """Closes the group's round at its target width; the steps inside a round
+        are listed in the trajectory (`Trajectory.step_for` stops only between)."""
+        self.rounding.after(unit, self.groups[unit].n)
+        if self.rounding.open is not None:
+            self.trajectory.meta.setdefault("unrounded_steps", []).append(
+                len(self.trajectory))
 
     def _record(self, action: Action, c_before, c_after, active_after, coef,
                 changed_groups, evict=False):
@@ -530,7 +557,8 @@ class Encoder:
 
     def min_reachable(self):
         """(min active neurons, min parameter ratio, min FLOPs ratio) reachable."""
-        return min_reachable(self.groups, self.blocks, self.evicted, self.actions, self.sizes)
+        return min_reachable(self.groups, self.blocks, self.evicted, self.actions, self.sizes,
+                             self.rounding.min_width)
 
     def correct_statistics(self) -> dict:
         """Corrects the BatchNormalization statistics after the steps so far (the
@@ -584,8 +612,10 @@ class Encoder:
             with defer_keyboard_interrupt() as deliver_pending, run_threads(sketched):
                 while True:
                     deliver_pending()
-                    reason = budget.reached(self.active, self.sizes, len(self.trajectory),
-                                            target_active)
+                    # Budgets are met between rounds only (`rounding`); steps always.
+                    reason = (budget.reached(self.active, self.sizes, len(self.trajectory),
+                                             target_active) if self.rounding.open is None
+                              else budget.steps_reached(len(self.trajectory)))
                     if reason:
                         break
                     max_removed = ((self.active - target_active)
