@@ -1,0 +1,199 @@
+"""Measured latency ratio against FLOPs ratio of slimmed models, with and without
+``round_to`` (`hope_keras.Encoder(round_to=...)`, docs/hope.md, "Widths that suit the
+hardware").
+
+Per model: one run to the lowest FLOPs point per ``round_to`` (statistics correction
+off: it changes weights, not shapes, and latency depends on shapes only), replayed to
+each point, slimmed, and timed against the original with `hope_keras.profile`
+(`paired_timing`: the two alternate, and the ratio is the median of the per-round
+ratios; ``"call"``: the compiled ``model(x)``, as `hope_keras.profile` times it;
+``--tflite``: also the float32 TFLite interpreter at batch 1). Weights are random with BatchNorm statistics
+re-estimated on random inputs and random γ/β, as a trained network's are non-trivial
+(latency does not depend on their values). The load average of the machine is
+recorded before and after each model (the machine may be shared).
+
+Run: .venv/bin/python benchmarks/latency.py [--models demo xception mobilenetv2
+     efficientnetb0 resnet50] [--points 0.8 0.6 0.4] [--batches 1 32]
+     [--round-to 1 8] [--repeats 9] [--seconds 3] [--tflite] [--quick]
+Writes benchmarks/results/latency_<model>.json per model.
+"""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+from _common import add_quick, quick_path
+
+import hope_keras
+
+L = keras.layers
+RESULTS = Path(__file__).parent / "results"
+
+
+def mini_xception(size=64, widths=(16, 32, 64, 128), classes=7):
+    """The FER mini-Xception: two 3 × 3 convs, then per width a residual module of two
+    SeparableConv2D + BN (+ ReLU) with a strided 1 × 1 Conv + BN projection."""
+    inputs = keras.Input((size, size, 3))
+    x = inputs
+    for k in range(2):
+        x = L.ReLU()(L.BatchNormalization()(L.Conv2D(8, 3, use_bias=False)(x)))
+    for w in widths:
+        shortcut = L.BatchNormalization()(L.Conv2D(w, 1, strides=2, padding="same",
+                                                   use_bias=False)(x))
+        y = L.ReLU()(L.BatchNormalization()(L.SeparableConv2D(w, 3, padding="same",
+                                                              use_bias=False)(x)))
+        y = L.BatchNormalization()(L.SeparableConv2D(w, 3, padding="same",
+                                                     use_bias=False)(y))
+        y = L.MaxPooling2D(3, strides=2, padding="same")(y)
+        x = L.Add()([y, shortcut])
+    x = L.Conv2D(classes, 3, padding="same")(x)
+    outputs = L.Softmax()(L.GlobalAveragePooling2D()(x))
+    return keras.Model(inputs, outputs, name="mini_xception")
+
+
+def build(name, quick):
+    """(model, input side) with non-trivial BatchNorm statistics."""
+    if name == "demo":
+        from hope_keras.data import load_demo_model
+
+        return load_demo_model()
+    size = {"xception": 64, "mobilenetv2": 128, "efficientnetb0": 128,
+            "resnet50": 224}[name]
+    if quick:
+        size = 32
+    if name == "xception":
+        model = mini_xception(size)
+    else:
+        builder = {"mobilenetv2": keras.applications.MobileNetV2,
+                   "efficientnetb0": keras.applications.EfficientNetB0,
+                   "resnet50": keras.applications.ResNet50}[name]
+        model = builder(weights=None, input_shape=(size, size, 3))
+    rng = np.random.default_rng(0)
+    hope_keras.reestimate_batchnorm_statistics(
+        model, rng.uniform(0, 255, (8, size, size, 3)).astype("float32"), batch_size=8)
+    for layer in model.layers:
+        if isinstance(layer, L.BatchNormalization):
+            n = layer.gamma.shape[0]
+            layer.gamma.assign(rng.uniform(0.3, 1.5, n).astype("float32"))
+            layer.beta.assign(rng.normal(0, 0.5, n).astype("float32"))
+    return model
+
+
+def copy(model):
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def widths(model):
+    """Output channels of the layers with kernels, in order."""
+    return [int(layer.output.shape[-1]) for layer in model.layers
+            if isinstance(layer, (L.Conv2D, L.Dense, L.SeparableConv2D))
+            and not isinstance(layer, L.DepthwiseConv2D)]
+
+
+def paired_timing(small, reference, methods, min_repeats, seconds):
+    """Per method: the slimmed and the original model run alternately (the order
+    swapping each round) until both `min_repeats` rounds and `seconds` are done (at
+    most 200 rounds). The ratio is the median of the per-round ratios: a slow spell
+    of a shared machine hits both runs of a round alike. Also the ratio of the
+    fastest runs, and the medians in ms."""
+    out = {}
+    for m in methods:
+        a, b = small[m], reference[m]
+        for _ in range(2):
+            a(), b()
+        ta, tb = [], []
+        start, k = time.perf_counter(), 0
+        while k < min_repeats or (time.perf_counter() - start < seconds and k < 200):
+            for fn, times in (((a, ta), (b, tb)) if k % 2 == 0 else ((b, tb), (a, ta))):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            k += 1
+        ta, tb = np.array(ta), np.array(tb)
+        out[m] = {"ratio": float(np.median(ta / tb)), "ratio_fastest": float(ta.min() / tb.min()),
+                  "ms": 1e3 * float(np.median(ta)), "original_ms": 1e3 * float(np.median(tb)),
+                  "rounds": k}
+    return out
+
+
+def measure(name, args):
+    from hope_keras.profile import _runners
+
+    model = build(name, args.quick)
+    rows = []
+    load_before = os.getloadavg()
+    shape = tuple(model.inputs[0].shape[1:])
+    rng = np.random.default_rng(0)
+    batches = {b: rng.normal(size=(b,) + shape).astype("float32") for b in args.batches}
+    methods = {b: ("call", "tflite") if args.tflite and b == 1 else ("call",)
+               for b in args.batches}
+    reference = {b: _runners(model, batches[b], methods[b], None)[0] for b in args.batches}
+    for r in args.round_to:
+        t0 = time.perf_counter()
+        work = copy(model)
+        result = hope_keras.Encoder(work, round_to=r, correction=False,
+                                    verbose=False).compress(flops=min(args.points))
+        seconds = time.perf_counter() - t0
+        for point in args.points:
+            m = result.trajectory.replay(copy(model), flops=point)
+            small = hope_keras.slim(m)
+            p = hope_keras.profile(small, reference=model, latency=False)
+            for batch in args.batches:
+                runners = _runners(small, batches[batch], methods[batch], None)[0]
+                timing = paired_timing(runners, reference[batch], methods[batch],
+                                       args.repeats, args.seconds)
+                row = {"round_to": r, "flops_budget": point, "batch": batch,
+                       "flops_ratio": p.ratio("flops"), "params_ratio": p.ratio("params"),
+                       "latency": timing, "load": os.getloadavg()[0],
+                       "compress_seconds": seconds, "widths": widths(small)}
+                rows.append(row)
+                lat = " ".join(f"{k} {v['ratio']:.3f} (fastest {v['ratio_fastest']:.3f}, "
+                               f"{v['rounds']} rounds)" for k, v in timing.items())
+                print(f"{name:>14} round_to={r} flops={point} batch={batch:>2}: FLOPs "
+                      f"{row['flops_ratio']:.3f}, params {row['params_ratio']:.3f}, "
+                      f"latency {lat}; original {timing['call']['original_ms']:.2f} ms, "
+                      f"load {row['load']:.1f}", flush=True)
+    out = {"model": name, "input_shape": list(shape),
+           "points": args.points, "batches": args.batches, "min_rounds": args.repeats,
+           "seconds_per_point": args.seconds,
+           "load_before": load_before, "load_after": os.getloadavg(),
+           "cpu_count": os.cpu_count(), "rows": rows}
+    path = RESULTS / f"latency_{name}.json"
+    path = quick_path(path) if args.quick else path
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"load average {load_before[0]:.2f} before, {out['load_after'][0]:.2f} after; "
+          f"wrote {path}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["demo", "xception", "mobilenetv2",
+                                                    "efficientnetb0", "resnet50"],
+                    choices=("demo", "xception", "mobilenetv2", "efficientnetb0",
+                             "resnet50"))
+    ap.add_argument("--points", type=float, nargs="+", default=[0.8, 0.6, 0.4],
+                    help="FLOPs ratios (compress(flops=...)) to slim to")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--round-to", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--repeats", type=int, default=9,
+                    help="timed rounds at least (slimmed and original alternately)")
+    ap.add_argument("--seconds", type=float, default=3.0,
+                    help="timed rounds go on until this many seconds per point")
+    ap.add_argument("--tflite", action="store_true", help="also time TFLite at batch 1")
+    add_quick(ap)
+    args = ap.parse_args()
+    if args.quick:
+        args.models, args.points, args.batches, args.repeats, args.seconds = (
+            ["demo", "xception"], [0.6], [1], 2, 0.0)
+    for name in args.models:
+        measure(name, args)
+
+
+if __name__ == "__main__":
+    main()
