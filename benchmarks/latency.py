@@ -136,11 +136,19 @@ def measure(name, args):
     reference = {b: _runners(model, batches[b], methods[b], None)[0] for b in args.batches}
     for r in args.round_to:
         t0 = time.perf_counter()
-        work = copy(model)
-        result = hope_keras.Encoder(work, round_to=r, correction=False,
-                                    verbose=False).compress(flops=min(args.points))
+        enc = hope_keras.Encoder(copy(model), round_to=r, correction=False, verbose=False)
+        # Groups of round_to channels or fewer stay whole: some points may be out of reach.
+        reachable = [p for p in args.points if p > enc.min_reachable()[2] + 1e-9]
+        for point in sorted(set(args.points) - set(reachable), reverse=True):
+            rows.append({"round_to": r, "flops_budget": point, "out_of_reach": True,
+                         "min_flops_ratio": enc.min_reachable()[2]})
+            print(f"{name:>14} round_to={r} flops={point}: out of reach (at least "
+                  f"{enc.min_reachable()[2]:.3f})", flush=True)
+        if not reachable:
+            continue
+        result = enc.compress(flops=min(reachable))
         seconds = time.perf_counter() - t0
-        for point in args.points:
+        for point in reachable:
             m = result.trajectory.replay(copy(model), flops=point)
             small = hope_keras.slim(m)
             p = hope_keras.profile(small, reference=model, latency=False)

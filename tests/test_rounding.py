@@ -204,3 +204,9 @@ def test_cli_round_to(tmp_path, capsys):
     assert hope_keras.Trajectory.load(traj).meta["options"]["round_to"] == 8
     with pytest.raises(SystemExit):
         cli.main(["compress", path, "--flops", "0.6", "--round-to", "0", "--out", out])
+
+
+def test_out_of_reach_flops_names_round_to():
+    model = mlp((6, 16), d_in=5, seed=2)
+    with pytest.raises(ValueError, match="round_to=8"):
+        Encoder(model, round_to=8, verbose=False).compress(flops=0.5)

@@ -123,7 +123,8 @@ class Budget:
             return "steps"
         return None
 
-    def refuse_unreachable(self, active, num_neurons, sizes, actions, reachable) -> None:
+    def refuse_unreachable(self, active, num_neurons, sizes, actions, reachable,
+                           round_to: int = 1) -> None:
         """Raises ValueError when a budget is already met or out of reach;
         `reachable()`: ``(min active, min params ratio, min FLOPs ratio)``."""
         density, params, flops = self.density, self.params, self.flops
@@ -139,17 +140,19 @@ class Budget:
             raise ValueError(f"The budget flops={flops} is already met (FLOPs ratio "
                              f"{sizes.flops_ratio:.4f}). Nothing was changed.")
         min_active, min_params, min_flops = reachable()
+        narrowest = (f" and groups no narrower than round_to={round_to}"
+                     if round_to > 1 else "")
         if density is not None and min_active > density * num_neurons + 1e-9:
             raise ValueError(
                 f"density={density} is out of reach with actions={sorted(actions)}: "
                 f"at least {min_active} of {num_neurons} neurons remain (density "
                 f"{min_active / num_neurons:.4f}). Nothing was changed.")
         if params is not None and min_params > params + 1e-12:
-            raise ValueError(f"params={params} is out of reach: pinned layers keep at least "
-                             f"{min_params:.4f} of the parameters. Nothing was changed.")
+            raise ValueError(f"params={params} is out of reach: pinned layers{narrowest} keep "
+                             f"at least {min_params:.4f} of the parameters. Nothing was changed.")
         if flops is not None and min_flops > flops + 1e-12:
-            raise ValueError(f"flops={flops} is out of reach: pinned layers keep at least "
-                             f"{min_flops:.4f} of the FLOPs. Nothing was changed.")
+            raise ValueError(f"flops={flops} is out of reach: pinned layers{narrowest} keep "
+                             f"at least {min_flops:.4f} of the FLOPs. Nothing was changed.")
 
     def progress_bar(self, encoder, target_active, verbose):
         """Announces the run (when `verbose` resolves true) and returns a bar over

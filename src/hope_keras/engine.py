@@ -553,7 +553,8 @@ class Encoder:
         """Raises ValueError (nothing changed) when a budget is already met or out of
         reach of this encoder's actions and the pinned layers."""
         Budget(density, params, flops).refuse_unreachable(
-            self.active, self.num_neurons, self.sizes, self.actions, self.min_reachable)
+            self.active, self.num_neurons, self.sizes, self.actions, self.min_reachable,
+            self.rounding.multiple)
 
     def min_reachable(self):
         """(min active neurons, min parameter ratio, min FLOPs ratio) reachable."""
