@@ -15,7 +15,8 @@ recorded before and after each model (the machine may be shared).
 Run: .venv/bin/python benchmarks/latency.py [--models demo xception mobilenetv2
      efficientnetb0 resnet50] [--points 0.8 0.6 0.4] [--batches 1 32]
      [--round-to 1 8] [--repeats 9] [--seconds 3] [--tflite] [--quick]
-Writes benchmarks/results/latency_<model>.json per model.
+Writes benchmarks/results/latency_<model>.json per model; ``--report`` prints the
+table of docs/benchmarks.md from them.
 """
 
 import argparse
@@ -56,7 +57,8 @@ def mini_xception(size=64, widths=(16, 32, 64, 128), classes=7):
 
 
 def build(name, quick):
-    """(model, input side) with non-trivial BatchNorm statistics."""
+    """The model, its weights seeded, with non-trivial BatchNorm statistics."""
+    keras.utils.set_random_seed(0)
     if name == "demo":
         from hope_keras.data import load_demo_model
 
@@ -179,6 +181,45 @@ def measure(name, args):
           f"wrote {path}", flush=True)
 
 
+def report():
+    """The docs/benchmarks.md table from benchmarks/results/latency_*.json: per model
+    and FLOPs budget, FLOPs ratio and latency ratios, ``round_to`` 1 → 8."""
+    print("| model (input) | budget | FLOPs | call, batch 32 | call, batch 1 | "
+          "TFLite, batch 1 | load |")
+    print("|---|---|---|---|---|---|---|")
+    for name in ("demo", "xception", "mobilenetv2", "efficientnetb0", "resnet50"):
+        path = RESULTS / f"latency_{name}.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        side = data["input_shape"][0]
+        for point in data["points"]:
+            cells = {}
+            for r in (1, 8):
+                rows = [row for row in data["rows"]
+                        if row["round_to"] == r and row["flops_budget"] == point]
+                for row in rows:
+                    if row.get("out_of_reach"):
+                        cells[r] = None
+                        continue
+                    cells.setdefault(r, {})["flops"] = row["flops_ratio"]
+                    cells[r]["load"] = max(cells[r].get("load", 0), row["load"])
+                    for method, t in row["latency"].items():
+                        cells[r][(method, row["batch"])] = t["ratio"]
+
+            def pair(key):
+                values = ["—" if cells.get(r) is None or key not in cells[r]
+                          else f"{cells[r][key]:.2f}" for r in (1, 8)]
+                return " → ".join(values)
+
+            loads = [c["load"] for c in cells.values() if c]
+            batch = max(data["batches"])
+            print(f"| {name} ({side}) | {point} | {pair('flops')} | "
+                  f"{pair(('call', batch))}{'' if batch == 32 else f' (batch {batch})'} | "
+                  f"{pair(('call', 1))} | {pair(('tflite', 1))} | "
+                  f"{min(loads):.0f}–{max(loads):.0f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["demo", "xception", "mobilenetv2",
@@ -194,8 +235,13 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0,
                     help="timed rounds go on until this many seconds per point")
     ap.add_argument("--tflite", action="store_true", help="also time TFLite at batch 1")
+    ap.add_argument("--report", action="store_true",
+                    help="print the docs/benchmarks.md table from the results, run nothing")
     add_quick(ap)
     args = ap.parse_args()
+    if args.report:
+        report()
+        return
     if args.quick:
         args.models, args.points, args.batches, args.repeats, args.seconds = (
             ["demo", "xception"], [0.6], [1], 2, 0.0)
