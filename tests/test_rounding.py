@@ -210,3 +210,25 @@ def test_out_of_reach_flops_names_round_to():
     model = mlp((6, 16), d_in=5, seed=2)
     with pytest.raises(ValueError, match="round_to=8"):
         Encoder(model, round_to=8, verbose=False).compress(flops=0.5)
+
+
+@pytest.mark.parametrize("name", ["conv", "residual"])
+def test_every_step_outside_a_round_leaves_every_group_rounded(name):
+    """Widths followed step by step from the trajectory alone: between rounds every
+    group is a multiple of round_to or whole; inside a round exactly one is not."""
+    r = 4
+    _, _, result = _compress(MODELS[name], {"flops": 0.3}, r)
+    t = result.trajectory
+    width = {g: n for g, n in t.meta["groups"]}
+    whole = dict(width)
+    inside = set(t.meta["unrounded_steps"])
+    active = t.meta["num_neurons"]
+    for k, s in enumerate(t.steps, start=1):
+        if s.kind == "evict":
+            for g in t.meta["block_groups"][s.unit]:
+                width[g] = 0
+        else:
+            width[s.unit] -= active - s.active_after
+        active = s.active_after
+        off = [g for g, n in width.items() if n % r and n != whole[g]]
+        assert len(off) == (1 if k in inside else 0), (k, off)

@@ -386,7 +386,10 @@ class Encoder:
         neurons are skipped), or None."""
         self._check_not_stale()
         if self.rounding.open is not None:  # a group's round goes on (`rounding`)
-            return self.best_group_action(self.rounding.open[0])
+            action = self.best_group_action(self.rounding.open[0])
+            if action is not None:
+                return action
+            self.rounding.open = None  # its block was evicted by a custom loop
         return self.queue.cheapest(self._valid, max_removed)
 
     def _check_not_stale(self) -> None:
