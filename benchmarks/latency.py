@@ -181,43 +181,58 @@ def measure(name, args):
           f"wrote {path}", flush=True)
 
 
+def _cells(data, point):
+    """{round_to: {"flops": ratio, (method, batch): latency ratio, "load": max} or None
+    (out of reach)} of one FLOPs budget."""
+    cells = {}
+    for row in data["rows"]:
+        if row["flops_budget"] != point:
+            continue
+        r = row["round_to"]
+        if row.get("out_of_reach"):
+            cells[r] = None
+            continue
+        c = cells.setdefault(r, {})
+        c["flops"] = row["flops_ratio"]
+        c["load"] = max(c.get("load", 0), row["load"])
+        for method, t in row["latency"].items():
+            c[(method, row["batch"])] = t["ratio"]
+    return cells
+
+
+def _pair(cells, key):
+    return " → ".join("—" if cells.get(r) is None or key not in cells[r]
+                      else f"{cells[r][key]:.2f}" for r in (1, 8))
+
+
 def report():
-    """The docs/benchmarks.md table from benchmarks/results/latency_*.json: per model
-    and FLOPs budget, FLOPs ratio and latency ratios, ``round_to`` 1 → 8."""
-    print("| model (input) | budget | FLOPs | call, batch 32 | call, batch 1 | "
-          "TFLite, batch 1 | load |")
-    print("|---|---|---|---|---|---|---|")
+    """Prints the docs/benchmarks.md table (Keras call at the largest batch, FLOPs ratio
+    in brackets) and writes every measurement to benchmarks/results/latency.md, from
+    benchmarks/results/latency_*.json; each cell is ``round_to`` 1 → 8."""
+    short = ["| model (input) | FLOPs 0.8 | FLOPs 0.6 | FLOPs 0.4 |", "|---|---|---|---|"]
+    full = ["| model (input) | budget | FLOPs | call, batch 32 (8) | call, batch 1 | "
+            "TFLite, batch 1 | load |", "|---|---|---|---|---|---|---|"]
     for name in ("demo", "xception", "mobilenetv2", "efficientnetb0", "resnet50"):
         path = RESULTS / f"latency_{name}.json"
         if not path.exists():
             continue
         data = json.loads(path.read_text())
-        side = data["input_shape"][0]
+        label = f"{name} ({data['input_shape'][0]})"
+        batch = max(data["batches"])
+        row = [label]
         for point in data["points"]:
-            cells = {}
-            for r in (1, 8):
-                rows = [row for row in data["rows"]
-                        if row["round_to"] == r and row["flops_budget"] == point]
-                for row in rows:
-                    if row.get("out_of_reach"):
-                        cells[r] = None
-                        continue
-                    cells.setdefault(r, {})["flops"] = row["flops_ratio"]
-                    cells[r]["load"] = max(cells[r].get("load", 0), row["load"])
-                    for method, t in row["latency"].items():
-                        cells[r][(method, row["batch"])] = t["ratio"]
-
-            def pair(key):
-                values = ["—" if cells.get(r) is None or key not in cells[r]
-                          else f"{cells[r][key]:.2f}" for r in (1, 8)]
-                return " → ".join(values)
-
+            cells = _cells(data, point)
+            row.append(f"{_pair(cells, ('call', batch))} ({_pair(cells, 'flops')})")
             loads = [c["load"] for c in cells.values() if c]
-            batch = max(data["batches"])
-            print(f"| {name} ({side}) | {point} | {pair('flops')} | "
-                  f"{pair(('call', batch))}{'' if batch == 32 else f' (batch {batch})'} | "
-                  f"{pair(('call', 1))} | {pair(('tflite', 1))} | "
-                  f"{min(loads):.0f}–{max(loads):.0f} |")
+            full.append(f"| {label} | {point} | {_pair(cells, 'flops')} | "
+                        f"{_pair(cells, ('call', batch))} | {_pair(cells, ('call', 1))} | "
+                        f"{_pair(cells, ('tflite', 1))} | {min(loads):.0f}–{max(loads):.0f} |")
+        short.append("| " + " | ".join(row) + " |")
+    print("\n".join(short))
+    (RESULTS / "latency.md").write_text(
+        "Latency ratio (slimmed / original) against FLOPs ratio, round_to 1 → 8: "
+        "`benchmarks/latency.py --report` from latency_*.json (docs/benchmarks.md, "
+        "\"Latency\").\n\n" + "\n".join(full) + "\n")
 
 
 def main():
