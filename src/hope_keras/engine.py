@@ -247,13 +247,14 @@ class Encoder:
     >>> x = keras.layers.Dense(16)(inputs)
     >>> x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
     >>> model = keras.Model(inputs, keras.layers.Dense(2)(x))
-    >>> hope_keras.Encoder(model, round_to=4, verbose=False).compress(density=0.6).density
-    0.5
     >>> enc = hope_keras.Encoder(model, verbose=False)
     >>> action = enc.next_action()
     >>> step = enc.execute(action)
     >>> enc.active, enc.num_neurons
     (15, 16)
+    >>> fresh = keras.models.clone_model(model)  # widths 16 → 12 → 8: multiples of 4
+    >>> hope_keras.Encoder(fresh, round_to=4, verbose=False).compress(density=0.6).density
+    0.5
     """
 
     def __init__(self, model, *, cost="hope", actions=ACTIONS,
