@@ -91,11 +91,12 @@ _UNSET = object()
 
 def encoder(model, *, analysis=None, correct_statistics="auto", cost="hope", actions=None,
             merge_scale=None, kernel=None, mean_compensation=None, refresh=_UNSET,
-            merge_candidates=_UNSET, merge_search=_UNSET, verbose=False):
+            merge_candidates=_UNSET, merge_search=_UNSET, round_to=1, verbose=False):
     """A `hope_keras.Encoder` from the options `compress` took before they moved, as
     the benchmarks' recorded commands name them: ``merge_scale``, ``kernel``,
     ``mean_compensation`` onto the cost; ``refresh``, ``merge_candidates``,
-    ``merge_search`` into ``search=``; ``correct_statistics`` is ``correction=``."""
+    ``merge_search`` into ``search=``; ``correct_statistics`` is ``correction=``;
+    ``round_to`` goes to the encoder."""
     import copy
 
     import hope_keras
@@ -111,7 +112,8 @@ def encoder(model, *, analysis=None, correct_statistics="auto", cost="hope", act
                                 ("merge_search", merge_search)) if v is not _UNSET}
     kw = {} if actions is None else {"actions": actions}
     return hope_keras.Encoder(model, cost=cost, analysis=analysis, search=search or None,
-                              correction=correct_statistics, verbose=verbose, **kw)
+                              correction=correct_statistics, verbose=verbose,
+                              round_to=round_to, **kw)
 
 
 def compress(model, *, density=None, params=None, flops=None, steps=None, verbose=False,

@@ -25,7 +25,8 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
 
 * HOPE on the density axis: ``hope`` (the default, ``cost="hope"``),
   ``hope_topk`` (the default with ``merge_search="top_k"``: uncertified candidate
-  rows; on every axis, as ``hope``),
+  rows; on every axis, as ``hope``), ``hope_round8`` (the default with
+  ``round_to=8``: every layer a run narrows ends at a multiple of 8 channels),
   ``hope_alpha_merge`` (merges priced with the paper's α*-scaled parent, ``J_merge``
   without ``n``: the default before commit 2d3a04b), ``hope_prev`` (the same on every
   axis, ranked per neuron under every budget), ``hope_paper`` (``cost="paper"``; it
@@ -224,6 +225,8 @@ def hope_methods(ctx):
     return {
         "hope": (dict(), AXES),
         "hope_topk": (dict(merge_search="top_k"), AXES),
+        # the default with every touched layer at a multiple of 8 channels
+        "hope_round8": (dict(round_to=8, correct_statistics="auto"), AXES),
         "hope_sc": (dict(), AXES),  # + correct_statistics at every point (Bench.point)
         "hope_re": (dict(), AXES),  # + BN statistics re-estimated on data (Bench.point)
         "hope_auto": (dict(correct_statistics="auto"), AXES),
@@ -263,7 +266,7 @@ def hope_methods(ctx):
 
 
 HOPE_NAMES = ("hope", "hope_sc", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
-              "hope_one_reader", "hope_topk",
+              "hope_one_reader", "hope_topk", "hope_round8",
               "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc",
               "hope_neighbors", "hope_prune", "hope_noevict", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
               "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
@@ -730,6 +733,7 @@ def save(model_name, info, results, notes, extra):
 LABELS = {
     "hope": "**HOPE default** (`cost=\"hope\"`)",
     "hope_topk": "HOPE `merge_search=\"top_k\"` (uncertified merge search)",
+    "hope_round8": "HOPE `round_to=8` (every touched layer a multiple of 8 channels)",
     "hope_sc": "HOPE + `correct_statistics`",
     "hope_re": "HOPE + BN re-estimated (uses data)",
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",

@@ -164,11 +164,11 @@ def _compress(args):
     model = _load(args.model, args.weights, args.input_shape)
     n_params = model.count_params()
     try:
-        result = hope_keras.compress(
-            model, density=args.density, params=args.params, flops=args.flops,
-            steps=args.steps, cost=args.cost, actions=args.actions,
+        result = hope_keras.Encoder(
+            model, cost=args.cost, actions=args.actions,
             data=_load_data(args.data, model) if args.data else None,
-            verbose=False if args.quiet else "auto")
+            verbose=False if args.quiet else "auto", round_to=args.round_to).compress(
+            density=args.density, params=args.params, flops=args.flops, steps=args.steps)
     except hope_keras.CompressionInterrupted as e:
         if args.trajectory:
             e.trajectory.save(args.trajectory)
@@ -381,6 +381,9 @@ def _parser():
     c.add_argument("--data", help="unlabeled inputs of the model (.npy, or .npz with "
                                   "an array x): the BatchNorm statistics the run leaves "
                                   "stale are re-estimated on them (default: data-free)")
+    c.add_argument("--round-to", type=_count(1), default=1, metavar="N",
+                   help="every layer the run narrows ends at a multiple of N channels "
+                        "(or whole): 8 suits CPU kernels (default: 1, any width)")
     c.add_argument("--latency", action="store_true",
                    help="also time the original and the slimmed model")
     c.set_defaults(fn=_compress)

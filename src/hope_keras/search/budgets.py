@@ -46,13 +46,15 @@ def check_flops_countable(graph) -> None:
         node_flops(node, fg)
 
 
-def min_reachable(groups, blocks, evicted, actions, sizes):
+def min_reachable(groups, blocks, evicted, actions, sizes, min_width=lambda n: min(n, 1)):
     """(min active neurons, min parameter ratio, min FLOPs ratio) reachable with
-    `actions` from the groups' live counts and the blocks not yet `evicted`."""
+    `actions` from the groups' live counts and the blocks not yet `evicted`;
+    `min_width(n)`: the narrowest a group of n live channels gets by prunes and
+    merges (`hope_keras.search.rounding.WidthRounding.min_width`)."""
     if not actions & {"prune", "merge"}:
         per_group = {n: g.n for n, g in groups.items()}
     else:
-        per_group = {n: min(g.n, 1) for n, g in groups.items()}
+        per_group = {n: min_width(g.n) for n, g in groups.items()}
     evicted_layers = []
     if "evict" in actions:
         for b in blocks.values():
@@ -112,11 +114,16 @@ class Budget:
             return "budget"
         if self.flops is not None and sizes.flops_ratio <= self.flops + 1e-12:
             return "budget"
+        return self.steps_reached(num_steps)
+
+    def steps_reached(self, num_steps) -> Optional[str]:
+        """``"steps"`` when the step budget is used up, else None."""
         if self.steps is not None and num_steps >= self.steps:
             return "steps"
         return None
 
-    def refuse_unreachable(self, active, num_neurons, sizes, actions, reachable) -> None:
+    def refuse_unreachable(self, active, num_neurons, sizes, actions, reachable,
+                           round_to: int = 1) -> None:
         """Raises ValueError when a budget is already met or out of reach;
         `reachable()`: ``(min active, min params ratio, min FLOPs ratio)``."""
         density, params, flops = self.density, self.params, self.flops
@@ -132,17 +139,19 @@ class Budget:
             raise ValueError(f"The budget flops={flops} is already met (FLOPs ratio "
                              f"{sizes.flops_ratio:.4f}). Nothing was changed.")
         min_active, min_params, min_flops = reachable()
+        narrowest = (f" and groups no narrower than round_to={round_to}"
+                     if round_to > 1 else "")
         if density is not None and min_active > density * num_neurons + 1e-9:
             raise ValueError(
                 f"density={density} is out of reach with actions={sorted(actions)}: "
                 f"at least {min_active} of {num_neurons} neurons remain (density "
                 f"{min_active / num_neurons:.4f}). Nothing was changed.")
         if params is not None and min_params > params + 1e-12:
-            raise ValueError(f"params={params} is out of reach: pinned layers keep at least "
-                             f"{min_params:.4f} of the parameters. Nothing was changed.")
+            raise ValueError(f"params={params} is out of reach: pinned layers{narrowest} keep "
+                             f"at least {min_params:.4f} of the parameters. Nothing was changed.")
         if flops is not None and min_flops > flops + 1e-12:
-            raise ValueError(f"flops={flops} is out of reach: pinned layers keep at least "
-                             f"{min_flops:.4f} of the FLOPs. Nothing was changed.")
+            raise ValueError(f"flops={flops} is out of reach: pinned layers{narrowest} keep "
+                             f"at least {min_flops:.4f} of the FLOPs. Nothing was changed.")
 
     def progress_bar(self, encoder, target_active, verbose):
         """Announces the run (when `verbose` resolves true) and returns a bar over

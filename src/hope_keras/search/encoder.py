@@ -38,16 +38,16 @@ from hope_keras.search.evictions import Evictions
 from hope_keras.edit.editor import ModelEditor, ParentCoefficients, defer_keyboard_interrupt
 from hope_keras.progress import resolve_verbose
 from hope_keras.search.recording import StepRecorder, new_trajectory
+from hope_keras.search.rounding import WidthRounding
 from hope_keras.search.merge_search import (MergeSearch, SearchOptions, GroupState, exact_source,
                                neighbor_map)
-from hope_keras.search.sizes import SizeCounter
+from hope_keras.search.sizes import SizeCounter, start_from_live_channels
 from hope_keras.graph.fingerprint import fingerprint
 from hope_keras.search.trajectory import Step, Trajectory
 from hope_keras.stats.correction import StatisticsCorrection
 from hope_keras.deploy.recover import recover
 from hope_keras.deploy.profile import profile
 from hope_keras.edit.slim import slim
-from hope_keras.edit.slim import live_channels
 
 ACTIONS = ("prune", "merge", "evict")
 
@@ -236,6 +236,9 @@ class Encoder:
             (`hope_keras.stats.correction`), or a `StatisticsCorrection`.
         verbose: ``"auto"`` (default: progress bars when standard output is a
             terminal or a notebook), True or False.
+        round_to: Every group the run touches ends at a multiple of this many
+            channels, or whole (`hope_keras.search.rounding`; docs/hope.md, "Widths
+            that suit the hardware"). 1 (default): any width.
 
     Example:
 
@@ -249,20 +252,22 @@ class Encoder:
     >>> step = enc.execute(action)
     >>> enc.active, enc.num_neurons
     (15, 16)
+    >>> fresh = keras.models.clone_model(model)  # widths 16 → 12 → 8: multiples of 4
+    >>> hope_keras.Encoder(fresh, round_to=4, verbose=False).compress(density=0.6).density
+    0.5
     """
 
     def __init__(self, model, *, cost="hope", actions=ACTIONS,
                  analysis: Optional[Analysis] = None, search=None, data=None,
-                 correction="auto", verbose="auto"):
+                 correction="auto", verbose="auto", round_to: int = 1):
         actions = _checked_actions(actions)
+        self.rounding = WidthRounding(round_to)
         self.search = search = SearchOptions.get(search)
         self.correction = _statistics_correction(correction, data, verbose)
         resolve_verbose(verbose)
         self.verbose = verbose
         self.cost = costs.get(cost)
         self.merges = MergeSearch(search, self.cost)
-        self.merge_candidates, self.merge_search = (self.merges.merge_candidates,
-                                                    self.merges.merge_search)
         self.model = model
         self.analysis = a = _own_analysis(model, analysis, self.cost, verbose)
         _check_finite_weights(model, a.graph.flat)
@@ -291,10 +296,12 @@ class Encoder:
             _no_group(model, a, self.cost)
         self.active = self.num_neurons
         self.sizes = SizeCounter(model, a)
-        self.mean_compensation = bool(self.cost.mean_compensation)
         self.editor = ModelEditor(model, self.graph,
                                   mean_compensation=self.cost.mean_compensation,
                                   moments=a.moments)
+        # Sketched groups read exact rows from the kernel's columns (editor-cached).
+        self._exact_source = lambda name: exact_source(self.editor, self.graph.groups[name],
+                                                       COLUMN_CACHE_BYTES)
         for name, gs in self.groups.items():
             if isinstance(gs.cache, SketchCache):  # exact entries for executed merges
                 gs.cache.source = self._exact_source(name)
@@ -302,7 +309,8 @@ class Encoder:
                            if self.refresh == "neighbors" else {})
         self.queue = ActionQueue()
         self._stale = False  # interrupted inside a step's bookkeeping: cannot continue
-        self._start_from_live_channels(model)
+        self.active -= start_from_live_channels(model, self.graph, self.groups, self.sizes,
+                                                self.evictions)
         self._push_all()
         self.trajectory = new_trajectory(self, hashed.result())
         self._recorder = StepRecorder(self.trajectory, self.sizes, self.blocks)
@@ -346,7 +354,7 @@ class Encoder:
     def best_group_action(self, name: str) -> Optional[Action]:
         """The group's cheapest prune or merge under the run's cost, or None."""
         gs = self.groups[name]
-        if gs.frozen or gs.n <= 1:
+        if gs.frozen or gs.n <= 1 or self.rounding.target(gs.n) is None:
             return None
         sizes = self.sizes.marginal(name, 1)
         return self.merges.best_action(gs, self.cost, self.actions, lambda kind, p_init: (
@@ -377,6 +385,11 @@ class Encoder:
         """The cheapest valid `Action` (evictions removing more than `max_removed`
         neurons are skipped), or None."""
         self._check_not_stale()
+        if self.rounding.open is not None:  # a group's round goes on (`rounding`)
+            action = self.best_group_action(self.rounding.open[0])
+            if action is not None:
+                return action
+            self.rounding.open = None  # its block was evicted by a custom loop
         return self.queue.cheapest(self._valid, max_removed)
 
     def _check_not_stale(self) -> None:
@@ -398,12 +411,19 @@ class Encoder:
                             f"Received: {action!r}")
         self._check_not_stale()
         self._start_correction()
-        recorded = len(self.trajectory)
+        recorded, was_open = len(self.trajectory), self.rounding.open
         try:
-            return self._execute(action)
+            if action.kind != "evict":
+                self.rounding.start(action.unit, self.groups[action.unit].n)
+            step = self._execute(action)
+            if action.kind != "evict":
+                self._after_rounding(action.unit)
+            return step
         except BaseException:
             # Recorded, then interrupted: the tables may be half updated.
             self._stale = len(self.trajectory) > recorded
+            if not self._stale:
+                self.rounding.open = was_open
             raise
 
     def _execute(self, action: Action) -> Step:
@@ -432,6 +452,14 @@ class Encoder:
         self._after_group_change(unit)
         return step
 
+    def _after_rounding(self, unit: str) -> None:
+        """Closes the group's round at its target width; the steps inside a round
+        are listed in the trajectory (`Trajectory.step_for` stops only between)."""
+        self.rounding.after(unit, self.groups[unit].n)
+        if self.rounding.open is not None:
+            self.trajectory.meta.setdefault("unrounded_steps", []).append(
+                len(self.trajectory))
+
     def _record(self, action: Action, c_before, c_after, active_after, coef,
                 changed_groups, evict=False):
         """Counts the step and appends it to the trajectory (`StepRecorder`)."""
@@ -453,38 +481,12 @@ class Encoder:
         # Other blocks' eviction savings may share layers: not in practice.
         return step
 
-    def _start_from_live_channels(self, model) -> None:
-        """What an earlier compression removed (the channels and evicted blocks that
-        `slim` drops) starts removed: the densities, ratios and budgets of this run
-        count from the model as given, not from its dense shapes. Only groups with a
-        channel of zero capacity are read again (none in an uncompressed model)."""
-        counter = self.sizes
-        touched, removed = self.evictions.evict_dead_branches(counter)
-        self.active -= removed
-        for name, gs in self.groups.items():
-            if gs.frozen or not np.any(np.asarray(gs.cache.capacity)[gs.active] == 0.0):
-                continue
-            dead = gs.active & ~live_channels(model, self.graph.groups[name], self.graph)
-            if dead.all():  # a group the model does not use at all: left as it is
-                continue
-            gs.drop(dead)
-            counter.remove(name, int(dead.sum()))
-            touched |= counter.layers_of[name]
-            self.active -= int(dead.sum())
-        if touched:
-            counter.update(touched & set(counter.params_now))
-
     def _after_group_change(self, name: str, neighbors: bool = True) -> None:
         self._push_group(name)
         if name in self.block_of:
             self._push_block(self.block_of[name])
         for nb in self._neighbors.get(name, ()) if neighbors else ():
             self._rebuild(nb)
-
-    def _exact_source(self, name: str):
-        """A sketched group's reader of exact rows (`SketchCache.source`): the
-        producer kernel's columns through the editor's column cache."""
-        return exact_source(self.editor, self.graph.groups[name], COLUMN_CACHE_BYTES)
 
     def _rebuild(self, name: str) -> None:
         """refresh="neighbors": re-extract a group from the edited weights."""
@@ -526,11 +528,13 @@ class Encoder:
         """Raises ValueError (nothing changed) when a budget is already met or out of
         reach of this encoder's actions and the pinned layers."""
         Budget(density, params, flops).refuse_unreachable(
-            self.active, self.num_neurons, self.sizes, self.actions, self.min_reachable)
+            self.active, self.num_neurons, self.sizes, self.actions, self.min_reachable,
+            self.rounding.multiple)
 
     def min_reachable(self):
         """(min active neurons, min parameter ratio, min FLOPs ratio) reachable."""
-        return min_reachable(self.groups, self.blocks, self.evicted, self.actions, self.sizes)
+        return min_reachable(self.groups, self.blocks, self.evicted, self.actions, self.sizes,
+                             self.rounding.min_width)
 
     def correct_statistics(self) -> dict:
         """Corrects the BatchNormalization statistics after the steps so far (the
@@ -540,8 +544,7 @@ class Encoder:
         return self._finish_correction()
 
     def _start_correction(self) -> None:
-        """Before an edit: what the correction needs of the model as it is (taken
-        once), and the statistics an earlier correction wrote put back."""
+        """Before an edit: the correction reads the model (once), undoes its last."""
         self.correction.start(self.model, self.graph, self.analysis.moments)
         self.trajectory.meta["options"]["correct_statistics"] = False
 
@@ -584,8 +587,10 @@ class Encoder:
             with defer_keyboard_interrupt() as deliver_pending, run_threads(sketched):
                 while True:
                     deliver_pending()
-                    reason = budget.reached(self.active, self.sizes, len(self.trajectory),
-                                            target_active)
+                    # Budgets are met between rounds only (`rounding`); steps always.
+                    reason = (budget.reached(self.active, self.sizes, len(self.trajectory),
+                                             target_active) if self.rounding.open is None
+                              else budget.steps_reached(len(self.trajectory)))
                     if reason:
                         break
                     max_removed = ((self.active - target_active)

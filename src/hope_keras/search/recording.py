@@ -13,7 +13,7 @@ from hope_keras.search.trajectory import Step, Trajectory
 def new_trajectory(encoder, fingerprint: str) -> Trajectory:
     """An empty trajectory holding the run's model identity and options."""
     enc = encoder
-    return Trajectory({
+    trajectory = Trajectory({
         "model_name": enc.model.name,
         "fingerprint": fingerprint,
         "groups": [[n, g.size] for n, g in enc.graph.groups.items()],
@@ -26,12 +26,15 @@ def new_trajectory(encoder, fingerprint: str) -> Trajectory:
         "options": {"cost": enc.cost.get_config(), "actions": sorted(enc.actions),
                     "merge_scale": enc.merge_scale, "refresh": enc.refresh,
                     "kernel": enc.kernel,
-                    "mean_compensation": enc.mean_compensation,
-                    "merge_candidates": enc.merge_candidates,
-                    "merge_search": enc.merge_search,
+                    "mean_compensation": bool(enc.cost.mean_compensation),
+                    "merge_candidates": enc.merges.merge_candidates,
+                    "merge_search": enc.merges.merge_search,
                     # the correction applied after the steps (set when applied)
                     "correct_statistics": False},
     })
+    if enc.rounding.multiple > 1:
+        trajectory.meta["options"]["round_to"] = enc.rounding.multiple
+    return trajectory
 
 
 class StepRecorder:

@@ -13,7 +13,9 @@ import copy
 from typing import Dict, Iterable
 
 import keras
+import numpy as np
 
+from hope_keras.edit.slim import live_channels
 from hope_keras.graph import layers as layer_rules
 from hope_keras.scoring.analysis import Analysis
 
@@ -224,3 +226,27 @@ def _sized(layer) -> bool:
         return False
     return bool(layer.weights) or layer_rules.get(layer).role == "source"
 
+
+
+def start_from_live_channels(model, graph, groups, counter: SizeCounter, evictions) -> int:
+    """What an earlier compression removed (the channels and evicted blocks that
+    `slim` drops) starts removed: the densities, ratios and budgets of a run count
+    from the model as given, not from its dense shapes. Only groups with a channel
+    of zero capacity are read again (none in an uncompressed model).
+
+    Returns the number of neurons found removed; ``groups`` (the encoder's live
+    group states) and ``counter`` are updated."""
+    touched, removed = evictions.evict_dead_branches(counter)
+    for name, gs in groups.items():
+        if gs.frozen or not np.any(np.asarray(gs.cache.capacity)[gs.active] == 0.0):
+            continue
+        dead = gs.active & ~live_channels(model, graph.groups[name], graph)
+        if dead.all():  # a group the model does not use at all: left as it is
+            continue
+        gs.drop(dead)
+        counter.remove(name, int(dead.sum()))
+        touched |= counter.layers_of[name]
+        removed += int(dead.sum())
+    if touched:
+        counter.update(touched & set(counter.params_now))
+    return removed

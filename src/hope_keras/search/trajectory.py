@@ -154,7 +154,11 @@ class Trajectory:
         if what == "flops" and np.isnan(series).any():
             raise ValueError("This trajectory records no FLOPs (written by version 1); "
                              "replay it by density, params or step.")
-        hit = np.flatnonzero(series <= value + 1e-12)
+        met = series <= value + 1e-12
+        # A run with round_to stops between rounds only (`hope_keras.search.rounding`).
+        inside = np.asarray(self.meta.get("unrounded_steps", []), dtype=np.int64) - 1
+        met[inside[(inside >= 0) & (inside < met.size)]] = False
+        hit = np.flatnonzero(met)
         if hit.size == 0:
             end = series[-1] if series.size else 1.0
             raise ValueError(

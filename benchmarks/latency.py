@@ -1,0 +1,268 @@
+"""Measured latency ratio against FLOPs ratio of slimmed models, with and without
+``round_to`` (`hope_keras.Encoder(round_to=...)`, docs/hope.md, "Widths that suit the
+hardware").
+
+Per model: one run to the lowest FLOPs point per ``round_to`` (statistics correction
+off: it changes weights, not shapes, and latency depends on shapes only), replayed to
+each point, slimmed, and timed against the original with `hope_keras.profile`
+(`paired_timing`: the two alternate, and the ratio is the median of the per-round
+ratios; ``"call"``: the compiled ``model(x)``, as `hope_keras.profile` times it;
+``--tflite``: also the float32 TFLite interpreter at batch 1). Weights are random with BatchNorm statistics
+re-estimated on random inputs and random γ/β, as a trained network's are non-trivial
+(latency does not depend on their values). The load average of the machine is
+recorded before and after each model (the machine may be shared).
+
+Run: .venv/bin/python benchmarks/latency.py [--models demo xception mobilenetv2
+     efficientnetb0 resnet50] [--points 0.8 0.6 0.4] [--batches 1 32]
+     [--round-to 1 8] [--repeats 9] [--seconds 3] [--tflite] [--quick]
+Writes benchmarks/results/latency_<model>.json per model; ``--report`` prints the
+table of docs/benchmarks.md from them.
+"""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+from _common import add_quick, quick_path
+
+import hope_keras
+
+L = keras.layers
+RESULTS = Path(__file__).parent / "results"
+
+
+def mini_xception(size=64, widths=(16, 32, 64, 128), classes=7):
+    """The FER mini-Xception: two 3 × 3 convs, then per width a residual module of two
+    SeparableConv2D + BN (+ ReLU) with a strided 1 × 1 Conv + BN projection."""
+    inputs = keras.Input((size, size, 3))
+    x = inputs
+    for k in range(2):
+        x = L.ReLU()(L.BatchNormalization()(L.Conv2D(8, 3, use_bias=False)(x)))
+    for w in widths:
+        shortcut = L.BatchNormalization()(L.Conv2D(w, 1, strides=2, padding="same",
+                                                   use_bias=False)(x))
+        y = L.ReLU()(L.BatchNormalization()(L.SeparableConv2D(w, 3, padding="same",
+                                                              use_bias=False)(x)))
+        y = L.BatchNormalization()(L.SeparableConv2D(w, 3, padding="same",
+                                                     use_bias=False)(y))
+        y = L.MaxPooling2D(3, strides=2, padding="same")(y)
+        x = L.Add()([y, shortcut])
+    x = L.Conv2D(classes, 3, padding="same")(x)
+    outputs = L.Softmax()(L.GlobalAveragePooling2D()(x))
+    return keras.Model(inputs, outputs, name="mini_xception")
+
+
+def build(name, quick):
+    """The model, its weights seeded, with non-trivial BatchNorm statistics."""
+    keras.utils.set_random_seed(0)
+    if name == "demo":
+        from hope_keras.data import load_demo_model
+
+        return load_demo_model()
+    size = {"xception": 64, "mobilenetv2": 128, "efficientnetb0": 128,
+            "resnet50": 224}[name]
+    if quick:
+        size = 32
+    if name == "xception":
+        model = mini_xception(size)
+    else:
+        builder = {"mobilenetv2": keras.applications.MobileNetV2,
+                   "efficientnetb0": keras.applications.EfficientNetB0,
+                   "resnet50": keras.applications.ResNet50}[name]
+        model = builder(weights=None, input_shape=(size, size, 3))
+    rng = np.random.default_rng(0)
+    hope_keras.reestimate_batchnorm_statistics(
+        model, rng.uniform(0, 255, (8, size, size, 3)).astype("float32"), batch_size=8)
+    for layer in model.layers:
+        if isinstance(layer, L.BatchNormalization):
+            n = layer.gamma.shape[0]
+            layer.gamma.assign(rng.uniform(0.3, 1.5, n).astype("float32"))
+            layer.beta.assign(rng.normal(0, 0.5, n).astype("float32"))
+    return model
+
+
+def copy(model):
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def widths(model):
+    """Output channels of the layers with kernels, in order."""
+    return [int(layer.output.shape[-1]) for layer in model.layers
+            if isinstance(layer, (L.Conv2D, L.Dense, L.SeparableConv2D))
+            and not isinstance(layer, L.DepthwiseConv2D)]
+
+
+def paired_timing(small, reference, methods, min_repeats, seconds):
+    """Per method: the slimmed and the original model run alternately (the order
+    swapping each round) until both `min_repeats` rounds and `seconds` are done (at
+    most 200 rounds). The ratio is the median of the per-round ratios: a slow spell
+    of a shared machine hits both runs of a round alike. Also the ratio of the
+    fastest runs, and the medians in ms."""
+    out = {}
+    for m in methods:
+        a, b = small[m], reference[m]
+        for _ in range(2):
+            a(), b()
+        ta, tb = [], []
+        start, k = time.perf_counter(), 0
+        while k < min_repeats or (time.perf_counter() - start < seconds and k < 200):
+            for fn, times in (((a, ta), (b, tb)) if k % 2 == 0 else ((b, tb), (a, ta))):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            k += 1
+        ta, tb = np.array(ta), np.array(tb)
+        out[m] = {"ratio": float(np.median(ta / tb)), "ratio_fastest": float(ta.min() / tb.min()),
+                  "ms": 1e3 * float(np.median(ta)), "original_ms": 1e3 * float(np.median(tb)),
+                  "rounds": k}
+    return out
+
+
+def measure(name, args):
+    from hope_keras.deploy.profile import _runners
+
+    model = build(name, args.quick)
+    rows = []
+    load_before = os.getloadavg()
+    shape = tuple(model.inputs[0].shape[1:])
+    rng = np.random.default_rng(0)
+    batches = {b: rng.normal(size=(b,) + shape).astype("float32") for b in args.batches}
+    methods = {b: ("call", "tflite") if args.tflite and b == 1 else ("call",)
+               for b in args.batches}
+    reference = {b: _runners(model, batches[b], methods[b], None)[0] for b in args.batches}
+    for r in args.round_to:
+        t0 = time.perf_counter()
+        enc = hope_keras.Encoder(copy(model), round_to=r, correction=False, verbose=False)
+        # Groups of round_to channels or fewer stay whole: some points may be out of reach.
+        reachable = [p for p in args.points if p > enc.min_reachable()[2] + 1e-9]
+        for point in sorted(set(args.points) - set(reachable), reverse=True):
+            rows.append({"round_to": r, "flops_budget": point, "out_of_reach": True,
+                         "min_flops_ratio": enc.min_reachable()[2]})
+            print(f"{name:>14} round_to={r} flops={point}: out of reach (at least "
+                  f"{enc.min_reachable()[2]:.3f})", flush=True)
+        if not reachable:
+            continue
+        result = enc.compress(flops=min(reachable))
+        seconds = time.perf_counter() - t0
+        for point in reachable:
+            m = result.trajectory.replay(copy(model), flops=point)
+            small = hope_keras.slim(m)
+            p = hope_keras.profile(small, reference=model, latency=False)
+            for batch in args.batches:
+                runners = _runners(small, batches[batch], methods[batch], None)[0]
+                timing = paired_timing(runners, reference[batch], methods[batch],
+                                       args.repeats, args.seconds)
+                row = {"round_to": r, "flops_budget": point, "batch": batch,
+                       "flops_ratio": p.ratio("flops"), "params_ratio": p.ratio("params"),
+                       "latency": timing, "load": os.getloadavg()[0],
+                       "compress_seconds": seconds, "widths": widths(small)}
+                rows.append(row)
+                lat = " ".join(f"{k} {v['ratio']:.3f} (fastest {v['ratio_fastest']:.3f}, "
+                               f"{v['rounds']} rounds)" for k, v in timing.items())
+                print(f"{name:>14} round_to={r} flops={point} batch={batch:>2}: FLOPs "
+                      f"{row['flops_ratio']:.3f}, params {row['params_ratio']:.3f}, "
+                      f"latency {lat}; original {timing['call']['original_ms']:.2f} ms, "
+                      f"load {row['load']:.1f}", flush=True)
+    out = {"model": name, "input_shape": list(shape),
+           "points": args.points, "batches": args.batches, "min_rounds": args.repeats,
+           "seconds_per_point": args.seconds,
+           "load_before": load_before, "load_after": os.getloadavg(),
+           "cpu_count": os.cpu_count(), "rows": rows}
+    path = RESULTS / f"latency_{name}.json"
+    path = quick_path(path) if args.quick else path
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"load average {load_before[0]:.2f} before, {out['load_after'][0]:.2f} after; "
+          f"wrote {path}", flush=True)
+
+
+def _cells(data, point):
+    """{round_to: {"flops": ratio, (method, batch): latency ratio, "load": max} or None
+    (out of reach)} of one FLOPs budget."""
+    cells = {}
+    for row in data["rows"]:
+        if row["flops_budget"] != point:
+            continue
+        r = row["round_to"]
+        if row.get("out_of_reach"):
+            cells[r] = None
+            continue
+        c = cells.setdefault(r, {})
+        c["flops"] = row["flops_ratio"]
+        c["load"] = max(c.get("load", 0), row["load"])
+        for method, t in row["latency"].items():
+            c[(method, row["batch"])] = t["ratio"]
+    return cells
+
+
+def _pair(cells, key):
+    return " → ".join("—" if cells.get(r) is None or key not in cells[r]
+                      else f"{cells[r][key]:.2f}" for r in (1, 8))
+
+
+def report():
+    """Prints the docs/benchmarks.md table (Keras call at the largest batch, FLOPs ratio
+    in brackets) and writes every measurement to benchmarks/results/latency.md, from
+    benchmarks/results/latency_*.json; each cell is ``round_to`` 1 → 8."""
+    short = ["| model (input) | FLOPs 0.8 | FLOPs 0.6 | FLOPs 0.4 |", "|---|---|---|---|"]
+    full = ["| model (input) | budget | FLOPs | call, batch 32 (8) | call, batch 1 | "
+            "TFLite, batch 1 | load |", "|---|---|---|---|---|---|---|"]
+    for name in ("demo", "xception", "mobilenetv2", "efficientnetb0", "resnet50"):
+        path = RESULTS / f"latency_{name}.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        label = f"{name} ({data['input_shape'][0]})"
+        batch = max(data["batches"])
+        row = [label]
+        for point in data["points"]:
+            cells = _cells(data, point)
+            row.append(f"{_pair(cells, ('call', batch))} ({_pair(cells, 'flops')})")
+            loads = [c["load"] for c in cells.values() if c]
+            full.append(f"| {label} | {point} | {_pair(cells, 'flops')} | "
+                        f"{_pair(cells, ('call', batch))} | {_pair(cells, ('call', 1))} | "
+                        f"{_pair(cells, ('tflite', 1))} | {min(loads):.0f}–{max(loads):.0f} |")
+        short.append("| " + " | ".join(row) + " |")
+    print("\n".join(short))
+    (RESULTS / "latency.md").write_text(
+        "Latency ratio (slimmed / original) against FLOPs ratio, round_to 1 → 8: "
+        "`benchmarks/latency.py --report` from latency_*.json (docs/benchmarks.md, "
+        "\"Latency\").\n\n" + "\n".join(full) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["demo", "xception", "mobilenetv2",
+                                                    "efficientnetb0", "resnet50"],
+                    choices=("demo", "xception", "mobilenetv2", "efficientnetb0",
+                             "resnet50"))
+    ap.add_argument("--points", type=float, nargs="+", default=[0.8, 0.6, 0.4],
+                    help="FLOPs ratios (compress(flops=...)) to slim to")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--round-to", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--repeats", type=int, default=9,
+                    help="timed rounds at least (slimmed and original alternately)")
+    ap.add_argument("--seconds", type=float, default=3.0,
+                    help="timed rounds go on until this many seconds per point")
+    ap.add_argument("--tflite", action="store_true", help="also time TFLite at batch 1")
+    ap.add_argument("--report", action="store_true",
+                    help="print the docs/benchmarks.md table from the results, run nothing")
+    add_quick(ap)
+    args = ap.parse_args()
+    if args.report:
+        report()
+        return
+    if args.quick:
+        args.models, args.points, args.batches, args.repeats, args.seconds = (
+            ["demo", "xception"], [0.6], [1], 2, 0.0)
+    for name in args.models:
+        measure(name, args)
+
+
+if __name__ == "__main__":
+    main()
