@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from hope_keras import graph as graph_lib
+from hope_keras import layers as layer_rules
 from hope_keras import moments as moments_lib
 from hope_keras import cache_builders
 from hope_keras.cache import GroupCache, PruneCache
@@ -275,7 +276,7 @@ def _c_stream(block, moments) -> float:
 
 def _zero_variance_reason(state: LayerState, get) -> Optional[str]:
     bns = [c for c in state.group.couplings if c.role == "channel"
-           and isinstance(get(c.layer), keras.layers.BatchNormalization)]
+           and layer_rules.get(get(c.layer)).normalization == "batch"]
     for c in bns:
         gamma, _, _, var, _ = bn_arrays(get(c.layer))
         idx = c.positions[:, 0]

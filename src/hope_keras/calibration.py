@@ -41,9 +41,6 @@ import numpy as np
 from hope_keras import _keras_graph as kg
 from hope_keras import layers as layer_rules
 
-_PRODUCERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D,
-              keras.layers.Conv3D)
-
 __all__ = ["calibrate", "CalibratedLayer", "calibration_targets"]
 
 #: Epsilon of the inserted BatchNormalization layers (small so that γ = σ holds
@@ -80,9 +77,9 @@ def calibration_targets(model) -> Dict[str, str]:
     out = {}
     for node in fg.nodes:
         layer = node.op
-        if not isinstance(layer, _PRODUCERS) or fg.calls[node.key] > 1:
-            continue
         rule = layer_rules.get(layer)
+        if rule.kind not in ("dense", "conv") or fg.calls[node.key] > 1:
+            continue
         if rule.check(layer) is not None or fg.is_output(node.outputs[0]):
             continue
         act = getattr(layer, "activation", None)
@@ -98,7 +95,7 @@ def calibration_targets(model) -> Dict[str, str]:
         kid = kids[0]
         if layer_rules.role_of(kid.op, kid) == "channelwise" and \
                 layer_rules.get(kid.op).activation(kid.op) is not None and \
-                not isinstance(kid.op, keras.layers.BatchNormalization) and \
+                layer_rules.get(kid.op).normalization != "batch" and \
                 layer_rules.get(kid.op).check(kid.op) is None:
             out[node.key] = kid.key
     return out
@@ -134,7 +131,7 @@ def _rebuild(model, targets: Dict[str, str], name: str):
     def call_node(node, tensors):
         layer = node.op
         args, kwargs = node.call_args(tensors)
-        if not isinstance(layer, keras.layers.Layer):  # a stateless Keras operation
+        if not kg.is_layer(layer):  # a stateless Keras operation
             return layer(*args, **kwargs)
         config = layer.get_config()
         config["name"] = kg.flat_name(node.key)

@@ -28,6 +28,7 @@ import numpy as np
 
 from hope_keras import _keras_graph as kg
 from hope_keras import costs
+from hope_keras import layers as layer_rules
 from hope_keras._threads import run_threads
 from hope_keras.actions import Action, ActionQueue
 from hope_keras.analysis import Analysis, analyze
@@ -169,7 +170,7 @@ def _check_finite_weights(model, flat=None) -> None:
             "finite; fix or re-train those weights first (or reload them from a "
             "checkpoint). Nothing was changed.")
     for layer in (flat or kg.flatten(model)).layers.values():
-        if isinstance(layer, keras.layers.BatchNormalization):
+        if layer_rules.get(layer).normalization == "batch":
             var = np.asarray(layer.moving_variance.numpy(), dtype=np.float64)
             if np.any(var + float(layer.epsilon) <= 0):
                 raise ValueError(

@@ -24,6 +24,7 @@ import keras
 import numpy as np
 
 from hope_keras import _keras_graph as kg
+from hope_keras import layers as layer_rules
 
 __all__ = ["synthesize_inputs", "stream_readers", "StreamReference",
            "correct_stream_readers"]
@@ -47,7 +48,7 @@ COARSE_FRACTION = 0.8
 
 
 def _is_bn(op) -> bool:
-    return isinstance(op, keras.layers.BatchNormalization)
+    return layer_rules.get(op).normalization == "batch"
 
 
 def _release_plan(flat) -> dict:

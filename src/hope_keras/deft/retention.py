@@ -9,6 +9,7 @@ import keras
 import numpy as np
 
 from hope_keras import _keras_graph as kg
+from hope_keras import layers as layer_rules
 from hope_keras.deft.plan import COMPENSATIONS, feature_layer_of, find_head
 
 __all__ = ["SourceRetention", "h_score", "accuracy"]
@@ -111,7 +112,7 @@ class SourceRetention:
             self.num_masked = 0
         self.bn_stats = {
             l.name: (np.array(l.moving_mean.numpy()), np.array(l.moving_variance.numpy()))
-            for l in source_model.layers if isinstance(l, keras.layers.BatchNormalization)
+            for l in source_model.layers if layer_rules.get(l).normalization == "batch"
         }
         self.data = (x, y)
         self._feature_models = {}
