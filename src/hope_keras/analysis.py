@@ -6,7 +6,6 @@ import dataclasses
 import io
 from typing import Dict, List, Optional, Tuple
 
-import keras
 import numpy as np
 
 from hope_keras import graph as graph_lib

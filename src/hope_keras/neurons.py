@@ -18,7 +18,6 @@ from typing import List, Tuple
 
 import numpy as np
 
-import keras
 
 from hope_keras import layers as layer_rules
 from hope_keras._host_buffers import read_values

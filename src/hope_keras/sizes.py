@@ -12,8 +12,6 @@ from __future__ import annotations
 import copy
 from typing import Dict, Iterable
 
-import keras
-
 from hope_keras import _keras_graph as kg
 from hope_keras import layers as layer_rules
 from hope_keras.analysis import Analysis

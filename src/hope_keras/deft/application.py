@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Dict, Optional
 
-import keras
 import numpy as np
 
 from hope_keras import _keras_graph as kg
