@@ -39,6 +39,7 @@ import keras
 import numpy as np
 
 from hope_keras import _keras_graph as kg
+from hope_keras import activation_lookup
 from hope_keras import layers as layer_rules
 
 __all__ = ["calibrate", "CalibratedLayer", "calibration_targets"]
@@ -61,7 +62,7 @@ class CalibratedLayer:
 
 
 def _activation_name(fn) -> str:
-    return getattr(fn, "__name__", str(fn))
+    return activation_lookup.activation_name(fn) or str(fn)
 
 
 def calibration_targets(model) -> Dict[str, str]:
@@ -151,7 +152,9 @@ def _rebuild(model, targets: Dict[str, str], name: str):
                 epsilon=EPSILON, name=bn_name, dtype=layer.dtype_policy)(outputs)
             if target == "fused":
                 act_name = fresh(f"{layer.name}_calib_{_activation_name(act)}")
-                outputs = (keras.layers.ReLU(name=act_name) if _activation_name(act) == "relu"
+                found = activation_lookup.resolve(act)
+                plain_relu = found.name == "relu" and not found.params
+                outputs = (keras.layers.ReLU(name=act_name) if plain_relu
                            else keras.layers.Activation(act, name=act_name))(z)
             else:
                 act_name, outputs = target, z  # the existing activation layer follows
