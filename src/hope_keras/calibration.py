@@ -62,7 +62,8 @@ class CalibratedLayer:
 
 
 def _activation_name(fn) -> str:
-    return activation_lookup.activation_name(fn) or str(fn)
+    # A function's own name (layer names stay plain), else the registry's (partials).
+    return getattr(fn, "__name__", None) or activation_lookup.activation_name(fn) or str(fn)
 
 
 def calibration_targets(model) -> Dict[str, str]:
