@@ -323,6 +323,82 @@ def test_registry():
     assert homogeneous == {"relu", "leaky_relu", "linear"}
 
 
+# ------------------------------------------- one registry, HOPE's and DM's views
+
+BOTH_VIEWS = ["sigmoid", "tanh", "softplus", "silu", "gelu", "gelu_approximate", "linear"]
+
+
+@pytest.mark.parametrize("name", BOTH_VIEWS)
+def test_one_entry_serves_hope_and_derivative_matching(name):
+    """Every way Keras holds an activation resolves to the same entry for both: the
+    Gaussian view (HOPE) and the analytic view (derivative matching) compute the same
+    function, and the Keras function itself."""
+    from hope_keras import derivative_matching as dm
+
+    fn = gelu_approximate if name == "gelu_approximate" else keras.activations.get(name)
+    identifiers = [name, fn, keras.layers.Activation(fn), keras.layers.Dense(2, activation=fn)]
+    if name == "silu":
+        identifiers += ["swish", keras.activations.swish]
+    if name.startswith("gelu"):
+        identifiers.append(functools.partial(keras.activations.gelu,
+                                             approximate=name == "gelu_approximate"))
+    gauss, analytic = A.get(name), dm.get_analytic_activation(name)
+    for identifier in identifiers:
+        assert A.get(identifier) is gauss, identifier
+        assert dm.get_analytic_activation(identifier) is analytic, identifier
+    ref = keras.ops.convert_to_numpy(fn(keras.ops.convert_to_tensor(X_GRID, dtype="float64")))
+    # (atol: tanh-GELU's 1 + tanh(u) cancels in the far negative tail)
+    np.testing.assert_allclose(gauss(X_GRID), ref, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(analytic.forward(X_GRID), ref, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("identifier", [
+    "relu", keras.activations.relu6, keras.layers.ReLU(max_value=6.0),
+    keras.layers.LeakyReLU(0.1), keras.layers.ELU(), "selu", "hard_silu",
+    functools.partial(keras.activations.relu, max_value=6.0)])
+def test_non_analytic_activations_have_the_gaussian_view_only(identifier):
+    from hope_keras import derivative_matching as dm
+    from hope_keras.activations.lookup import activation_name
+
+    assert A.get(identifier).name in A.names()
+    assert dm.get_analytic_activation(identifier) is None
+    assert activation_name(identifier) in dm.activations.NON_ANALYTIC_ACTIVATIONS
+
+
+def test_registering_one_view_keeps_the_other():
+    from hope_keras import derivative_matching as dm
+
+    cube, analytic = dm.polynomial_activation([0.0, 0.0, 0.0, 1.0], name="cube_view_test")
+    dm.register_activation(cube, analytic, overwrite=True)
+    assert dm.get_analytic_activation(cube) is analytic
+    with pytest.raises(A.UnsupportedActivationError, match="cube_view_test"):
+        A.get(cube)  # HOPE's view of the entry is still empty
+    gauss = A.GaussianActivation.from_function("cube_view_test", lambda x: x ** 3)
+    A.register(cube, gauss)
+    assert A.get(cube) is gauss and dm.get_analytic_activation(cube) is analytic
+    with pytest.raises(ValueError, match="already registered"):
+        dm.register_activation(cube, dm.get_analytic_activation("tanh"))
+    with pytest.raises(ValueError, match="register_activation expects a callable"):
+        dm.register_activation(3, analytic)
+    np.testing.assert_allclose(gauss(X_GRID), analytic.forward(X_GRID), rtol=1e-12)
+
+
+@pytest.mark.parametrize("layer", [
+    keras.layers.ReLU(), keras.layers.ReLU(negative_slope=0.1, max_value=4.0, threshold=0.5),
+    keras.layers.ReLU(max_value=6.0), keras.layers.LeakyReLU(negative_slope=0.3),
+    keras.layers.ELU(alpha=0.5)])
+def test_activation_layers_name_the_keras_function_they_call(layer):
+    """The layer registry gives an activation layer as the Keras function it calls
+    (the partial both views read): applying it equals the layer."""
+    from hope_keras.graph import layers as hl
+
+    fn = hl.get(layer).activation(layer)
+    x = X_GRID.astype("float32")[:, None]
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(fn(x)),
+                                  keras.ops.convert_to_numpy(layer(x)))
+    assert A.get(fn) is A.from_layer(layer)
+
+
 # ----------------------------------------------------------------- inversion
 
 MONOTONE = ["relu", "leaky_relu", "linear", "relu6", "elu", "sigmoid", "tanh", "softplus",

@@ -311,8 +311,8 @@ def test_merge_candidates_option():
     hope = costs.get("hope")
     custom = costs.Cost.from_functions("custom", hope.prune, hope.merge, hope.evict,
                                        hope.rank)
-    assert Encoder(model).merge_candidates == 16
-    assert Encoder(model, cost=custom).merge_candidates is None  # no bounds: exhaustive
+    assert Encoder(model).merges.merge_candidates == 16
+    assert Encoder(model, cost=custom).merges.merge_candidates is None  # no bounds: exhaustive
     enc = Encoder(model, cost=custom, search=dict(merge_candidates=2))
     assert enc.groups["fc0"].table.bound is None and enc.groups["fc0"].table.k == 2
     assert enc.next_action() is not None
@@ -499,7 +499,7 @@ def test_auto_merge_search_is_top_k_only_in_the_widest_groups(monkeypatch):
         return enc, certify, [(s.kind, s.unit, s.i, s.j, s.J) for s in enc.trajectory.steps]
 
     enc, certify, auto = run()
-    assert enc.merge_search == "auto"
+    assert enc.merges.merge_search == "auto"
     assert enc.trajectory.meta["options"]["merge_search"] == "auto"
     assert certify == {"fc0": True, "fc1": True}
     assert sum(s[0] == "merge" for s in auto) >= 3
@@ -839,11 +839,10 @@ def test_sketched_runs_read_the_same_weights_through_the_column_cache(monkeypatc
     assert sum(c.hits for c in small.editor._columns.values()) > 0
     assert sum(c.misses for c in small.editor._columns.values()) > 0
 
-    def uncached(self, name):
-        return functools.partial(cache_builders.extract_rows, self.editor.array, self.editor.layer,
-                                 self.graph.groups[name])
+    def uncached(editor, group, cache_bytes):
+        return functools.partial(cache_builders.extract_rows, editor.array, editor.layer, group)
 
-    monkeypatch.setattr(Encoder, "_exact_source", uncached)
+    monkeypatch.setattr(engine, "exact_source", uncached)
     plain = run()
     assert not plain.editor._columns
     a, b = small.trajectory.steps, plain.trajectory.steps

@@ -466,6 +466,30 @@ def test_relu_is_rejected_with_pointer_to_hope():
     model2 = keras.Model(inp, keras.layers.Dense(1)(h))
     with pytest.raises(ValueError, match=r"act_e.*hope_keras\.compress"):
         dm.compress_mlp(model2, order=2)
+    # an activation layer is read through the layer registry: ReLU is ReLU there too
+    h = keras.layers.ReLU(max_value=6.0, name="act_r")(keras.layers.Dense(8, name="d")(inp))
+    model3 = keras.Model(inp, keras.layers.Dense(1)(h))
+    with pytest.raises(ValueError, match=r"act_r.*'relu'.*hope_keras\.compress"):
+        dm.compress_mlp(model3, order=2)
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_an_output_activation_layer_is_kept_after_the_compressed_stack(functional):
+    """A ReLU layer after the output Dense (any activation layer the registry knows):
+    the hidden layers' selection does not depend on it, so the student is the
+    student of the stack without it, followed by the same ReLU."""
+    plain = _mlp([24], ["tanh"], functional=functional, seed=3)
+    relu = keras.layers.ReLU(max_value=0.5, name="out_relu")
+    if functional:
+        capped = keras.Model(plain.inputs[0], relu(plain.outputs[0]))
+    else:
+        capped = keras.Sequential([keras.Input((2,), dtype="float64")] + plain.layers + [relu])
+    s_plain, _ = dm.compress_mlp(plain, order=3, radius=1.0)
+    s_capped, _ = dm.compress_mlp(capped, order=3, radius=1.0)
+    assert [type(l).__name__ for l in s_capped.layers][-1] == "ReLU"
+    pts = dm.sample_ball(200, 2, 1.0, seed=0)
+    np.testing.assert_array_equal(np.asarray(s_capped(pts)),
+                                  np.clip(np.asarray(s_plain(pts)), 0.0, 0.5))
 
 
 def test_bad_arguments_and_unsupported_layers():

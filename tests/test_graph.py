@@ -1,10 +1,12 @@
 """Walker expectations: groups, consumers, residual blocks and pinned reasons."""
 
 import keras
+import numpy as np
 import pytest
 
 from conftest import L, bn_relu, mlp, small_resnet
 from hope_keras.graph.walker import walk
+from conftest import L, bn_relu, mlp, outputs_equal, randomize_bn, small_resnet
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +193,45 @@ def test_unbuilt_subclassed_model_is_rejected():
     # A built one is traced (tests/test_tracing.py); an unbuilt one has no input shape.
     with pytest.raises(ValueError, match="input shape is unknown"):
         walk(Net())
+
+
+def _bn_relu_mlp(relu):
+    """Dense → BN → relu → Dense → BN → relu → Dense, with the relu given."""
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6,))
+    x = relu(L.BatchNormalization(name="bn1")(L.Dense(16, name="fc1")(inputs)))
+    x = relu(L.BatchNormalization(name="bn2")(L.Dense(12, name="fc2")(x)))
+    model = keras.Model(inputs, L.Dense(3, name="head")(x))
+    randomize_bn(model, seed=4)
+    return model
+
+
+@pytest.mark.parametrize("relu", [
+    lambda x: keras.ops.relu(x),
+    lambda x: L.Activation("relu")(x),
+], ids=["ops_relu", "activation_layer"])
+def test_plain_relu_is_read_from_the_activation_whatever_applies_it(relu):
+    """Merges need plain ReLU: the walker asks the activation registry what the layer
+    rule's activation is, so `keras.ops.relu` and ``Activation(relu)`` are the neuron
+    layers a ReLU layer makes: the same groups, and `compress` takes the same steps to
+    the same weights; the slim model computes the compressed one."""
+    import hope_keras
+
+    reference, model = _bn_relu_mlp(lambda x: L.ReLU()(x)), _bn_relu_mlp(relu)
+    assert [g.kind for g in walk(model).groups.values()] == ["neurons", "neurons"]
+    runs = [hope_keras.compress(m, density=0.5, verbose=False) for m in (reference, model)]
+    steps = [[(s.kind, s.unit, s.i, s.j) for s in r.trajectory.steps] for r in runs]
+    assert steps[0] == steps[1] and any(kind == "merge" for kind, *_ in steps[0])
+    for a, b in zip(reference.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    x = np.random.default_rng(0).normal(size=(32, 6)).astype("float32")
+    assert outputs_equal(hope_keras.slim(model), model, x)
+
+
+def test_relu_variants_are_not_plain_relu():
+    for relu in (lambda: L.ReLU(max_value=6.0), lambda: L.ReLU(threshold=0.5),
+                 lambda: L.LeakyReLU(0.1), lambda: L.Activation("relu6")):
+        model = _bn_relu_mlp(lambda x: relu()(x))
+        groups = walk(model).groups.values()
+        assert {g.kind for g in groups} == {"coupled"}
+        assert all("not plain ReLU" in g.note for g in groups)

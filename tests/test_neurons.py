@@ -136,6 +136,28 @@ def test_coupled_state_builds_its_arrays_on_access_from_the_weights_as_extracted
     assert state.size == 8 and state.w_raw.dtype == state.u.dtype == np.float64
 
 
+def test_groups_read_from_the_editors_mirror_equal_those_read_from_the_model():
+    """``refresh="neighbors"`` re-extracts groups from the editor's mirror (a view that
+    wraps each layer): before any edit every array equals the model's, the coupled
+    group's BatchNormalization included (the layer registry sees through the mirror;
+    read by class, the mirror's BN was missed and γ, σ² read as ones)."""
+    from conftest import small_resnet
+    from hope_keras.edit.editor import ModelEditor
+
+    model = small_resnet(seed=4)
+    randomize_bn(model, seed=5, gamma=(0.3, 3.0))
+    graph = walk(model)
+    editor = ModelEditor(model, graph)
+    assert {g.kind for g in graph.groups.values()} == {"coupled", "neurons"}
+    for name, group in graph.groups.items():
+        direct = extract_group(model, group, graph)
+        mirrored = extract_group(editor.mirror_model(), group)
+        for attr in ("gamma", "beta", "mean", "var", "w_raw", "u", "p_init"):
+            np.testing.assert_array_equal(getattr(mirrored, attr), getattr(direct, attr),
+                                          err_msg=f"{name}.{attr}")
+    assert not np.all(extract_group(model, graph.groups["stem"], graph).gamma == 1.0)
+
+
 def test_check_finite_counts_nan_and_inf_and_accepts_huge_finite_values():
     from hope_keras.scoring.neurons import check_finite as _check_finite
 

@@ -3,15 +3,15 @@
 
 The closed forms of the ReLU family (``max_value``, ``threshold``,
 ``negative_slope``), ELU and SELU, hard sigmoid and hard SiLU, and the quadrature
-specs of the smooth activations; the registry (`register`, `names`) and the
-resolution of a Keras activation or layer (`get`, `from_layer`).
+specs of the smooth activations; HOPE's view of the activation registry
+(`register`, `names`, `get`, `from_layer`), whose look-up from Keras is
+`hope_keras.activations.lookup` (shared with derivative matching).
 `hope_keras.activations` gives all the names.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Optional, Tuple
 
 import numpy as np
@@ -21,7 +21,9 @@ from scipy.special import ndtr
 import keras
 
 from hope_keras.activations import kernels
-from hope_keras.derivative_matching.activations import (
+from hope_keras.graph import adapter as kg
+from hope_keras.activations import lookup
+from hope_keras.activations.gelu import (
     GELU_A as _GELU_A,
     GELU_C as _GELU_C,
     GELU_S as _GELU_S,
@@ -312,19 +314,8 @@ _GELU_TANH = GaussianActivation.from_function("gelu_approximate", _gelu_tanh_for
 
 
 # --------------------------------------------------------------------------- #
-# Registry and Keras look-up
+# HOPE's view of the activation registry (`hope_keras.activations.lookup`)
 # --------------------------------------------------------------------------- #
-
-_BY_NAME: dict = {}
-_BY_CALLABLE: dict = {}
-
-#: Keras activations that are not elementwise, or not supported, with the reason.
-_UNSUPPORTED = {
-    "softmax": "softmax is not elementwise (it normalises over an axis)",
-    "log_softmax": "log_softmax is not elementwise (it normalises over an axis)",
-    "sparsemax": "sparsemax is not elementwise (it projects over an axis)",
-    "glu": "glu is not elementwise (it gates one half of the channels by the other)",
-}
 
 
 class UnsupportedActivationError(ValueError):
@@ -342,8 +333,9 @@ class UnsupportedActivationError(ValueError):
 def register(activation, spec: GaussianActivation, *, overwrite: bool = False) -> None:
     """Make an activation known to :func:`get` and :func:`from_layer`.
 
-    A separate registry from ``hope_keras.derivative_matching.register_activation``
-    (that one holds Taylor tables).
+    HOPE's view of the one activation registry: derivative matching's
+    ``hope_keras.derivative_matching.register_activation`` sets the other view (the
+    Taylor table) of the same entry.
 
     Args:
         activation: The Keras activation callable used in the layers, or its name.
@@ -367,19 +359,7 @@ def register(activation, spec: GaussianActivation, *, overwrite: bool = False) -
     """
     if not isinstance(spec, GaussianActivation):
         raise ValueError(f"register expects a GaussianActivation. Received: spec={spec!r}")
-    if isinstance(activation, str):
-        table, key = _BY_NAME, activation
-    elif callable(activation):
-        table, key = _BY_CALLABLE, activation
-    else:
-        raise ValueError(
-            "register expects a callable or a string name. "
-            f"Received: activation={activation!r}")
-    if key in table and table[key] is not spec and not overwrite:
-        raise ValueError(
-            f"Activation {key!r} is already registered as {table[key].name!r}; "
-            "pass overwrite=True to replace it.")
-    table[key] = spec
+    lookup.register(activation, "gaussian", spec, overwrite=overwrite)
 
 
 def names() -> Tuple[str, ...]:
@@ -393,41 +373,7 @@ def names() -> Tuple[str, ...]:
         >>> "gelu" in activations.names()
         True
     """
-    return tuple(sorted(_BY_NAME))
-
-
-def _callable_name(fn) -> Optional[str]:
-    try:
-        with warnings.catch_warnings():  # keras warns when it serialises a lambda
-            warnings.simplefilter("ignore")
-            name = keras.activations.serialize(fn)
-    except Exception:
-        name = None
-    if isinstance(name, dict):
-        name = name.get("config", name.get("class_name"))
-    if not isinstance(name, str):
-        name = getattr(fn, "__name__", None)
-    return name
-
-
-def _from_partial(fn) -> Optional[GaussianActivation]:
-    """``functools.partial(keras.activations.relu, max_value=6.0)`` and friends."""
-    kw = dict(fn.keywords or {})
-    if fn.args:
-        return None
-    base = fn.func
-    try:
-        if base is keras.activations.relu:
-            return relu(**kw)
-        if base is keras.activations.leaky_relu:
-            return leaky_relu(**kw)
-        if base is keras.activations.elu:
-            return elu(**kw)
-        if base is keras.activations.gelu and set(kw) <= {"approximate"}:
-            return _GELU_TANH if kw.get("approximate", False) else _GELU
-    except TypeError:
-        return None
-    return None
+    return lookup.names("gaussian")
 
 
 def get(identifier) -> GaussianActivation:
@@ -456,38 +402,27 @@ def get(identifier) -> GaussianActivation:
     """
     if isinstance(identifier, GaussianActivation):
         return identifier
-    if identifier is None:
-        return _LINEAR
-    if isinstance(identifier, keras.layers.Layer):
+    if kg.is_layer(identifier):
         return from_layer(identifier)
-    if isinstance(identifier, dict):
-        try:
-            identifier = keras.activations.deserialize(identifier)
-        except Exception as exc:
-            raise UnsupportedActivationError(
-                f"Could not deserialise the activation {identifier!r}: {exc}") from None
-    if isinstance(identifier, functools.partial):
-        spec = _from_partial(identifier)
-        if spec is not None:
-            return spec
-    if callable(identifier):
-        try:
-            if identifier in _BY_CALLABLE:
-                return _BY_CALLABLE[identifier]
-        except TypeError:  # unhashable
-            pass
-        name = _callable_name(identifier)
-    elif isinstance(identifier, str):
-        name = identifier
-    else:
-        raise UnsupportedActivationError(
-            f"Could not interpret the activation identifier. Received: {identifier!r}")
-    if name in _BY_NAME:
-        return _BY_NAME[name]
-    if name in _UNSUPPORTED:
-        raise UnsupportedActivationError(_UNSUPPORTED[name])
-    raise UnsupportedActivationError(
-        f"No Gaussian moments are registered for activation {name!r}",
+    spec, found = lookup.lookup(identifier, "gaussian")
+    if spec is None:
+        raise _unsupported(found)
+    return spec
+
+
+def _unsupported(found, where: str = "") -> UnsupportedActivationError:
+    """Why `found` (`activation_lookup.Resolved`) has no Gaussian moments."""
+    prefix = f"{where}: " if where else ""
+    if found.problem == "applies no activation":
+        return UnsupportedActivationError(f"{where} {found.problem}")
+    if found.problem:
+        return UnsupportedActivationError(prefix + found.problem)
+    if found.name in lookup.NOT_ELEMENTWISE:
+        return UnsupportedActivationError(prefix + lookup.NOT_ELEMENTWISE[found.name])
+    with_params = f" with parameters {dict(found.params)}" if found.params else ""
+    return UnsupportedActivationError(
+        f"{prefix}No Gaussian moments are registered for activation {found.name!r}"
+        f"{with_params}",
         "Build them with hope_keras.activations.GaussianActivation.from_function(name, "
         "numpy_fn) and hope_keras.activations.register(activation, spec). Known: "
         + ", ".join(names()))
@@ -496,9 +431,10 @@ def get(identifier) -> GaussianActivation:
 def from_layer(layer) -> GaussianActivation:
     """The activation applied by a Keras layer, as a :class:`GaussianActivation`.
 
-    Reads ``keras.layers.ReLU`` (``max_value``, ``negative_slope``, ``threshold``),
-    ``LeakyReLU``, ``ELU``, ``Activation`` and the fused ``activation`` of Dense,
-    convolution and other layers that have one.
+    Reads the activation the layer registry says the layer applies
+    (``keras.layers.ReLU`` with its ``max_value``, ``negative_slope`` and
+    ``threshold``, ``LeakyReLU``, ``ELU``, ``Activation``; `hope_keras.layers`), else
+    the fused ``activation`` of Dense, convolution and other layers that have one.
 
     Args:
         layer: A Keras layer.
@@ -519,62 +455,37 @@ def from_layer(layer) -> GaussianActivation:
         >>> activations.from_layer(keras.layers.Dense(3, activation="tanh")).name
         'tanh'
     """
-    L = keras.layers
     where = f"layer {getattr(layer, 'name', layer)!r} ({type(layer).__name__})"
-    try:
-        if isinstance(layer, L.ReLU):
-            return relu(
-                negative_slope=float(layer.negative_slope),
-                max_value=None if layer.max_value is None else float(layer.max_value),
-                threshold=float(layer.threshold),
-            )
-        if isinstance(layer, L.LeakyReLU):
-            return leaky_relu(float(layer.negative_slope))
-        if isinstance(layer, L.ELU):
-            return elu(float(layer.alpha))
-        if isinstance(layer, L.PReLU):
-            raise UnsupportedActivationError(
-                f"{where}: PReLU has learned per-channel slopes, not supported")
-        if isinstance(layer, L.Softmax):
-            raise UnsupportedActivationError(f"{where}: softmax is not elementwise")
-        if hasattr(layer, "activation"):
-            return get(layer.activation)
-    except UnsupportedActivationError as exc:
-        if str(exc).startswith(where):
-            raise
-        raise UnsupportedActivationError(f"{where}: {exc}") from None
-    raise UnsupportedActivationError(f"{where} applies no activation")
+    spec, found = lookup.lookup(layer, "gaussian")
+    if spec is None:
+        raise _unsupported(found, where)
+    return spec
 
 
 def _register_builtins() -> None:
-    A = keras.activations
     entries = [
-        ("relu", A.relu, _RELU),
-        ("relu6", A.relu6, _RELU6),
-        ("leaky_relu", A.leaky_relu, _LEAKY[0.2]),
-        ("elu", A.elu, _ELU),
-        ("selu", A.selu, _SELU),
-        ("hard_sigmoid", A.hard_sigmoid, _HARD_SIGMOID),
-        ("hard_silu", A.hard_silu, _HARD_SILU),
-        ("sigmoid", A.sigmoid, _SIGMOID),
-        ("tanh", A.tanh, _TANH),
-        ("softplus", A.softplus, _SOFTPLUS),
-        ("silu", A.silu, _SILU),
-        ("gelu", A.gelu, _GELU),
-        ("mish", A.mish, _MISH),
-        ("linear", A.linear, _LINEAR),
-        ("gelu_approximate", gelu_approximate, _GELU_TANH),
+        ("relu", _RELU),
+        ("relu6", _RELU6),
+        ("leaky_relu", _LEAKY[0.2]),
+        ("elu", _ELU),
+        ("selu", _SELU),
+        ("hard_sigmoid", _HARD_SIGMOID),
+        ("hard_silu", _HARD_SILU),
+        ("sigmoid", _SIGMOID),
+        ("tanh", _TANH),
+        ("softplus", _SOFTPLUS),
+        ("silu", _SILU),
+        ("gelu", _GELU),
+        ("mish", _MISH),
+        ("linear", _LINEAR),
+        ("gelu_approximate", _GELU_TANH),
     ]
-    for name, fn, spec in entries:
-        register(name, spec, overwrite=True)
-        register(fn, spec, overwrite=True)
-    for alias, name in [("swish", "silu"), ("hard_swish", "hard_silu"),
-                        ("hope_keras>gelu_approximate", "gelu_approximate")]:
-        _BY_NAME[alias] = _BY_NAME[name]
-    for alias, name in [("swish", "silu"), ("hard_swish", "hard_silu")]:
-        fn = getattr(A, alias, None)
-        if fn is not None:
-            _BY_CALLABLE[fn] = _BY_NAME[name]
+    for name, spec in entries:  # Keras' callables resolve to the same entries
+        lookup.register(name, "gaussian", spec, overwrite=True)
+    lookup.register(gelu_approximate, "gaussian", _GELU_TANH, overwrite=True)
+    # ReLU(max_value=…), LeakyReLU(negative_slope=…), ELU(alpha=…) and the partials
+    for name, family in (("relu", relu), ("leaky_relu", leaky_relu), ("elu", elu)):
+        lookup.register_family(name, "gaussian", family)
 
 
 _register_builtins()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Dict, Optional
 
-import keras
 import numpy as np
 
 from hope_keras.graph import adapter as kg
@@ -249,7 +248,7 @@ def _compensate_cuts(fg, cuts, compensate):
         shift = (np.where(cut, k.sum(0), 0.0) * mean[:, None]).sum(0)
         kids = fg.children(node)
         bn = (kids[0].op if len(kids) == 1 and fg.calls[kids[0].key] == 1
-              and isinstance(kids[0].op, keras.layers.BatchNormalization) else None)
+              and layer_rules.get(kids[0].op).normalization == "batch" else None)
         if getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
             b = layer.bias.numpy()
             layer.bias.assign((b + shift).astype(b.dtype))

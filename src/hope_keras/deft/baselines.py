@@ -24,6 +24,7 @@ import numpy as np
 
 from hope_keras.deft.plan import find_head
 from hope_keras.graph import adapter as kg
+from hope_keras.graph import layers as layer_rules
 
 __all__ = ["METHODS", "replace_head", "method_elasticity", "diagonal_fisher",
            "EWCPenalty", "L2Penalty"]
@@ -264,7 +265,7 @@ def _layerwise_fisher_fn(model, variables, loss_fn):
         return None
     if len(fg.outputs) != 1 or len(fg.inputs) != 1 or any(c > 1 for c in fg.calls.values()):
         return None
-    if any(not isinstance(n.op, keras.layers.Layer) for n in fg.nodes):
+    if any(not kg.is_layer(n.op) for n in fg.nodes):
         return None
     owner = {}
     for layer in fg.layers.values():
@@ -275,14 +276,14 @@ def _layerwise_fisher_fn(model, variables, loss_fn):
         layer = owner.get(id(v))
         if layer is None:
             return None
-        linear = getattr(getattr(layer, "activation", None), "__name__", "linear") == "linear"
-        if isinstance(layer, keras.layers.Dense) and linear:
+        rule = layer_rules.get(layer)
+        linear = rule.activation(layer) is None
+        if rule.kind == "dense" and linear:
             kinds[layer.name] = "dense"
-        elif (isinstance(layer, keras.layers.Conv2D) and linear
-              and type(layer) is keras.layers.Conv2D and layer.groups == 1
-              and layer.data_format == "channels_last"):
-            kinds[layer.name] = "conv2d"
-        elif isinstance(layer, keras.layers.BatchNormalization) and layer.axis in (
+        elif (rule.kind == "conv" and linear and len(layer.kernel.shape) == 4
+              and layer.groups == 1 and layer.data_format == "channels_last"):
+            kinds[layer.name] = "conv2d"  # the patches below: a 2-D convolution
+        elif rule.normalization == "batch" and layer.axis in (
                 -1, len(layer.input.shape) - 1):
             kinds[layer.name] = "bn"
         else:

@@ -40,6 +40,7 @@ import numpy as np
 from hope_keras.graph import adapter as kg
 from hope_keras.scoring import costs
 from hope_keras.graph import walker as graph_lib
+from hope_keras.graph import layers as layer_rules
 from hope_keras.deft.application import (  # noqa: F401 - COMPENSATIONS, apply_plan: given here
     COMPENSATIONS, apply_plan, as_vector, check_compensate, elasticities_and_drift)
 from hope_keras.graph.fingerprint import fingerprint
@@ -119,12 +120,12 @@ def find_head(model) -> str:
         )
     node = fg.producer_node(fg.outputs[0])
     seen = []
-    while node is not None and not isinstance(node.op, keras.layers.Dense):
+    while node is not None and layer_rules.get(node.op).kind != "dense":
         seen.append(node.key)
         if getattr(node.op, "weights", None) or len(node.inputs) != 1:
             break
         node = fg.producer_node(node.inputs[0])
-    if node is None or not isinstance(node.op, keras.layers.Dense):
+    if node is None or layer_rules.get(node.op).kind != "dense":
         raise ValueError(
             f"No Dense head found behind the output of model '{model.name}' (walked "
             f"back through {seen}). Pass head=<layer name>."
@@ -544,7 +545,7 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     check_compensate(compensate)
     head = head or find_head(model)
     head_layer = _get_layer(model, head)
-    if not isinstance(head_layer, keras.layers.Dense):
+    if layer_rules.get(head_layer).kind != "dense":
         raise ValueError(
             f"The head '{head}' must be a Dense layer. Received: "
             f"{type(head_layer).__name__}.")

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 
 from hope_keras.graph import adapter as kg
+from hope_keras.graph import layers as layer_rules
 from hope_keras.deft.plan import COMPENSATIONS, feature_layer_of, find_head
 from hope_keras.scoring import moments
 
@@ -110,7 +111,7 @@ class SourceRetention:
             self.num_masked = 0
         self.bn_stats = {
             l.name: (np.array(l.moving_mean.numpy()), np.array(l.moving_variance.numpy()))
-            for l in source_model.layers if isinstance(l, keras.layers.BatchNormalization)
+            for l in source_model.layers if layer_rules.get(l).normalization == "batch"
         }
         self.data = (x, y)
         self._feature_models = {}

@@ -52,7 +52,7 @@ def _dims(shape, what, layer) -> List[int]:
 
 def node_flops(node, fg) -> int:
     layer = node.op
-    if not isinstance(layer, keras.layers.Layer) or not node.inputs or not node.outputs:
+    if not kg.is_layer(layer) or not node.inputs or not node.outputs:
         return 0
     rule = layer_rules.get(layer)
     in_shape, out_shape = fg.shapes[node.inputs[0]], fg.shapes[node.outputs[0]]

@@ -37,6 +37,8 @@ from keras import ops
 from hope_keras.graph import adapter as kg
 from hope_keras.stats.bn_stats import reestimate_batchnorm_statistics
 from hope_keras.progress import interactive
+from hope_keras.graph import layers as layer_rules
+from hope_keras.activations.lookup import activation_name, layer_activation
 
 __all__ = ["Distiller", "recover"]
 
@@ -69,21 +71,19 @@ def _softmax_head(model):
     as logits (or log-probabilities, the same up to a constant per example).
     """
     layer = _output_layer(model)
-    act = getattr(layer, "activation", None)
-    if getattr(act, "__name__", "") == "softmax":
+    if layer is None or activation_name(layer_activation(layer)) != "softmax":
+        return layer, None
+    if getattr(layer, "activation", None) is not None:
         return layer, "activation"
-    if isinstance(layer, keras.layers.Softmax):
-        return layer, "layer"
-    return layer, None
-
-
-_NOISE_TYPES = (keras.layers.Dropout, keras.layers.GaussianDropout,
-                keras.layers.AlphaDropout, keras.layers.GaussianNoise)
+    return layer, "layer"
 
 
 def _noise_layers(model):
-    """Dropout-like layers of ``model`` (nested models included)."""
-    return [layer for layer in kg.nested_layers(model) if isinstance(layer, _NOISE_TYPES)]
+    """``(layer, attribute)`` of the layers of ``model`` (nested models included) that
+    add noise in training only, with the attribute that sets its strength (Dropout's
+    ``rate``, GaussianNoise's ``stddev``; `hope_keras.layers.LayerRule.noise`)."""
+    found = ((layer, layer_rules.get(layer).noise) for layer in kg.nested_layers(model))
+    return [(layer, attr) for layer, attr in found if attr is not None]
 
 
 class _Overrides:
@@ -256,9 +256,8 @@ class Distiller(keras.Model):
             changes.append((_softmax_head(self.teacher)[0], "activation",
                             keras.activations.linear))
         if not self.dropout:
-            for layer in _noise_layers(self.student):
-                changes.append((layer, "stddev" if isinstance(
-                    layer, keras.layers.GaussianNoise) else "rate", 0.0))
+            for layer, attr in _noise_layers(self.student):
+                changes.append((layer, attr, 0.0))
         return changes
 
     def call(self, x, training=False):
@@ -346,7 +345,7 @@ class Distiller(keras.Model):
         bns = []
         if self.batchnorm == "train" and self._replicas() > 1:
             bns = [layer for layer in kg.nested_layers(self.student)
-                   if isinstance(layer, keras.layers.BatchNormalization)
+                   if layer_rules.get(layer).normalization == "batch"
                    and not layer.synchronized]
         for bn in bns:
             bn.synchronized = True

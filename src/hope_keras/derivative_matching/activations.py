@@ -12,9 +12,11 @@ equation each activation satisfies:
 * exact GELU ``x Φ(x)`` uses ``φ' = -x φ`` for the normal density, the
   tanh-approximate GELU composes ``tanh`` with a cubic through ``T' = (1 - T²) u'``.
 
-Activations are looked up in a small registry keyed by the Keras activation
-callable and by its serialised name; :func:`register_activation` adds new ones
-(for example a polynomial activation, see :func:`polynomial_activation`).
+Activations are looked up in the library's one activation registry
+(`hope_keras.activations.lookup`, keyed by the Keras activation callable and by its
+name), whose entries HOPE's Gaussian moments share; :func:`register_activation`
+adds new ones (for example a polynomial activation, see
+:func:`polynomial_activation`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ import numpy as np
 from scipy import special
 
 import keras
+
+from hope_keras.activations import lookup
+from hope_keras.activations.gelu import GELU_A, GELU_C, GELU_S, gelu_approximate
 
 __all__ = [
     "AnalyticActivation",
@@ -143,20 +148,6 @@ def _silu_taylor(z0: np.ndarray, order: int) -> np.ndarray:
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-def _gelu_erf_scale() -> float:
-    """``s`` in ``gelu(x) = x Φ(s x)`` as the backend computes it.
-
-    TensorFlow's ``tf.nn.gelu(approximate=False)`` (used by Keras'
-    ``"gelu"``) multiplies by ``1/√2`` cast from a *float32* constant, even for
-    float64 tensors, so it evaluates ``x Φ(s x)`` with ``s = √2 · fl32(1/√2)``
-    (``s − 1 ≈ 1.7e-8``). Matching that makes float64 models match to 1e-15.
-    """
-    if keras.backend.backend() == "tensorflow":
-        return math.sqrt(2.0) * float(np.float32(0.7071067811865476))
-    return 1.0
-
-
-GELU_S = _gelu_erf_scale()
 
 
 def _gelu_taylor(z0: np.ndarray, order: int) -> np.ndarray:
@@ -175,9 +166,6 @@ def _gelu_taylor(z0: np.ndarray, order: int) -> np.ndarray:
     return _times_x(z0, cdf)
 
 
-GELU_C = math.sqrt(2.0 / math.pi)
-# tf.nn.gelu(approximate=True) casts 0.044715 from a float32 constant (also for float64).
-GELU_A = float(np.float32(0.044715)) if keras.backend.backend() == "tensorflow" else 0.044715
 
 
 def _gelu_tanh_taylor(z0: np.ndarray, order: int) -> np.ndarray:
@@ -219,43 +207,14 @@ def _gelu_tanh_np(z):
     return 0.5 * z * (1.0 + np.tanh(GELU_C * (z + GELU_A * z**3)))
 
 
-@keras.saving.register_keras_serializable(package="hope_keras")
-def gelu_approximate(x):
-    """The tanh approximation of GELU, as a named Keras activation.
-
-    ``keras.activations.gelu`` (what ``activation="gelu"`` gives) is the exact
-    erf form. Use this function as ``activation=gelu_approximate`` for the tanh
-    form; derivative matching recognises it and expands it exactly.
-
-    Args:
-        x: Input tensor.
-
-    Returns:
-        ``0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))``.
-
-    Example:
-
-    ```python
-    import keras
-    from hope_keras.derivative_matching import gelu_approximate
-    layer = keras.layers.Dense(8, activation=gelu_approximate)
-    ```
-    """
-    return keras.activations.gelu(x, approximate=True)
-
-
-# --------------------------------------------------------------------------- #
-# Registry
-# --------------------------------------------------------------------------- #
-
-_BY_NAME: dict = {}
-_BY_CALLABLE: dict = {}
-
-
 def register_activation(
     activation, spec: AnalyticActivation, *, overwrite: bool = False
 ) -> None:
     """Make an activation usable by derivative matching.
+
+    Derivative matching's view of the one activation registry
+    (`hope_keras.activations.lookup`): `hope_keras.activations.register` sets the
+    other view (the Gaussian moments HOPE reads) of the same entry.
 
     Args:
         activation: The Keras activation callable used in the layers and/or its
@@ -278,45 +237,16 @@ def register_activation(
     layer = keras.layers.Dense(16, activation=quad)
     ```
     """
-    keys = []
-    if isinstance(activation, str):
-        keys.append(("name", activation))
-    elif callable(activation):
-        keys.append(("callable", activation))
-    else:
-        raise ValueError(
-            "register_activation expects a callable or a string name. "
-            f"Received: activation={activation!r}"
-        )
-    for kind, key in keys:
-        table = _BY_NAME if kind == "name" else _BY_CALLABLE
-        if key in table and not overwrite and table[key] is not spec:
-            raise ValueError(
-                f"Activation {key!r} is already registered as "
-                f"{table[key].name!r}; pass overwrite=True to replace it."
-            )
-        table[key] = spec
-
-
-def activation_name(activation) -> Optional[str]:
-    if isinstance(activation, str):
-        return activation
-    try:
-        name = keras.activations.serialize(activation)
-    except Exception:  # pragma: no cover - exotic callables
-        name = None
-    if isinstance(name, dict):
-        name = name.get("config", name.get("class_name"))
-    if not isinstance(name, str):
-        name = getattr(activation, "__name__", None)
-    return name
+    lookup.register(activation, "analytic", spec, overwrite=overwrite,
+                    caller="register_activation")
 
 
 def get_analytic_activation(activation) -> Optional[AnalyticActivation]:
     """Return the registered :class:`AnalyticActivation` or ``None``.
 
     Args:
-        activation: A Keras activation callable or name.
+        activation: A Keras activation callable or name (also a
+            ``functools.partial`` of one, or an activation layer).
 
     Returns:
         The registry entry, or ``None`` if the activation is unknown.
@@ -330,15 +260,7 @@ def get_analytic_activation(activation) -> Optional[AnalyticActivation]:
     assert spec.name == "tanh"
     ```
     """
-    try:
-        if activation in _BY_CALLABLE:
-            return _BY_CALLABLE[activation]
-    except TypeError:  # unhashable
-        pass
-    name = activation_name(activation)
-    if name is not None and name in _BY_NAME:
-        return _BY_NAME[name]
-    return None
+    return lookup.lookup(activation, "analytic")[0]
 
 
 def taylor_coefficients(activation, z0, order: int) -> np.ndarray:
@@ -370,7 +292,7 @@ def taylor_coefficients(activation, z0, order: int) -> np.ndarray:
     spec = get_analytic_activation(activation)
     if spec is None:
         raise ValueError(
-            f"Activation {activation_name(activation)!r} is not registered as "
+            f"Activation {lookup.activation_name(activation)!r} is not registered as "
             "real-analytic. Register it with "
             "hope_keras.derivative_matching.register_activation."
         )
@@ -444,27 +366,20 @@ def polynomial_activation(coefficients: Sequence[float], name: str = "polynomial
 
 def _register_builtins() -> None:
     entries = [
-        ("sigmoid", keras.activations.sigmoid, _sigmoid_taylor, special.expit),
-        ("tanh", keras.activations.tanh, _tanh_taylor, np.tanh),
-        (
-            "softplus",
-            keras.activations.softplus,
-            _softplus_taylor,
-            lambda z: np.logaddexp(0.0, z),
-        ),
-        ("silu", keras.activations.silu, _silu_taylor, lambda z: z * special.expit(z)),
-        ("gelu", keras.activations.gelu, _gelu_taylor, _gelu_np),
-        ("linear", keras.activations.linear, _linear_taylor, lambda z: z),
-        ("gelu_approximate", gelu_approximate, _gelu_tanh_taylor, _gelu_tanh_np),
+        ("sigmoid", _sigmoid_taylor, special.expit),
+        ("tanh", _tanh_taylor, np.tanh),
+        ("softplus", _softplus_taylor, lambda z: np.logaddexp(0.0, z)),
+        ("silu", _silu_taylor, lambda z: z * special.expit(z)),
+        ("gelu", _gelu_taylor, _gelu_np),
+        ("linear", _linear_taylor, lambda z: z),
+        ("gelu_approximate", _gelu_tanh_taylor, _gelu_tanh_np),
     ]
-    for name, fn, taylor, forward in entries:
+    for name, taylor, forward in entries:  # Keras' callables resolve to the same entries
         spec = AnalyticActivation(name=name, taylor=taylor, forward=forward)
-        register_activation(name, spec, overwrite=True)
-        register_activation(fn, spec, overwrite=True)
-    _BY_NAME["swish"] = _BY_NAME["silu"]
-    _BY_NAME["hope_keras>gelu_approximate"] = _BY_NAME["gelu_approximate"]
-    if hasattr(keras.activations, "swish"):
-        _BY_CALLABLE[keras.activations.swish] = _BY_NAME["silu"]
+        lookup.register(name, "analytic", spec, overwrite=True)
+    lookup.register(gelu_approximate, "analytic", lookup.lookup("gelu_approximate",
+                                                                "analytic")[0],
+                    overwrite=True)
 
 
 _register_builtins()

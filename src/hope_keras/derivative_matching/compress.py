@@ -20,10 +20,13 @@ import numpy as np
 
 import keras
 
+from hope_keras.graph import adapter as kg
+from hope_keras.graph import layers as layer_rules
+from hope_keras.activations.lookup import activation_name, layer_activation
+
 from .activations import (
     NON_ANALYTIC_ACTIVATIONS,
     AnalyticActivation,
-    activation_name,
     get_analytic_activation,
 )
 from .jets import compose_activation, estimate_memory, hidden_jets, multi_indices, num_features
@@ -58,6 +61,14 @@ class _Step:
         return self.dense.name
 
 
+def _is_activation_layer(layer) -> bool:
+    """A weightless channelwise layer that applies an activation, as the layer
+    registry says (``Activation``, ``ReLU``, ``ELU``, ...; `hope_keras.layers`)."""
+    rule = layer_rules.get(layer)
+    return (layer_rules.role_of(layer) == "channelwise" and not rule.channel_weights(layer)
+            and layer_activation(layer) is not None)
+
+
 def _parse_mlp(model) -> tuple:
     if not isinstance(model, keras.Model):
         raise ValueError(
@@ -74,7 +85,7 @@ def _parse_mlp(model) -> tuple:
             "Derivative matching needs a flat input of shape (batch, d_in). "
             f"Received input shape {in_shape}."
         )
-    layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
+    layers = [l for l in model.layers if not kg.is_input_layer(l)]
     functional = not isinstance(model, keras.Sequential)
     prev_out = model.inputs[0]
     steps: List[_Step] = []
@@ -91,9 +102,10 @@ def _parse_mlp(model) -> tuple:
                     "layers only."
                 )
             prev_out = layer.output
-        if isinstance(layer, keras.layers.Dense):
-            steps.append(_Step(layer, None, layer.activation))
-        elif isinstance(layer, keras.layers.Activation):
+        rule = layer_rules.get(layer)
+        if rule.kind == "dense":
+            steps.append(_Step(layer, None, layer_activation(layer)))
+        elif _is_activation_layer(layer):
             if not steps or steps[-1].act_layer is not None or (
                 activation_name(steps[-1].activation) != "linear"
             ):
@@ -102,7 +114,7 @@ def _parse_mlp(model) -> tuple:
                     "with a linear activation (one activation per Dense)."
                 )
             steps[-1].act_layer = layer
-            steps[-1].activation = layer.activation
+            steps[-1].activation = layer_activation(layer)
         else:
             raise ValueError(
                 f"Layer {layer.name!r} of type {type(layer).__name__} is not supported: "
@@ -711,9 +723,12 @@ def _rebuild(model, steps, kernels, biases, functional, d_in):
         new_layers.append(dense)
         if s.act_layer is not None:
             acfg = s.act_layer.get_config()
-            acfg["activation"] = "linear"
+            holds_fn = "activation" in acfg  # Activation(fn); ReLU, ELU, ... hold numbers
+            if holds_fn:
+                acfg["activation"] = "linear"
             act = s.act_layer.__class__.from_config(acfg)
-            act.activation = s.act_layer.activation
+            if holds_fn:
+                act.activation = s.act_layer.activation
             new_layers.append(act)
     if functional:
         inputs = keras.Input(shape=(d_in,), dtype=in_tensor.dtype, name=in_tensor.name)

@@ -243,7 +243,7 @@ def slim(model, name: Optional[str] = None) -> keras.Model:
             sources = [t for t in node.inputs if t != branch_end]
             return tensors[sources[0]]
         args, kwargs = node.call_args(tensors)
-        if not isinstance(layer, keras.layers.Layer):  # a stateless Keras operation
+        if not kg.is_layer(layer):  # a stateless Keras operation
             return layer(*args, **kwargs)
         new = new_layers.get(node.key)
         if new is None:

@@ -26,9 +26,10 @@ import keras
 import numpy as np
 
 __all__ = ["FlatGraph", "FlatNode", "flatten", "rebuild", "functional_of", "flat_name",
-           "producer_layer_of", "input_layers_of", "inbound_count", "call_shapes",
-           "nested_layers", "accepts_training", "run_through_graph", "optional_classes",
-           "loss_tracker", "optimizer_variables", "optimizer_trainable_variables"]
+           "producer_layer_of", "input_layers_of", "is_layer", "is_input_layer",
+           "inbound_count", "call_shapes", "nested_layers", "accepts_training",
+           "run_through_graph", "optional_classes", "loss_tracker", "optimizer_variables",
+           "optimizer_trainable_variables"]
 
 
 @dataclasses.dataclass
@@ -169,6 +170,18 @@ def is_subclassed(model) -> bool:
     """Whether `model` is a `keras.Model` that is neither Functional nor Sequential."""
     return (isinstance(model, keras.Model) and not isinstance(model, keras.Sequential)
             and not hasattr(model, "_nodes_by_depth"))
+
+
+def is_layer(op) -> bool:
+    """Whether a graph node's `op` is a `keras.layers.Layer` (with weights, a config
+    and a name to rebuild it by), not a stateless Keras operation (``x + 3.0``)."""
+    return isinstance(op, keras.layers.Layer)
+
+
+def is_input_layer(layer) -> bool:
+    """Whether `layer` is a model's `keras.layers.InputLayer` (``model.layers`` of a
+    Functional model lists them)."""
+    return isinstance(layer, keras.layers.InputLayer)
 
 
 def build_shapes(model) -> dict:

@@ -39,6 +39,7 @@ outputs equal). For example a custom per-channel scale layer:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Dict, List, Optional, Sequence
 
@@ -46,7 +47,6 @@ import keras
 import numpy as np
 
 from hope_keras.graph import adapter as kg
-from hope_keras import activations as acts
 
 __all__ = [
     "WeightAxis", "LayerRule", "SourceRule", "ChannelwiseRule", "MergeRule",
@@ -88,10 +88,33 @@ def _channels_last(layer) -> Optional[str]:
 class LayerRule:
     """How one layer type is handled (see the module docstring).
 
-    Subclass one of the role classes rather than this one.
+    Subclass one of the role classes rather than this one. The library asks every
+    question about a layer's pattern of its rule, never of its Keras class, so a
+    registered layer type answers them too.
+
+    Attributes:
+        role: One of `ROLES`.
+        kind: Sources: how the channels are made (``"dense"``, ``"conv"``,
+            ``"separable"``).
+        op: Merges (and operations such as ``x + y``): the elementwise operation
+            (``"add"``, ``"subtract"``, ``"multiply"``, ...).
+        normalization: ``"batch"`` for a batch normalisation with per-channel moving
+            statistics (the layer HOPE reads its statistics from; it has
+            BatchNormalization's ``moving_mean``, ``moving_variance``, ``gamma``,
+            ``beta``, ``epsilon``, ``center``, ``scale`` and ``axis``), ``"layer"``
+            for a normalisation over each example's channels, else None.
+        depthwise: Channelwise layers with a depthwise kernel (`kernel_2d`).
+        noise: The attribute that sets the strength of noise the layer adds in
+            training only (Dropout's ``"rate"``, GaussianNoise's ``"stddev"``):
+            `hope_keras.recover` sets it to 0 while it distils.
     """
 
     role = "unsupported"
+    kind: Optional[str] = None
+    op: Optional[str] = None
+    normalization: Optional[str] = None
+    depthwise: bool = False
+    noise: Optional[str] = None
 
     def check(self, layer, rank=None) -> Optional[str]:
         """Why this layer instance cannot be handled by the rule (None if it can).
@@ -114,8 +137,12 @@ class LayerRule:
 
     def activation(self, layer, node=None):
         """The elementwise activation the layer applies (channelwise activations,
-        sources with a fused activation), as a Keras activation name/callable or
-        None."""
+        sources with a fused activation), as a Keras activation name or callable
+        (``functools.partial(keras.activations.relu, max_value=6.0)`` for
+        ``ReLU(max_value=6.0)``) that `hope_keras.activations` and derivative
+        matching resolve; the layer itself when its activation has learned
+        per-channel parameters (PReLU); None when it applies none (or the identity).
+        """
         return None
 
     def affine(self, layer, node=None):
@@ -194,16 +221,26 @@ class SourceRule(LayerRule):
 
 
 class ChannelwiseRule(LayerRule):
-    """A layer whose output channel ``c`` reads input channel ``c`` only."""
+    """A layer whose output channel ``c`` reads input channel ``c`` only.
+
+    Args:
+        channel_weights: The weights indexed by channel.
+        passthrough: See `LayerRule.is_passthrough`.
+        activation: A Keras activation name, or a function of the layer giving the
+            activation it applies (`LayerRule.activation`).
+        data_format: Refuse a ``data_format`` other than ``"channels_last"``.
+        noise: See `LayerRule`.
+    """
 
     role = "channelwise"
 
     def __init__(self, channel_weights: Sequence[WeightAxis] = (), passthrough=False,
-                 activation=None, data_format=True):
+                 activation=None, data_format=True, noise: Optional[str] = None):
         self._weights = list(channel_weights)
         self._passthrough = passthrough
         self._activation = activation
         self._data_format = data_format
+        self.noise = noise
 
     def check(self, layer, rank=None):
         return _channels_last(layer) if self._data_format else None
@@ -230,6 +267,8 @@ class _PermuteRule(ChannelwiseRule):
 
 
 class _BatchNormRule(ChannelwiseRule):
+    normalization = "batch"
+
     def __init__(self):
         super().__init__([WeightAxis(a, 0) for a in
                           ("gamma", "beta", "moving_mean", "moving_variance")])
@@ -394,6 +433,7 @@ class _LayerNormRule(ChannelwiseRule):
     by a `ZeroPaddedLayerNormalization` that still counts it."""
 
     normalises_channels = True
+    normalization = "layer"
 
     def __init__(self):
         super().__init__([WeightAxis("gamma", 0), WeightAxis("beta", 0)], data_format=False)
@@ -497,6 +537,13 @@ class UnsupportedRule(LayerRule):
                 f"{self.why or 'has no hope_keras layer rule (hope_keras.layers.register adds one)'}")
 
 
+class _SoftmaxRule(UnsupportedRule):
+    """`Softmax`: not channelwise, but its activation is read (a softmax head)."""
+
+    def activation(self, layer, node=None):
+        return "softmax"
+
+
 class _TransposeRule(UnsupportedRule):
     """Transposed convolutions: not compressible, but their FLOPs are counted (every
     input position scatters the whole kernel)."""
@@ -578,20 +625,29 @@ def _register_builtins():
     ]
     for c in passthrough:
         register(c, ChannelwiseRule(passthrough=True))
-    for c in (L.Dropout, L.SpatialDropout1D, L.SpatialDropout2D, L.SpatialDropout3D,
-              L.GaussianNoise, L.GaussianDropout, L.AlphaDropout,
-              L.ActivityRegularization, L.Identity):
-        register(c, ChannelwiseRule(passthrough=True, data_format=False))
+    for c, noise in ((L.Dropout, "rate"), (L.SpatialDropout1D, "rate"),
+                     (L.SpatialDropout2D, "rate"), (L.SpatialDropout3D, "rate"),
+                     (L.GaussianNoise, "stddev"), (L.GaussianDropout, "rate"),
+                     (L.AlphaDropout, "rate"), (L.ActivityRegularization, None),
+                     (L.Identity, None)):
+        register(c, ChannelwiseRule(passthrough=True, data_format=False, noise=noise))
     register(L.Activation, _ActivationLayerRule(data_format=False))
 
-    def _relu_layer(layer):
-        return layer
-
-    for c in (L.ReLU, L.LeakyReLU, L.ELU):
-        register(c, ChannelwiseRule(activation=_relu_layer, data_format=False))
-    register(L.PReLU, ChannelwiseRule([WeightAxis("alpha", -1)], activation=_relu_layer,
+    A = keras.activations
+    # The activation layers as the Keras functions they call (what the activation
+    # registry, `hope_keras.activations.lookup`, reads).
+    register(L.ReLU, ChannelwiseRule(activation=lambda layer: functools.partial(
+        A.relu, negative_slope=float(layer.negative_slope),
+        max_value=None if layer.max_value is None else float(layer.max_value),
+        threshold=float(layer.threshold)), data_format=False))
+    register(L.LeakyReLU, ChannelwiseRule(activation=lambda layer: functools.partial(
+        A.leaky_relu, negative_slope=float(layer.negative_slope)), data_format=False))
+    register(L.ELU, ChannelwiseRule(activation=lambda layer: functools.partial(
+        A.elu, alpha=float(layer.alpha)), data_format=False))
+    # PReLU's slopes are learned per channel: no Keras function, the layer itself.
+    register(L.PReLU, ChannelwiseRule([WeightAxis("alpha", -1)], activation=lambda l: l,
                                       data_format=False))
-    register(L.Softmax, UnsupportedRule("applies softmax across channels"))
+    register(L.Softmax, _SoftmaxRule("applies softmax across channels"))
     register(L.Flatten, FlattenRule())
     register(L.Permute, _PermuteRule(passthrough=True, data_format=False))
     register(L.Reshape, _ReshapeRule())
@@ -652,11 +708,12 @@ def _register_activation_ops():
                                                data_format=False))
     if "LeakyRelu" in nn:
         register(nn["LeakyRelu"], ChannelwiseRule(
-            activation=lambda op: acts.leaky_relu(float(op.negative_slope)),
+            activation=lambda op: functools.partial(
+                A.leaky_relu, negative_slope=float(op.negative_slope)),
             data_format=False))
     if "Gelu" in nn:
         register(nn["Gelu"], ChannelwiseRule(
-            activation=lambda op: acts.get("gelu_approximate" if op.approximate else "gelu"),
+            activation=lambda op: functools.partial(A.gelu, approximate=bool(op.approximate)),
             data_format=False))
     resize = kg.optional_classes("ops.image", ["Resize"])
     if "Resize" in resize:  # keras.ops.image.resize: per-channel, like `Resizing`

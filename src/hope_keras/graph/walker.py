@@ -40,6 +40,7 @@ import numpy as np
 
 from hope_keras.graph import adapter as kg
 from hope_keras.graph import layers as layer_rules
+from hope_keras.activations import registry as activations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,8 +412,7 @@ class _Walker:
         self._unsupported(node, f"{type(op).__name__}, which hope_keras cannot see through")
 
     def _merge(self, node, n_out: int) -> None:
-        if isinstance(node.op, keras.layers.Add) or getattr(
-                layer_rules.get(node.op), "op", None) == "add":  # also `x + y` (ConvNeXt)
+        if layer_rules.get(node.op).op == "add":  # an Add layer, also `x + y` (ConvNeXt)
             self.sums.add(node.outputs[0])
         full = [t for t in node.inputs if len(self.pos[t][0]) == n_out]
         for t in node.inputs:
@@ -509,7 +509,7 @@ class _Walker:
             for c in grp.readers:
                 node = fg.node_of(c.layer)
                 kids = fg.children(node)
-                if len(kids) == 1 and isinstance(kids[0].op, keras.layers.BatchNormalization) \
+                if len(kids) == 1 and _is_batch_norm(kids[0].op) \
                         and fg.calls[kids[0].key] == 1:
                     bn_after[c.layer] = kids[0].key
         hidden = 0
@@ -547,13 +547,24 @@ class _Walker:
         return out
 
 
+def _is_batch_norm(op) -> bool:
+    return layer_rules.get(op).normalization == "batch"
+
+
+def _is_residual_add(op) -> bool:
+    """An Add layer (blocks are not sought at ``x + y`` operation nodes)."""
+    rule = layer_rules.get(op)
+    return rule.role == "merge" and rule.op == "add"
+
+
 def _is_plain_relu(op) -> bool:
-    if isinstance(op, keras.layers.ReLU):
-        return (op.max_value is None and float(op.negative_slope) == 0.0
-                and float(op.threshold) == 0.0)
-    if isinstance(op, keras.layers.Activation):
-        return getattr(op.activation, "__name__", "") == "relu"
-    return False
+    """ReLU with Keras' defaults (merges need it), whatever applies it: a ReLU layer,
+    ``Activation("relu")``, ``keras.ops.relu`` (as the activation registry reads it)."""
+    try:
+        spec = activations.get(layer_rules.get(op).activation(op))  # None: linear
+    except ValueError:  # not elementwise, unknown
+        return False
+    return spec.name == "relu" and not spec.params
 
 
 def _as_neurons(fg, group: NeuronGroup) -> NeuronGroup:
@@ -568,14 +579,13 @@ def _as_neurons(fg, group: NeuronGroup) -> NeuronGroup:
         return only(f"{len(outs)} layers write these channels (coupled through "
                     "Add/Multiply)")
     producer = fg.node_of(outs[0].layer)
-    if not isinstance(producer.op, (keras.layers.Dense, keras.layers.Conv1D,
-                                    keras.layers.Conv2D, keras.layers.Conv3D)):
+    if layer_rules.get(producer.op).kind not in ("dense", "conv"):  # Dense, ConvND
         return only(f"written by a {type(producer.op).__name__}")
     act_fused = layer_rules.get(producer.op).activation(producer.op)
     if act_fused is not None:
         return only(f"the activation is fused into '{producer.key}'")
     kids = fg.children(producer)
-    if len(kids) != 1 or not isinstance(kids[0].op, keras.layers.BatchNormalization):
+    if len(kids) != 1 or not _is_batch_norm(kids[0].op):
         return only(f"'{producer.key}' is not followed by a single BatchNormalization")
     bn = kids[0]
     kids = fg.children(bn)
@@ -591,11 +601,8 @@ def _as_neurons(fg, group: NeuronGroup) -> NeuronGroup:
         for kid in fg.children(node):
             rule = layer_rules.get(kid.op)
             role = layer_rules.role_of(kid.op, kid)
-            if role == "source" and isinstance(kid.op, (
-                    keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D,
-                    keras.layers.Conv3D)):
-                consumers.append(Consumer(kid.key, "dense" if isinstance(
-                    kid.op, keras.layers.Dense) else "conv"))
+            if role == "source" and rule.kind in ("dense", "conv"):
+                consumers.append(Consumer(kid.key, rule.kind))
             elif role in ("channelwise", "flatten") and rule.is_passthrough(kid.op, kid) \
                     and not rule.channel_weights(kid.op):
                 passthrough.append(kid.key)
@@ -655,7 +662,7 @@ def _find_blocks(fg, groups: Dict[str, NeuronGroup]) -> List[ResidualBlock]:
     group_layers = {name: set(c.layer for c in g.couplings) for name, g in groups.items()}
     blocks: Dict[str, ResidualBlock] = {}
     for node in fg.nodes:
-        if not isinstance(node.op, keras.layers.Add) or len(node.inputs) != 2 \
+        if not _is_residual_add(node.op) or len(node.inputs) != 2 \
                 or fg.calls[node.key] != 1:
             continue
         for side in (0, 1):
@@ -673,12 +680,12 @@ def _try_block(fg, add, branch_end: str, shortcut: str, group_layers, blocks):
     end = fg.producer_node(end_tensor)
     while end is not None and layer_rules.role_of(end.op, end) == "channelwise" and \
             layer_rules.get(end.op).is_passthrough(end.op, end) and \
-            not isinstance(end.op, keras.layers.BatchNormalization):
+            not _is_batch_norm(end.op):
         end = fg.producer_node(end.inputs[0])
     if end is None:
         return None
     final_bn = None
-    if isinstance(end.op, keras.layers.BatchNormalization):
+    if _is_batch_norm(end.op):
         final_bn = end
         end = fg.producer_node(end.inputs[0])
         if end is None:
@@ -693,7 +700,7 @@ def _try_block(fg, add, branch_end: str, shortcut: str, group_layers, blocks):
     else:
         # Projection: shortcut = [BN ←] source ← x, with the branch from x.
         sc = fg.producer_node(shortcut)
-        if sc is not None and isinstance(sc.op, keras.layers.BatchNormalization):
+        if sc is not None and _is_batch_norm(sc.op):
             sc = fg.producer_node(sc.inputs[0])
         if sc is None or layer_rules.role_of(sc.op, sc) != "source":
             return None
@@ -722,7 +729,7 @@ def _try_block(fg, add, branch_end: str, shortcut: str, group_layers, blocks):
     reader_bn = None
     for i in nodes:
         n = fg.nodes[i]
-        if source in n.inputs and isinstance(n.op, keras.layers.BatchNormalization):
+        if source in n.inputs and _is_batch_norm(n.op):
             reader_bn = n.key
             break
     return ResidualBlock(
@@ -738,10 +745,10 @@ def _conditioning_bn(fg, node, blocks) -> Optional[str]:
     seen = 0
     while node is not None and seen < 8:
         seen += 1
-        if isinstance(node.op, keras.layers.BatchNormalization):
+        if _is_batch_norm(node.op):
             return node.key
         rule = layer_rules.get(node.op)
-        if isinstance(node.op, keras.layers.Add):
+        if _is_residual_add(node.op):
             block = blocks.get(node.key)
             return block.final_bn if block is not None else None
         if layer_rules.role_of(node.op, node) == "channelwise" and len(node.inputs) == 1 and (

@@ -6,7 +6,6 @@ import dataclasses
 import io
 from typing import Dict, List, Optional, Tuple
 
-import keras
 import numpy as np
 
 from hope_keras.graph import walker as graph_lib
@@ -14,8 +13,9 @@ from hope_keras.scoring import moments as moments_lib
 from hope_keras.scoring import cache_builders
 from hope_keras.scoring.cache import GroupCache, PruneCache
 from hope_keras.scoring.cache_builders import build_group_cache
+from hope_keras.graph import layers as layer_rules
 from hope_keras.scoring.neurons import (LayerState, bn_arrays, coupled_capacity, eviction_p_init,
-                                extract_group)
+                                        extract_group)
 from hope_keras.progress import progress, resolve_verbose
 from hope_keras.graph.fingerprint import fingerprint
 
@@ -274,7 +274,7 @@ def _c_stream(block, moments) -> float:
 
 def _zero_variance_reason(state: LayerState, get) -> Optional[str]:
     bns = [c for c in state.group.couplings if c.role == "channel"
-           and isinstance(get(c.layer), keras.layers.BatchNormalization)]
+           and layer_rules.get(get(c.layer)).normalization == "batch"]
     for c in bns:
         gamma, _, _, var, _ = bn_arrays(get(c.layer))
         idx = c.positions[:, 0]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-import keras
 import numpy as np
 
 from hope_keras.graph import layers as layer_rules
@@ -71,9 +70,7 @@ def _gaussian_spec(activation):
     callable or activation layer), or None when it has none (moments then pass
     through unchanged)."""
     try:
-        if isinstance(activation, keras.layers.Layer):
-            return acts.from_layer(activation)
-        return acts.get(activation)
+        return acts.get(activation)  # a layer too: the activation its rule names
     except ValueError:  # UnsupportedActivationError: PReLU, softmax, unknown functions
         return None
 
@@ -133,11 +130,11 @@ def _with_bias(layer, m, v):
 
 
 def _channelwise(node, rule, layer, m, v) -> Moments:
-    if isinstance(layer, keras.layers.BatchNormalization):
+    if rule.normalization == "batch":
         gamma = _np(layer.gamma) if layer.scale else np.ones_like(m)
         beta = _np(layer.beta) if layer.center else np.zeros_like(m)
         return beta.copy(), gamma ** 2
-    if getattr(rule, "depthwise", False):  # DepthwiseConvND, or a ConvND with groups = C
+    if rule.depthwise:  # DepthwiseConvND, or a ConvND with groups = C
         k = rule.kernel_2d(layer)
         m2, v2 = m * k.sum(0), v * (k ** 2).sum(0)
         if getattr(layer, "use_bias", False) and layer.bias is not None:
@@ -219,7 +216,7 @@ def propagate(flat, unknown=(0.0, 1.0), anchored: Dict[str, np.ndarray] = None
 
 
 def _known(node, role, layer, ins, n, flat) -> np.ndarray:
-    if isinstance(layer, (keras.layers.BatchNormalization, keras.layers.LayerNormalization)):
+    if layer_rules.get(layer).normalization is not None:  # batch or layer norm
         return np.ones(n, dtype=bool)
     if any(k is None for k in ins) or not ins:
         return np.zeros(n, dtype=bool)
@@ -243,7 +240,7 @@ def _known(node, role, layer, ins, n, flat) -> np.ndarray:
 def _node_moments(node, rule, role, layer, ins, flat, t_out):
     if any(x is None for x in ins) or not ins:
         return None
-    if isinstance(layer, keras.layers.LayerNormalization):
+    if rule.normalization == "layer":
         gamma = _np(layer.gamma) if layer.scale else np.ones(ins[0][0].shape[0])
         beta = _np(layer.beta) if layer.center else np.zeros(ins[0][0].shape[0])
         return beta.copy(), gamma ** 2

@@ -18,7 +18,6 @@ from typing import List, Tuple
 
 import numpy as np
 
-import keras
 
 from hope_keras.graph import layers as layer_rules
 from hope_keras._host_buffers import read_values
@@ -374,7 +373,7 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
                 p_init += np.count_nonzero(rows, axis=1)
                 parts.append((c, rows))
     bn_coupling = next((c for c in group.couplings if c.role == "channel"
-                        and isinstance(get(c.layer), keras.layers.BatchNormalization)), None)
+                        and layer_rules.get(get(c.layer)).normalization == "batch"), None)
     if bn_coupling is not None:
         idx = bn_coupling.positions[:, 0]
         gamma, beta, mean, var, eps = (a[idx] if isinstance(a, np.ndarray) else a
@@ -456,7 +455,7 @@ def eviction_p_init(get, block: ResidualBlock, groups) -> float:
             if c.role == "out":
                 for w in layer_rules.get(layer).out_weights(layer):
                     total += np.count_nonzero(_np(getattr(layer, w.attr)))
-            elif c.role == "channel" and isinstance(layer, keras.layers.BatchNormalization):
+            elif c.role == "channel" and layer_rules.get(layer).normalization == "batch":
                 bns.append(layer)
     if block.final_bn is not None:
         bns.append(get(block.final_bn))

@@ -47,6 +47,7 @@ import numpy as np
 
 from hope_keras.scoring.analysis import Analysis, analyze
 from hope_keras.edit.editor import ModelEditor
+from hope_keras.graph import layers as layer_rules
 
 __all__ = [
     "METHODS",
@@ -259,13 +260,11 @@ def neuron_merging(model, density: float, criterion: str = "auto", bn_aware: boo
                          f"Received: criterion={criterion!r}")
     t0 = time.perf_counter()
     a = _analysis(model, analysis)
-    import keras
-
     group_scores = {}
     for name, st in a.states.items():
         crit = criterion
         if crit == "auto":
-            dense = isinstance(a.graph.layer(st.group.producer), keras.layers.Dense)
+            dense = layer_rules.get(a.graph.layer(st.group.producer)).kind == "dense"
             crit = "l2" if dense else "l1"
         group_scores[name] = _filter_norm(st, 1 if crit == "l1" else 2)
     removed = _select(a, group_scores, density, scope)

@@ -36,6 +36,7 @@ from hope_keras.search.budgets import check_flops_countable, min_reachable
 from hope_keras.scoring.cache import SketchCache, background_worker
 from hope_keras.search.evictions import Evictions
 from hope_keras.edit.editor import ModelEditor, ParentCoefficients, defer_keyboard_interrupt
+from hope_keras.graph import layers as layer_rules
 from hope_keras.progress import resolve_verbose
 from hope_keras.search.recording import StepRecorder, new_trajectory
 from hope_keras.search.rounding import WidthRounding
@@ -171,7 +172,7 @@ def _check_finite_weights(model, flat=None) -> None:
             "finite; fix or re-train those weights first (or reload them from a "
             "checkpoint). Nothing was changed.")
     for layer in (flat or kg.flatten(model)).layers.values():
-        if isinstance(layer, keras.layers.BatchNormalization):
+        if layer_rules.get(layer).normalization == "batch":
             var = np.asarray(layer.moving_variance.numpy(), dtype=np.float64)
             if np.any(var + float(layer.epsilon) <= 0):
                 raise ValueError(

@@ -18,6 +18,7 @@ import numpy as np
 from hope_keras.edit.slim import live_channels
 from hope_keras.graph import layers as layer_rules
 from hope_keras.scoring.analysis import Analysis
+from hope_keras.graph import adapter as kg
 
 
 class SizeCounter:
@@ -66,7 +67,7 @@ class SizeCounter:
 
     def _node_flops(self, node, tensor_live=None) -> int:
         layer = node.op
-        if not isinstance(layer, keras.layers.Layer) or not node.inputs or not node.outputs:
+        if not kg.is_layer(layer) or not node.inputs or not node.outputs:
             return 0
         live = self.tensor_live if tensor_live is None else tensor_live
         rule = layer_rules.get(layer)
@@ -222,7 +223,7 @@ class _Overlay(dict):
 
 def _sized(layer) -> bool:
     """Whether a layer's size (parameters or FLOPs) depends on its channel counts."""
-    if not isinstance(layer, keras.layers.Layer):
+    if not kg.is_layer(layer):
         return False
     return bool(layer.weights) or layer_rules.get(layer).role == "source"
 

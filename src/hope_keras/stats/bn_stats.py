@@ -41,7 +41,7 @@ def _batchnorm_layers(model):
     fg = kg.flatten(model)
     bns = []
     for key, layer in fg.layers.items():
-        if not isinstance(layer, keras.layers.BatchNormalization):
+        if layer_rules.get(layer).normalization != "batch":
             continue
         if fg.calls[key] != 1:
             raise ValueError(
@@ -607,7 +607,7 @@ def apply_correction(flat, before, after, skip=frozenset()) -> dict:
     out = {}
     for node in flat.nodes:
         bn = node.op
-        if not isinstance(bn, keras.layers.BatchNormalization) or not node.inputs:
+        if layer_rules.get(bn).normalization != "batch" or not node.inputs:
             continue
         t = node.inputs[0]
         if t in skip or t not in before or t not in after:

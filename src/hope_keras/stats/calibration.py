@@ -41,9 +41,7 @@ import numpy as np
 from hope_keras.graph import adapter as kg
 from hope_keras.graph import layers as layer_rules
 from hope_keras.stats.bn_stats import check_finite_statistics
-
-_PRODUCERS = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D,
-              keras.layers.Conv3D)
+from hope_keras.activations import lookup as activation_lookup
 
 __all__ = ["calibrate", "CalibratedLayer", "calibration_targets"]
 
@@ -65,7 +63,8 @@ class CalibratedLayer:
 
 
 def _activation_name(fn) -> str:
-    return getattr(fn, "__name__", str(fn))
+    # A function's own name (layer names stay plain), else the registry's (partials).
+    return getattr(fn, "__name__", None) or activation_lookup.activation_name(fn) or str(fn)
 
 
 def calibration_targets(model) -> Dict[str, str]:
@@ -81,9 +80,9 @@ def calibration_targets(model) -> Dict[str, str]:
     out = {}
     for node in fg.nodes:
         layer = node.op
-        if not isinstance(layer, _PRODUCERS) or fg.calls[node.key] > 1:
-            continue
         rule = layer_rules.get(layer)
+        if rule.kind not in ("dense", "conv") or fg.calls[node.key] > 1:
+            continue
         if rule.check(layer) is not None or fg.is_output(node.outputs[0]):
             continue
         act = getattr(layer, "activation", None)
@@ -99,7 +98,7 @@ def calibration_targets(model) -> Dict[str, str]:
         kid = kids[0]
         if layer_rules.role_of(kid.op, kid) == "channelwise" and \
                 layer_rules.get(kid.op).activation(kid.op) is not None and \
-                not isinstance(kid.op, keras.layers.BatchNormalization) and \
+                layer_rules.get(kid.op).normalization != "batch" and \
                 layer_rules.get(kid.op).check(kid.op) is None:
             out[node.key] = kid.key
     return out
@@ -135,7 +134,7 @@ def _rebuild(model, targets: Dict[str, str], name: str):
     def call_node(node, tensors):
         layer = node.op
         args, kwargs = node.call_args(tensors)
-        if not isinstance(layer, keras.layers.Layer):  # a stateless Keras operation
+        if not kg.is_layer(layer):  # a stateless Keras operation
             return layer(*args, **kwargs)
         config = layer.get_config()
         config["name"] = kg.flat_name(node.key)
@@ -155,7 +154,9 @@ def _rebuild(model, targets: Dict[str, str], name: str):
                 epsilon=EPSILON, name=bn_name, dtype=layer.dtype_policy)(outputs)
             if target == "fused":
                 act_name = fresh(f"{layer.name}_calib_{_activation_name(act)}")
-                outputs = (keras.layers.ReLU(name=act_name) if _activation_name(act) == "relu"
+                found = activation_lookup.resolve(act)
+                plain_relu = found.name == "relu" and not found.params
+                outputs = (keras.layers.ReLU(name=act_name) if plain_relu
                            else keras.layers.Activation(act, name=act_name))(z)
             else:
                 act_name, outputs = target, z  # the existing activation layer follows

@@ -33,6 +33,7 @@ import numpy as np
 
 from hope_keras.graph import adapter as kg
 from hope_keras.stats import bn_stats
+from hope_keras.graph import layers as layer_rules
 from hope_keras.progress import WorkBar, resolve_verbose
 from hope_keras.stats import synthetic
 from hope_keras.scoring import moments as moments_lib
@@ -122,7 +123,7 @@ class StatisticsCorrection:
         every BN's moving statistics and input moments on it (one forward pass)."""
         flat = graph.flat
         nodes = [node for node in flat.nodes
-                 if isinstance(node.op, keras.layers.BatchNormalization) and node.inputs]
+                 if layer_rules.get(node.op).normalization == "batch" and node.inputs]
         if not nodes:
             return
         x = _sample(self.data, flat, [node.op.name for node in nodes])
@@ -159,7 +160,7 @@ class StatisticsCorrection:
             self.last = {}
             return {}
         bns = {layer.name: layer for layer in self.graph.flat.layers.values()
-               if isinstance(layer, keras.layers.BatchNormalization)}
+               if layer_rules.get(layer).normalization == "batch"}
         saved = {name: (bn.moving_mean.numpy(), bn.moving_variance.numpy())
                  for name, bn in bns.items()}
         try:
@@ -189,7 +190,7 @@ class StatisticsCorrection:
         stale = bn_stats.downstream_of(self.graph, {s.unit for s in steps})
         flat = self.graph.flat
         todo = {node.index: node for node in flat.nodes
-                if isinstance(node.op, keras.layers.BatchNormalization)
+                if layer_rules.get(node.op).normalization == "batch"
                 and node.inputs and node.inputs[0] in stale}
         if not todo:
             return {}

@@ -49,7 +49,7 @@ COARSE_FRACTION = 0.8
 
 
 def _is_bn(op) -> bool:
-    return isinstance(op, keras.layers.BatchNormalization)
+    return layer_rules.get(op).normalization == "batch"
 
 
 def _release_plan(flat) -> dict:
