@@ -22,7 +22,9 @@ table of docs/benchmarks.md from them.
 ``compress(latency=LatencyBudget(R, batch_size=B))`` run (`hope_keras.search.latency`:
 FLOPs target lowered by measurement until the measured ratio is ≤ R; statistics
 correction off), its rounds, and an independent re-measurement of the result with
-`paired_timing` (``--repeats`` rounds at least, ``--seconds``). Writes
+`paired_timing` (``--repeats`` rounds at least, ``--seconds``); for comparison, also
+three `hope_keras.profile` ratios of the two medians (30 runs each) and three
+`hope_keras.latency_ratio` calls (30 rounds each). Writes
 benchmarks/results/latency_budget_<model>_b<B>.json.
 """
 
@@ -205,12 +207,17 @@ def budget_run(name, args):
     check = paired_timing(_runners(small, x, ("call",), None)[0],
                           _runners(model, x, ("call",), None)[0], ("call",),
                           args.repeats, args.seconds)["call"]
+    estimators = {"profile_ratio_of_medians": [], "latency_ratio": []}
+    for _ in range(3):
+        estimators["profile_ratio_of_medians"].append(hope_keras.profile(
+            small, reference=model, x=x, methods=("call",), repeats=30).ratio("call"))
+        estimators["latency_ratio"].append(hope_keras.latency_ratio(small, model, x=x))
     out = {"model": name, "input_shape": list(shape), "latency_budget": args.latency_budget,
            "batch": args.budget_batch, "stopped": result.stopped,
            "latency_ratio": result.latency_ratio, "flops_ratio": result.flops_ratio,
            "params_ratio": result.params_ratio, "steps": len(result.trajectory),
            "rounds": rounds, "seconds": seconds,
-           "measure_seconds": sum(r["seconds"] for r in rounds), "remeasured": check,
+           "measure_seconds": sum(r["seconds"] for r in rounds), "remeasured": check, "estimators": estimators,
            "load_before": load_before, "load_after": os.getloadavg(),
            "cpu_count": os.cpu_count()}
     path = RESULTS / f"latency_budget_{name}_b{args.budget_batch}.json"
@@ -222,7 +229,7 @@ def budget_run(name, args):
           f"{check['ratio']:.3f} ({check['rounds']} rounds, original "
           f"{check['original_ms']:.1f} ms); {seconds:.0f} s, of which measuring "
           f"{out['measure_seconds']:.0f} s; load {load_before[0]:.1f} → "
-          f"{out['load_after'][0]:.1f}; wrote {path}", flush=True)
+          f"{out['load_after'][0]:.1f}; estimators {estimators}; wrote {path}", flush=True)
 
 
 def _cells(data, point):

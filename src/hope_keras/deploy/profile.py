@@ -208,7 +208,7 @@ def latency_ratio(model, reference, x=None, batch_size: int = 1, method: str = "
     takes the ratio of the two times; the result is the median over ``repeats``
     rounds. On a shared machine a slow spell hits both runs of a round alike, so this
     is steadier than the ratio of two medians (`profile`'s ``ratio``), whose medians
-    may come from different spells (docs/benchmarks.md, "A latency budget").
+    may come from different spells (docs/benchmarks.md, "Latency: slimmed models").
 
     Args:
         model: A built Keras model (or ``.tflite`` path / bytes, with ``"tflite"``).
