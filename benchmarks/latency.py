@@ -17,6 +17,15 @@ Run: .venv/bin/python benchmarks/latency.py [--models demo xception mobilenetv2
      [--round-to 1 8] [--repeats 9] [--seconds 3] [--tflite] [--quick]
 Writes benchmarks/results/latency_<model>.json per model; ``--report`` prints the
 table of docs/benchmarks.md from them.
+
+``--latency-budget R [--budget-batch B]``: instead, per model one
+``compress(latency=LatencyBudget(R, batch_size=B))`` run (`hope_keras.search.latency`:
+FLOPs target lowered by measurement until the measured ratio is ≤ R; statistics
+correction off), its rounds, and an independent re-measurement of the result with
+`paired_timing` (``--repeats`` rounds at least, ``--seconds``); for comparison, also
+three `hope_keras.profile` ratios of the two medians (30 runs each) and three
+`hope_keras.latency_ratio` calls (30 rounds each). Writes
+benchmarks/results/latency_budget_<model>_b<B>.json.
 """
 
 import argparse
@@ -181,6 +190,48 @@ def measure(name, args):
           f"wrote {path}", flush=True)
 
 
+def budget_run(name, args):
+    """One latency-budget run on `name`, and its re-measurement (module doc)."""
+    from hope_keras.deploy.profile import _runners
+
+    model = build(name, args.quick)
+    load_before, t0 = os.getloadavg(), time.perf_counter()
+    budget = hope_keras.LatencyBudget(args.latency_budget, batch_size=args.budget_batch)
+    enc = hope_keras.Encoder(copy(model), correction=False, verbose=True)
+    result = enc.compress(latency=budget)
+    seconds = time.perf_counter() - t0
+    rounds = result.trajectory.meta["latency"]["rounds"]
+    small = hope_keras.slim(enc.model)
+    shape = tuple(model.inputs[0].shape[1:])
+    x = np.random.default_rng(1).normal(size=(args.budget_batch,) + shape).astype("float32")
+    check = paired_timing(_runners(small, x, ("call",), None)[0],
+                          _runners(model, x, ("call",), None)[0], ("call",),
+                          args.repeats, args.seconds)["call"]
+    estimators = {"profile_ratio_of_medians": [], "latency_ratio": []}
+    for _ in range(3):
+        estimators["profile_ratio_of_medians"].append(hope_keras.profile(
+            small, reference=model, x=x, methods=("call",), repeats=30).ratio("call"))
+        estimators["latency_ratio"].append(hope_keras.latency_ratio(small, model, x=x))
+    out = {"model": name, "input_shape": list(shape), "latency_budget": args.latency_budget,
+           "batch": args.budget_batch, "stopped": result.stopped,
+           "latency_ratio": result.latency_ratio, "flops_ratio": result.flops_ratio,
+           "params_ratio": result.params_ratio, "steps": len(result.trajectory),
+           "rounds": rounds, "seconds": seconds,
+           "measure_seconds": sum(r["seconds"] for r in rounds), "remeasured": check, "estimators": estimators,
+           "load_before": load_before, "load_after": os.getloadavg(),
+           "cpu_count": os.cpu_count()}
+    path = RESULTS / f"latency_budget_{name}_b{args.budget_batch}.json"
+    path = quick_path(path) if args.quick else path
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{name}: latency={args.latency_budget} (batch {args.budget_batch}): measured "
+          f"{result.latency_ratio:.3f} after {len(rounds)} rounds ({result.stopped}), "
+          f"FLOPs {result.flops_ratio:.3f}, params {result.params_ratio:.3f}; re-measured "
+          f"{check['ratio']:.3f} ({check['rounds']} rounds, original "
+          f"{check['original_ms']:.1f} ms); {seconds:.0f} s, of which measuring "
+          f"{out['measure_seconds']:.0f} s; load {load_before[0]:.1f} → "
+          f"{out['load_after'][0]:.1f}; estimators {estimators}; wrote {path}", flush=True)
+
+
 def _cells(data, point):
     """{round_to: {"flops": ratio, (method, batch): latency ratio, "load": max} or None
     (out of reach)} of one FLOPs budget."""
@@ -250,6 +301,10 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0,
                     help="timed rounds go on until this many seconds per point")
     ap.add_argument("--tflite", action="store_true", help="also time TFLite at batch 1")
+    ap.add_argument("--latency-budget", type=float, metavar="R",
+                    help="instead: one compress(latency=R) run per model, re-measured")
+    ap.add_argument("--budget-batch", type=int, default=1, metavar="B",
+                    help="with --latency-budget: the batch size timed (default 1)")
     ap.add_argument("--report", action="store_true",
                     help="print the docs/benchmarks.md table from the results, run nothing")
     add_quick(ap)
@@ -261,7 +316,7 @@ def main():
         args.models, args.points, args.batches, args.repeats, args.seconds = (
             ["demo", "xception"], [0.6], [1], 2, 0.0)
     for name in args.models:
-        measure(name, args)
+        (budget_run if args.latency_budget else measure)(name, args)
 
 
 if __name__ == "__main__":

@@ -35,12 +35,14 @@ _EXPORTS = {
     "synthesize_inputs": "stats.synthetic",
     "CompressionInterrupted": "search.encoder", "CompressionResult": "search.encoder",
     "Encoder": "search.encoder", "SearchOptions": "search.encoder", "compress": "search.encoder",
+    "LatencyBudget": "search.latency",
     "Step": "search.trajectory", "Trajectory": "search.trajectory",
     "Coupling": "graph.walker", "ModelGraph": "graph.walker", "NeuronGroup": "graph.walker",
     "Pinned": "graph.walker", "ResidualBlock": "graph.walker", "walk": "graph.walker",
     "slim": "edit.slim",
     "export_tflite": "deploy.export",
     "Profile": "deploy.profile", "profile": "deploy.profile",
+    "latency_ratio": "deploy.profile",
     "Distiller": "deploy.recover", "recover": "deploy.recover",
 }
 

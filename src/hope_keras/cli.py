@@ -1,7 +1,8 @@
 """The `hope-keras` command line.
 
     hope-keras analyze MODEL.keras
-    hope-keras compress MODEL.keras (--density D | --params P | --flops F | --steps N)
+    hope-keras compress MODEL.keras (--density D | --params P | --flops F | --steps N
+                                     | --latency-budget R)
                         --out SLIM.keras [--trajectory T.npz] [--cost hope|paper]
                         [--actions prune,merge,evict] [--data X.npy]
                         [--latency] [--quiet]
@@ -12,7 +13,9 @@
 
 `compress` (and `report` given the original model) print the parameters and FLOPs
 of the original and the slimmed model (`hope_keras.profile`); `--latency` also times
-both (interleaved, `predict` and a compiled call).
+both (interleaved, `predict` and a compiled call). `--latency-budget R` is a different
+thing: a budget, run until the slimmed model's measured latency is at most R times the
+original's (`compress(latency=R)`: a compiled call, batch 1, on this machine).
 
 Exit status: 0 on success, 1 when the library refuses the input (the message says
 why), 2 on a usage error (checked before any work, output paths included), 130 when
@@ -168,7 +171,8 @@ def _compress(args):
             model, cost=args.cost, actions=args.actions,
             data=_load_data(args.data, model) if args.data else None,
             verbose=False if args.quiet else "auto", round_to=args.round_to).compress(
-            density=args.density, params=args.params, flops=args.flops, steps=args.steps)
+            density=args.density, params=args.params, flops=args.flops, steps=args.steps,
+            latency=args.latency_budget)
     except hope_keras.CompressionInterrupted as e:
         if args.trajectory:
             e.trajectory.save(args.trajectory)
@@ -183,7 +187,10 @@ def _compress(args):
     if not args.quiet:
         print(f"{len(result.trajectory)} steps, neuron density {result.density:.4f}, "
               f"parameters {small.count_params()} ({result.params_ratio:.4f} of "
-              f"{n_params}); stopped: {result.stopped}. Wrote {args.out}"
+              f"{n_params})"
+              + ("" if result.latency_ratio is None else
+                 f", measured latency ratio {result.latency_ratio:.3f}")
+              + f"; stopped: {result.stopped}. Wrote {args.out}"
               + (f" and {args.trajectory}" if args.trajectory else ""))
         # `model` is the in-place result: the original's shapes, hence its cost.
         hope_keras.profile(small, reference=model, latency=args.latency).summary()
@@ -371,6 +378,9 @@ def _parser():
     budget.add_argument("--flops", type=_fraction,
                         help="target ratio of FLOPs per example kept, in (0, 1]")
     budget.add_argument("--steps", type=_count(1), help="number of actions to execute")
+    budget.add_argument("--latency-budget", type=_fraction, metavar="R",
+                        help="target ratio of measured latency, slimmed / original, in "
+                             "(0, 1]: timed on this machine (compiled call, batch 1)")
     c.add_argument("--out", required=True, help="where to save the slimmed model (.keras)")
     c.add_argument("--trajectory", help="also save the trajectory (.npz), to replay or "
                                         "plot the run")

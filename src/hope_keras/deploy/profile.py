@@ -33,7 +33,7 @@ from hope_keras.graph import adapter as kg
 from hope_keras.graph import layers as layer_rules
 from hope_keras.deploy.export import export_tflite, set_tflite_inputs, tflite_interpreter
 
-__all__ = ["Profile", "layer_flops", "model_flops", "profile"]
+__all__ = ["Profile", "latency_ratio", "layer_flops", "model_flops", "profile"]
 
 METHODS = ("predict", "call", "tflite")
 
@@ -197,6 +197,56 @@ def _time(runners: List[Dict[str, Callable]], repeats: int, warmup: int):
             fn()
             times[(i, m)].append(time.perf_counter() - t0)
     return [{m: float(np.median(times[(i, m)])) for m in r} for i, r in enumerate(runners)]
+
+
+def latency_ratio(model, reference, x=None, batch_size: int = 1, method: str = "call",
+                  repeats: int = 30, warmup: int = 3,
+                  num_threads: Optional[int] = None) -> float:
+    """The latency of ``model`` over ``reference``'s: the median of per-round ratios.
+
+    Each round runs both once, back to back (the order alternating each round), and
+    takes the ratio of the two times; the result is the median over ``repeats``
+    rounds. On a shared machine a slow spell hits both runs of a round alike, so this
+    is steadier than the ratio of two medians (`profile`'s ``ratio``), whose medians
+    may come from different spells (docs/benchmarks.md, "Latency: slimmed models").
+
+    Args:
+        model: A built Keras model (or ``.tflite`` path / bytes, with ``"tflite"``).
+        reference: The model to compare with, of the same inputs.
+        x: The batch to time; default a normal-random batch of ``batch_size``.
+        batch_size: Examples per timed batch when ``x`` is not given.
+        method: ``"call"`` (default), ``"predict"`` or ``"tflite"`` (module doc).
+        repeats: Timed rounds.
+        warmup: Untimed runs of each model first (tracing, allocation).
+        num_threads: Threads of the TFLite interpreter.
+
+    Example:
+
+    >>> import keras, hope_keras
+    >>> inputs = keras.Input((16,))
+    >>> big = keras.Model(inputs, keras.layers.Dense(4)(keras.layers.Dense(64)(inputs)))
+    >>> small = keras.Model(inputs, keras.layers.Dense(4)(keras.layers.Dense(8)(inputs)))
+    >>> ratio = hope_keras.latency_ratio(small, big, repeats=5)
+    >>> ratio > 0
+    True
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
+    batch = _inputs_for(reference, x, batch_size)
+    run, run_reference = (_runners(m, batch, (method,), num_threads)[0][method]
+                          for m in (model, reference))
+    for _ in range(warmup):
+        run(), run_reference()
+    ratios = []
+    for r in range(repeats):
+        seconds = {}
+        for name, fn in ((("m", run), ("r", run_reference)) if r % 2 == 0
+                         else (("r", run_reference), ("m", run))):
+            t0 = time.perf_counter()
+            fn()
+            seconds[name] = time.perf_counter() - t0
+        ratios.append(seconds["m"] / seconds["r"])
+    return float(np.median(ratios))
 
 
 # ----------------------------------------------------------------- result

@@ -35,6 +35,7 @@ from hope_keras.search.budgets import BUDGETS, Budget
 from hope_keras.search.budgets import check_flops_countable, min_reachable
 from hope_keras.scoring.cache import SketchCache, background_worker
 from hope_keras.search.evictions import Evictions
+from hope_keras.search.latency import LatencyBudget
 from hope_keras.edit.editor import ModelEditor, ParentCoefficients, defer_keyboard_interrupt
 from hope_keras.graph import layers as layer_rules
 from hope_keras.progress import resolve_verbose
@@ -67,12 +68,15 @@ class CompressionResult:
         density: Reached neuron density (active / initial compressible neurons).
         params_ratio: Live parameters of the slimmed model / original parameters.
         flops_ratio: FLOPs per example of the slimmed model / original FLOPs.
-        stopped: Why the run stopped: ``"budget"``, ``"no_action"`` or ``"steps"``.
+        stopped: Why the run stopped: ``"budget"``, ``"no_action"`` or ``"steps"``
+            (under a latency budget also ``"min_flops"``, `hope_keras.LatencyBudget`).
         analysis: The `Analysis` of the model before compression.
         model: The compressed model (edited in place).
         corrected: Names of the BatchNormalization layers whose statistics the run
             corrected after its steps.
         data: The ``data=`` given to `compress` (`recover` reuses it).
+        latency_ratio: Under a latency budget, the last measured latency ratio of the
+            slimmed model to the original (`hope_keras.LatencyBudget`); else None.
     """
 
     trajectory: Trajectory
@@ -85,17 +89,21 @@ class CompressionResult:
                                                      compare=False)
     corrected: list = dataclasses.field(default_factory=list, repr=False)
     data: object = dataclasses.field(default=None, repr=False, compare=False)
+    latency_ratio: Optional[float] = None
 
     def __repr__(self) -> str:  # one line: the analysis' caches are not printed
         return (f"CompressionResult(model={self.trajectory.meta.get('model_name')!r}, "
                 f"steps={len(self.trajectory)}, density={self.density:.4f}, "
                 f"params_ratio={self.params_ratio:.4f}, flops_ratio={self.flops_ratio:.4f}, "
-                f"stopped={self.stopped!r})")
+                + ("" if self.latency_ratio is None else
+                   f"latency_ratio={self.latency_ratio:.4f}, ")
+                + f"stopped={self.stopped!r})")
 
     @classmethod
-    def of(cls, encoder, stopped: str) -> "CompressionResult":
+    def of(cls, encoder, stopped: str, latency_ratio=None) -> "CompressionResult":
         """The result of `encoder`'s run, stopped for the reason `stopped`."""
         return cls(
+            latency_ratio=latency_ratio,
             trajectory=encoder.trajectory,
             density=encoder.active / encoder.num_neurons,
             params_ratio=encoder.sizes.params_ratio,
@@ -418,7 +426,8 @@ class Encoder:
                 self.rounding.start(action.unit, self.groups[action.unit].n)
             step = self._execute(action)
             if action.kind != "evict":
-                self._after_rounding(action.unit)
+                self.rounding.after(action.unit, self.groups[action.unit].n,
+                                    self.trajectory)
             return step
         except BaseException:
             # Recorded, then interrupted: the tables may be half updated.
@@ -452,14 +461,6 @@ class Encoder:
         gs.C = step.c_after
         self._after_group_change(unit)
         return step
-
-    def _after_rounding(self, unit: str) -> None:
-        """Closes the group's round at its target width; the steps inside a round
-        are listed in the trajectory (`Trajectory.step_for` stops only between)."""
-        self.rounding.after(unit, self.groups[unit].n)
-        if self.rounding.open is not None:
-            self.trajectory.meta.setdefault("unrounded_steps", []).append(
-                len(self.trajectory))
 
     def _record(self, action: Action, c_before, c_after, active_after, coef,
                 changed_groups, evict=False):
@@ -500,10 +501,12 @@ class Encoder:
             self.merges.set_table(gs)
         self._after_group_change(name, neighbors=False)
 
-    def compress(self, density=None, params=None, flops=None, steps=None) -> CompressionResult:
+    def compress(self, density=None, params=None, flops=None, steps=None,
+                 latency=None) -> CompressionResult:
         """`run` to the first budget given, as `hope_keras.compress` does: budgets
         already met or out of reach are refused first (nothing changed), Ctrl-C raises
-        `CompressionInterrupted`, and the result is a `CompressionResult`.
+        `CompressionInterrupted`, and the result is a `CompressionResult`. ``latency``:
+        a ratio or a `hope_keras.LatencyBudget` (`LatencyBudget.reach`), with ``steps``.
 
         Example:
 
@@ -516,14 +519,18 @@ class Encoder:
         >>> enc.compress(density=0.5).density
         0.5
         """
-        budget = Budget.checked(density, params, flops, steps)
+        budget, timed = Budget.checked(density, params, flops, steps), LatencyBudget.get(latency)
         self.check_budget(density=budget.density, params=budget.params, flops=budget.flops)
+        if timed is not None and budget.kind(None) is not None:
+            raise ValueError(f"Give latency= alone (with steps= at most), not with "
+                             f"{budget.describe()}. Nothing was changed.")
         try:
-            stopped = self.run(density=budget.density, params=budget.params,
-                               flops=budget.flops, steps=steps)
+            stopped = (timed.reach(self, steps) if timed is not None else
+                       self.run(density=budget.density, params=budget.params,
+                                flops=budget.flops, steps=steps))
         except KeyboardInterrupt as e:
             raise CompressionInterrupted(self.trajectory, self) from e
-        return CompressionResult.of(self, stopped)
+        return CompressionResult.of(self, stopped, timed and timed.measured)
 
     def check_budget(self, density=None, params=None, flops=None) -> None:
         """Raises ValueError (nothing changed) when a budget is already met or out of
@@ -614,7 +621,7 @@ class Encoder:
 
 def compress(model, *, density: Optional[float] = None, params: Optional[float] = None,
              flops: Optional[float] = None, steps: Optional[int] = None, cost="hope",
-             actions=ACTIONS, data=None, verbose="auto") -> CompressionResult:
+             actions=ACTIONS, data=None, verbose="auto", latency=None) -> CompressionResult:
     """Compresses a Keras model in place with HOPE.
 
     The greedy encoder executes, one step at a time, the prune, merge or block
@@ -650,10 +657,19 @@ def compress(model, *, density: Optional[float] = None, params: Optional[float] 
             residual stream (`hope_keras.stats.correction`).
         verbose: ``"auto"`` (default: progress bars and one line per long stage
             when standard output is a terminal or a notebook), True or False.
+        latency: Target ratio of the slimmed model's *measured* latency to the
+            original's, in (0, 1], or a `hope_keras.LatencyBudget` (batch size,
+            repeats, another timer). The run steers a FLOPs budget by measurement:
+            it runs to FLOPs ratio ``latency``, times ``slim(model)`` against the
+            model (a compiled ``model(x)``, batch 1, interleaved medians), and while
+            the ratio is above the target lowers the FLOPs target in proportion and
+            continues the same run (docs/hope.md, "A latency budget"). Given alone
+            (``steps`` may limit it).
 
     Returns:
         A `CompressionResult` (``trajectory``, ``density``, ``params_ratio``,
-        ``flops_ratio``, ``stopped``, ``corrected``).
+        ``flops_ratio``, ``stopped``, ``corrected``; ``latency_ratio`` under a
+        latency budget).
 
     Raises:
         ValueError: on a budget already met or out of reach, or a model with no
@@ -672,9 +688,10 @@ def compress(model, *, density: Optional[float] = None, params: Optional[float] 
     >>> result.density, len(result.trajectory)
     (0.5, 8)
     """
-    budget = Budget.checked(density, params, flops, steps)
+    budget, latency = Budget.checked(density, params, flops, steps), LatencyBudget.get(latency)
     return Encoder(model, cost=cost, actions=actions, data=data, verbose=verbose).compress(
-        density=budget.density, params=budget.params, flops=budget.flops, steps=steps)
+        density=budget.density, params=budget.params, flops=budget.flops, steps=steps,
+        latency=latency)
 
 
 def _check_analysis(analysis) -> None:

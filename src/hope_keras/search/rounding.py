@@ -71,9 +71,16 @@ class WidthRounding:
             if target is not None:
                 self.open = (group, target)
 
-    def after(self, group: str, width: int) -> None:
+    def after(self, group: str, width: int, trajectory=None) -> None:
         """`group` is now `width` wide: the round closes at its target, or goes on to
-        the next multiple below when a merge of two dead neurons passed the target."""
+        the next multiple below when a merge of two dead neurons passed the target.
+        A step inside a round is listed in ``trajectory.meta["unrounded_steps"]``
+        (`Trajectory.step_for` stops only between rounds)."""
+        self._close(group, width)
+        if self.open is not None and trajectory is not None:
+            trajectory.meta.setdefault("unrounded_steps", []).append(len(trajectory))
+
+    def _close(self, group: str, width: int) -> None:
         if self.open is None or self.open[0] != group or width > self.open[1]:
             return
         if width % self.multiple == 0:

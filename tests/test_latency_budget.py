@@ -1,0 +1,214 @@
+"""compress(latency=r): a FLOPs budget steered by a measured latency ratio. The control
+loop is tested with deterministic timers (latency as a function of FLOPs); one smoke
+test times for real and checks only the structure (timings are the machine's)."""
+
+import keras
+import numpy as np
+import pytest
+
+import hope_keras
+from hope_keras import LatencyBudget
+from hope_keras.search.latency import MIN_STEP
+from conftest import L, bn_relu, copy_model, randomize_bn
+
+
+def conv_net(seed=0):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((12, 12, 3))
+    x = bn_relu(L.Conv2D(24, 3, padding="same", name="c1")(inputs), "c1")
+    x = bn_relu(L.Conv2D(32, 3, padding="same", name="c2")(x), "c2")
+    x = L.MaxPooling2D()(x)
+    x = bn_relu(L.Conv2D(20, 3, name="c3")(x), "c3")
+    x = L.GlobalAveragePooling2D()(x)
+    x = bn_relu(L.Dense(16, name="fc")(x), "fc")
+    return randomize_bn(keras.Model(inputs, L.Dense(4, name="head")(x), name="conv"), seed)
+
+
+def flops_ratio(small, reference):
+    return hope_keras.profile(small, reference=reference, latency=False).ratio("flops")
+
+
+class FakeTimer:
+    """Latency ratio = FLOPs ratio + a fixed overhead (what does not shrink), and a
+    record of every call."""
+
+    def __init__(self, overhead=0.1):
+        self.overhead, self.calls = overhead, []
+
+    def __call__(self, small, reference):
+        value = flops_ratio(small, reference) + self.overhead
+        self.calls.append(value)
+        return value
+
+
+def weights_equal(a, b):
+    return all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights()))
+
+
+def test_the_loop_lowers_flops_until_the_measured_ratio_is_met():
+    model, timer = conv_net(), FakeTimer(0.1)
+    result = hope_keras.compress(model, latency=LatencyBudget(0.6, timer=timer),
+                                 verbose=False)
+    rounds = result.trajectory.meta["latency"]["rounds"]
+    assert result.stopped == "budget"
+    assert result.latency_ratio == timer.calls[-1] <= 0.6
+    # The first round ran to FLOPs 0.6 and measured 0.1 above it: not enough.
+    assert rounds[0]["flops_target"] == 0.6 and rounds[0]["measured"] > 0.6
+    assert len(rounds) >= 2 and [t for r in rounds for t in r["times"]] == timer.calls
+    # A pass is measured twice; the rounds before it, once.
+    assert [len(r["times"]) for r in rounds] == [1] * (len(rounds) - 1) + [2]
+    for before, after in zip(rounds, rounds[1:]):  # f ← f·r/m, at least MIN_STEP lower
+        expected = min(before["flops_target"] * 0.6 / before["measured"],
+                       before["flops_target"] * (1 - MIN_STEP),
+                       before["flops_ratio"] * (1 - MIN_STEP))
+        assert after["flops_target"] == pytest.approx(expected)
+        assert after["step"] > before["step"]
+    # The measured ratio is the slimmed model's, and FLOPs end at most 0.5.
+    assert result.flops_ratio <= 0.5 + 1e-9
+    assert result.latency_ratio == pytest.approx(
+        flops_ratio(hope_keras.slim(model), model) + 0.1)
+    meta = result.trajectory.meta["latency"]
+    assert meta["ratio"] == 0.6 and meta["step"] == len(result.trajectory)
+    assert meta["measured"] == result.latency_ratio and meta["method"] == "timer"
+    assert "latency_ratio=" in repr(result)
+
+
+def test_the_run_continues_one_trajectory_and_replays_exactly(tmp_path):
+    original = conv_net(1)
+    model = copy_model(original)
+    result = hope_keras.compress(model, latency=LatencyBudget(0.55, timer=FakeTimer()),
+                                 verbose=False)
+    first = result.trajectory.meta["latency"]["rounds"][0]
+    # The first round is a plain run to its FLOPs target: the same steps.
+    direct = hope_keras.compress(copy_model(original), flops=first["flops_target"],
+                                 verbose=False)
+    assert len(direct.trajectory) == first["step"]
+    assert [(s.kind, s.unit, s.i, s.j) for s in direct.trajectory] == \
+        [(s.kind, s.unit, s.i, s.j) for s in result.trajectory.steps[:first["step"]]]
+    # Replaying the saved trajectory to its last step gives the model bit for bit.
+    path = str(tmp_path / "t.npz")
+    result.trajectory.save(path)
+    loaded = hope_keras.Trajectory.load(path)
+    assert loaded.meta["latency"] == result.trajectory.meta["latency"]
+    replayed = loaded.replay(copy_model(original), step=loaded.meta["latency"]["step"])
+    assert weights_equal(replayed, model)
+    # A FLOPs replay to the reached ratio stops at the same step.
+    assert loaded.step_for(flops=result.flops_ratio) == len(result.trajectory)
+
+
+def test_a_budget_met_at_the_first_measurement_is_one_round():
+    model = conv_net(2)
+    result = hope_keras.compress(model, latency=LatencyBudget(0.7, timer=FakeTimer(0.0)),
+                                 verbose=False)
+    assert len(result.trajectory.meta["latency"]["rounds"]) == 1
+    assert result.latency_ratio <= 0.7 and result.stopped == "budget"
+
+
+def test_steps_stop_the_loop_and_the_ratio_reached_is_reported():
+    model, timer = conv_net(3), FakeTimer(0.5)  # overhead 0.5: 0.6 is out of reach
+    result = hope_keras.compress(model, latency=LatencyBudget(0.6, timer=timer), steps=30,
+                                 verbose=False)
+    assert result.stopped == "steps" and len(result.trajectory) == 30
+    assert result.latency_ratio == timer.calls[-1] > 0.6
+
+
+def test_an_unreachable_ratio_stops_when_no_action_is_left():
+    model = conv_net(4)
+    result = hope_keras.compress(model, actions=("prune",), verbose=False, latency=(
+        LatencyBudget(0.3, min_flops=0.0, timer=FakeTimer(0.5))))
+    assert result.stopped == "no_action" and result.latency_ratio > 0.3
+
+
+def test_the_flops_target_stops_at_min_flops():
+    model = conv_net(4)
+    result = hope_keras.compress(model, verbose=False,
+                                 latency=LatencyBudget(0.6, timer=FakeTimer(0.5)))
+    rounds = result.trajectory.meta["latency"]["rounds"]
+    assert result.stopped == "min_flops" and result.latency_ratio > 0.6
+    assert result.trajectory.meta["latency"]["min_flops"] == 0.15
+    assert min(r["flops_target"] for r in rounds) >= 0.15
+    assert rounds[-2]["flops_ratio"] > 0.15 >= result.flops_ratio
+
+
+def test_one_lucky_measurement_does_not_end_the_run():
+    timer = FakeTimer(0.1)
+
+    def lucky_once(small, reference):
+        value = timer(small, reference)
+        return 0.2 if len(timer.calls) == 2 else value  # the second call: a lucky median
+
+    result = hope_keras.compress(conv_net(7), verbose=False,
+                                 latency=LatencyBudget(0.6, timer=lucky_once))
+    rounds = result.trajectory.meta["latency"]["rounds"]
+    assert rounds[1]["times"][0] == 0.2 and rounds[1]["measured"] == timer.calls[2] > 0.6
+    assert result.stopped == "budget" and len(rounds) > 2
+    assert result.latency_ratio == timer.calls[-1] <= 0.6
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.2, 1.5, "0.5", True, [0.5], float("nan")])
+def test_bad_ratios_are_refused_before_any_edit(bad):
+    model = conv_net()
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError, match="latency must be"):
+        hope_keras.compress(model, latency=bad, verbose=False)
+    with pytest.raises(ValueError, match="latency must be"):
+        hope_keras.Encoder(model, verbose=False).compress(latency=bad)
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+
+
+def test_bad_options_and_budget_mixes_are_refused():
+    model = conv_net()
+    before = [w.copy() for w in model.get_weights()]
+    for kwargs, match in (({"batch_size": 0}, "batch_size"), ({"repeats": 1.5}, "repeats"),
+                          ({"timer": 3}, "timer"), ({"min_flops": 0.7}, "min_flops")):
+        with pytest.raises(ValueError, match=match):
+            LatencyBudget(0.5, **kwargs)
+    with pytest.raises(ValueError, match="latency= alone"):
+        hope_keras.compress(model, latency=0.5, density=0.5, verbose=False)
+    with pytest.raises(ValueError, match="positive ratio"):
+        hope_keras.compress(model, latency=LatencyBudget(0.5, timer=lambda s, r: "fast"),
+                            verbose=False)
+    fresh = conv_net()
+    with pytest.raises(ValueError, match="latency= alone"):
+        hope_keras.compress(fresh, latency=0.5, flops=0.5, verbose=False)
+    assert all(np.array_equal(a, b) for a, b in zip(before, fresh.get_weights()))
+
+
+def test_a_real_measurement_is_reported_and_the_model_slims():
+    model = conv_net(5)
+    params0 = model.count_params()
+    result = hope_keras.compress(model, latency=LatencyBudget(0.5, repeats=3, warmup=1),
+                                 steps=40, verbose=False)
+    meta = result.trajectory.meta["latency"]
+    assert result.stopped in ("budget", "steps")
+    assert isinstance(result.latency_ratio, float) and result.latency_ratio > 0
+    assert meta["method"] == "call" and meta["batch_size"] == 1 and meta["repeats"] == 3
+    assert meta["rounds"][-1]["measured"] == result.latency_ratio
+    assert hope_keras.slim(model).count_params() < params0
+
+
+def test_the_command_line_budget(tmp_path, capsys):
+    from hope_keras import cli
+
+    path, out = str(tmp_path / "net.keras"), str(tmp_path / "slim.keras")
+    conv_net(6).save(path)
+
+    def main(*args):
+        capsys.readouterr()
+        try:
+            status = cli.main(list(args))
+        except SystemExit as e:
+            status = e.code
+        return status, capsys.readouterr()
+
+    for bad in (("--latency-budget", "0"), ("--latency-budget", "1.5"),
+                ("--latency-budget", "0.5", "--flops", "0.5")):
+        status, _ = main("compress", path, *bad, "--out", out, "--quiet")
+        assert status == 2
+    # 1.0: met as soon as the slimmed copy times no slower than the original.
+    status, printed = main("compress", path, "--latency-budget", "1.0", "--out", out,
+                           "--trajectory", str(tmp_path / "t.npz"))
+    assert status == 0, printed.err
+    assert "measured latency ratio" in printed.out
+    meta = hope_keras.Trajectory.load(str(tmp_path / "t.npz")).meta["latency"]
+    assert meta["ratio"] == 1.0 and meta["measured"] <= 1.0
