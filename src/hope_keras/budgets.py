@@ -13,6 +13,8 @@ import math
 import numbers
 from typing import Optional
 
+import numpy as np
+
 from hope_keras.progress import WorkBar, resolve_verbose
 
 #: The budget kinds the encoder can rank actions for (`Encoder.set_budget`).
@@ -47,13 +49,22 @@ def check_flops_countable(graph) -> None:
         _node_flops(node, fg)
 
 
+def _min_live(group, actions) -> int:
+    """The fewest live neurons prunes and merges can leave in a group: one with
+    prunes; without them, merges join only the neurons of a mergeable group with a
+    non-zero input vector (`GroupState.pair_ok`), down to one of those."""
+    if "prune" in actions:
+        return min(group.n, 1)
+    if "merge" not in actions or not group.mergeable:
+        return group.n
+    pairable = int(np.count_nonzero(group.active & (group.cache.wnorm > 0)))
+    return group.n - max(pairable - 1, 0)
+
+
 def min_reachable(groups, blocks, evicted, actions, sizes):
     """(min active neurons, min parameter ratio, min FLOPs ratio) reachable with
     `actions` from the groups' live counts and the blocks not yet `evicted`."""
-    if not actions & {"prune", "merge"}:
-        per_group = {n: g.n for n, g in groups.items()}
-    else:
-        per_group = {n: min(g.n, 1) for n, g in groups.items()}
+    per_group = {n: _min_live(g, actions) for n, g in groups.items()}
     evicted_layers = []
     if "evict" in actions:
         for b in blocks.values():

@@ -1,0 +1,51 @@
+"""Bugs the random-network fuzzer (tests/test_fuzz.py) found, each pinned by a small
+hand-built model."""
+
+import keras
+import numpy as np
+import pytest
+
+import hope_keras
+from conftest import L, randomize_bn
+
+
+def _mixed_activations(seed=0):
+    """A swish group (coupled: prune only) and a ReLU group (mergeable)."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((5,))
+    x = L.Activation("swish")(L.BatchNormalization()(L.Dense(6, name="swish_fc")(inputs)))
+    x = L.ReLU()(L.BatchNormalization()(L.Dense(4, name="relu_fc")(x)))
+    return randomize_bn(keras.Model(inputs, L.Dense(2, name="head")(x)), seed)
+
+
+def test_merge_only_budgets_count_the_groups_merges_cannot_shrink():
+    """Without prunes, a group that cannot merge keeps every neuron: a budget only
+    prunes could reach is refused before any edit (it used to run to "no_action")."""
+    model = _mixed_activations()
+    before = model.get_weights()
+    enc = hope_keras.Encoder(model, actions=("merge",), verbose=False)
+    min_active, min_params, _ = enc.min_reachable()
+    assert min_active == 6 + 1  # the swish group whole, the ReLU group merged to one
+    for budget in ({"density": 5.5 / 10}, {"params": min_params * 0.99}):
+        with pytest.raises(ValueError, match="out of reach"):
+            hope_keras.compress(model, actions=("merge",), verbose=False, **budget)
+        assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+    result = hope_keras.compress(model, actions=("merge",), density=7.5 / 10, verbose=False)
+    assert result.stopped == "budget" and result.trajectory[-1].active_after == 7
+    assert {s.unit for s in result.trajectory} == {"relu_fc"}
+
+
+def test_data_for_a_model_with_two_inputs_is_refused_by_name():
+    """A list of two inputs' arrays is not a list of batches: refused before any
+    edit with the reason, not NumPy's concatenation error (a Dense BN wants more
+    inputs than the first array holds)."""
+    a, b = keras.Input((4,)), keras.Input((3,))
+    h = L.ReLU()(L.BatchNormalization()(L.Dense(6)(L.Concatenate()([a, b]))))
+    model = randomize_bn(keras.Model([a, b], L.Dense(2)(h)))
+    before = model.get_weights()
+    rng = np.random.default_rng(0)
+    data = [rng.normal(size=(64, 4)).astype("float32"),
+            rng.normal(size=(64, 3)).astype("float32")]
+    with pytest.raises(ValueError, match="one input; model .* has 2. Nothing was changed"):
+        hope_keras.compress(model, density=0.5, data=data, verbose=False)
+    assert all(np.array_equal(x, y) for x, y in zip(model.get_weights(), before))
