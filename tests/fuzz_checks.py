@@ -52,6 +52,11 @@ FLOAT32_RTOL = 1e-5
 RUN_PATTERNS = frozenset(k for k in fuzz_plan.PATTERNS if k.startswith((
     "api_", "cost_", "merge_scale", "kernel_", "mean_comp", "budget_", "two_budgets",
     "actions_", "correction_", "data_", "refresh_", "merge_candidates", "merge_search")))
+# Patterns whose layers the docs say are pinned: no group may flow through them.
+PINNED_PATTERNS = frozenset(("shared_producer", "shared_inside_group", "pinned_layer"))
+# Patterns of the whole model: no layer of their own for a group to flow through.
+MODEL_PATTERNS = frozenset(("functional", "sequential", "subclassed", "several_inputs",
+                            "several_outputs", "mixed_precision", "bn_free_calibrate"))
 
 
 # ---------------------------------------------------------------- observed patterns
@@ -163,6 +168,16 @@ def _nested_models(model):
     return [layer for layer in getattr(model, "layers", []) if isinstance(layer, keras.Model)]
 
 
+def _block_patterns(blk, graph):
+    found = {"identity_block" if blk.shortcut == "identity" else "projection_block"}
+    if blk.final_bn is None and blk.input_reader_bn:
+        found.add("preact_block")
+    if any(isinstance(graph.layer(n), (L.DepthwiseConv1D, L.DepthwiseConv2D))
+           or int(getattr(graph.layer(n), "groups", 1) or 1) > 1 for n in blk.branch_layers):
+        found.add("inverted_residual")
+    return found
+
+
 def observed_patterns(model, graph):
     """``(present, in_group)``: the structural patterns the built model shows, and those
     shown by a layer that some group's channels flow through (compressible there)."""
@@ -189,15 +204,8 @@ def observed_patterns(model, graph):
     if getattr(model, "calibration", None):
         present.add("bn_free_calibrate")
     for blk in graph.blocks:
-        found = {"identity_block" if blk.shortcut == "identity" else "projection_block"}
-        if blk.final_bn is None and blk.input_reader_bn:
-            found.add("preact_block")
-        if any(isinstance(graph.layer(n), (L.DepthwiseConv1D, L.DepthwiseConv2D))
-               or int(getattr(graph.layer(n), "groups", 1) or 1) > 1
-               for n in blk.branch_layers):
-            found.add("inverted_residual")
-        present |= found
-        in_group |= found
+        present |= _block_patterns(blk, graph)
+        in_group |= _block_patterns(blk, graph)
     for g in graph.groups.values():
         if g.stream and any(isinstance(graph.layer(c.layer), L.LayerNormalization)
                             for c in g.couplings):
@@ -315,6 +323,9 @@ def check(seed):
         present |= present_after
     missing = plan.patterns - RUN_PATTERNS - present
     assert not missing, f"seed {seed}: the model lacks the planned {sorted(missing)}"
+    # docs/hope.md: shared layers are never edited, nor is what reaches them; the
+    # channels around a layer the registry does not know stay whole.
+    assert not in_group & PINNED_PATTERNS, f"seed {seed}: {in_group & PINNED_PATTERNS}"
     info["in_group"] = in_group & plan.patterns
     prng = np.random.default_rng([seed, 51])
     info["twins"] = fuzz_networks.plant_twins(graph, prng)
@@ -480,9 +491,9 @@ def _edited_patterns(model, graph, steps):
     for node in graph.flat.nodes:
         if any(t in tensors for t in node.outputs + node.inputs):
             out |= _node_patterns(node, graph.flat)
-    for blk in graph.blocks:
-        if blk.name in units:
-            out.add("identity_block")
+    for blk in graph.blocks:  # a block is edited when a step touched its groups
+        if blk.name in units or units & set(blk.groups):
+            out |= _block_patterns(blk, graph)
     return out
 
 
@@ -495,7 +506,7 @@ def coverage_table(seeds, infos=None):
     rows = []
     for tag, description in fuzz_plan.PATTERNS.items():
         row = {"pattern": tag, "drawn": drawn[tag], "description": description}
-        if infos is not None and tag not in RUN_PATTERNS:
+        if infos is not None and tag not in RUN_PATTERNS | MODEL_PATTERNS:
             row["in_group"] = sum(tag in i.get("in_group", ()) for i in infos)
             row["edited"] = sum(tag in i.get("edited", ()) for i in infos)
         rows.append(row)

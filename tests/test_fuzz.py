@@ -94,6 +94,12 @@ def test_fuzz_coverage():
     if len(SEEDS) >= 500:
         low = {r["pattern"]: r["drawn"] for r in rows if r["drawn"] < MIN_DRAWS}
         assert not low, f"patterns drawn by fewer than {MIN_DRAWS} networks: {low}"
+        # A pattern the walker supports lies in a group in most networks that draw it
+        # (the others: pinned by a neighbour, e.g. a shared layer or a fork).
+        rare = {r["pattern"]: (r["in_group"], r["drawn"]) for r in rows if "in_group" in r
+                and r["pattern"] not in fuzz_checks.PINNED_PATTERNS
+                and r["in_group"] < 0.5 * r["drawn"]}
+        assert not rare, f"patterns rarely inside a group (in group, drawn): {rare}"
     if len(SEEDS) >= 100:
         # Of the networks whose actions allowed it, the share in which it happened.
         assert summary["prune"] >= 0.5 and summary["merge"] >= 0.3, summary
