@@ -51,7 +51,8 @@ FLOAT32_RTOL = 1e-5
 # Patterns of the run (options passed to compress): realised by construction.
 RUN_PATTERNS = frozenset(k for k in fuzz_plan.PATTERNS if k.startswith((
     "api_", "cost_", "merge_scale", "kernel_", "mean_comp", "budget_", "two_budgets",
-    "actions_", "correction_", "data_", "refresh_", "merge_candidates", "merge_search")))
+    "actions_", "correction_", "data_", "refresh_", "merge_candidates", "merge_search",
+    "compress_again")))
 # Patterns whose layers the docs say are pinned: no group may flow through them.
 PINNED_PATTERNS = frozenset(("shared_producer", "shared_inside_group", "pinned_layer"))
 # Patterns of the whole model: no layer of their own for a group to flow through.
@@ -414,8 +415,43 @@ def check(seed):
         if targets.get(kind) is not None and result.stopped == "budget" and \
                 getattr(result, f"{kind}_ratio") <= targets[kind] + 1e-12:
             assert trajectory.step_for(**{kind: targets[kind]}) == len(steps), seed
+    lines = []
+    result.analysis.summary(print_fn=lines.append)
+    text = "\n".join(lines)
+    assert all(name in text for name in result.analysis.graph.groups), seed
+    if run["again"] is not None and steps:
+        _check_again(seed, model, x, count0, result, cost, actions, run["again"], rtol)
     info["seconds"] = time.perf_counter() - t0
     return info
+
+
+def _check_again(seed, model, x, count0, result, cost, actions, u, rtol):
+    """docs/hope.md: a compressed model starts from what is left (its densities and
+    ratios are slim's), a budget it already meets is refused, and a lower one
+    continues; slim stays exact and its counts the engine's."""
+    enc = hope_keras.Encoder(model, cost=cost, actions=actions, correction="surrogate",
+                             verbose=False)
+    where = f"seed {seed}: compressed again from {result}"
+    assert enc.active == result.trajectory[-1].active_after, where
+    assert math.isclose(enc.sizes.params_ratio, result.params_ratio, rel_tol=1e-12), where
+    assert math.isclose(enc.sizes.flops_ratio, result.flops_ratio, rel_tol=1e-12), where
+    weights = model.get_weights()
+    if enc.active < enc.num_neurons:
+        _expect_refusal(lambda: enc.compress(density=(enc.active + 0.5) / enc.num_neurons),
+                        ["already met"], model, weights, where)
+    targets, reachable = choose_targets({"density": u}, enc)
+    if not reachable:
+        _expect_refusal(lambda: enc.compress(**targets), ["out of reach"], model, weights,
+                        where)
+        return
+    again = enc.compress(**targets)
+    assert again.stopped in ("budget", "no_action"), where
+    small = hope_keras.slim(model)
+    err = _max_rel_err(model, small, x)
+    assert err <= rtol, f"{where}: slim differs by {err:.3g}"
+    assert small.count_params() == round(again.params_ratio * count0), where
+    flops = hope_keras.profile(small, reference=model, latency=False).ratio("flops")
+    assert math.isclose(flops, again.flops_ratio, rel_tol=1e-9), where
 
 
 def _check_unchanged(seed, model, x, info, t0):

@@ -126,6 +126,7 @@ PATTERNS = {
     "merge_candidates_k": "search merge_candidates=k",
     "merge_candidates_none": "search merge_candidates=None (exhaustive)",
     "merge_search_top_k": "search merge_search='top_k'",
+    "compress_again": "compress the compressed model again (starts from what is left)",
 }
 
 # Activations: relu is drawn most (merges need it); every other one the registry has.
@@ -530,6 +531,9 @@ def _draw_run(d: _Drawer, plan_tags) -> dict:
             search["merge_search"] = "top_k"
             tags.add("merge_search_top_k")
     run["search"] = search
+    run["again"] = float(rng.uniform(0.05, 0.95)) if d.p(0.12) else None
+    if run["again"] is not None:
+        tags.add("compress_again")
     return run
 
 
