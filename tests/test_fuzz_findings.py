@@ -49,3 +49,21 @@ def test_data_for_a_model_with_two_inputs_is_refused_by_name():
     with pytest.raises(ValueError, match="one input; model .* has 2. Nothing was changed"):
         hope_keras.compress(model, density=0.5, data=data, verbose=False)
     assert all(np.array_equal(x, y) for x, y in zip(model.get_weights(), before))
+
+
+@pytest.mark.parametrize("budgets", [{"flops": 0.05}, {"density": 0.5, "flops": 0.9}])
+def test_flops_budget_on_unknown_spatial_dimensions_is_refused_for_that_reason(budgets):
+    """docs/hope.md: flops= needs every dimension but the batch. It was refused as
+    "out of reach" (FLOPs counted as if each unknown dimension were 1), or, behind a
+    density budget, not refused at all."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((None, None, 3))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(8, 3, padding="same")(inputs)))
+    model = randomize_bn(keras.Model(inputs, L.Dense(2)(L.GlobalAveragePooling2D()(x))))
+    before = model.get_weights()
+    with pytest.raises(ValueError, match="unknown output dimension.*fixed input shape"):
+        hope_keras.compress(model, verbose=False, **budgets)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+    with pytest.raises(ValueError, match="fixed input shape"):
+        hope_keras.Encoder(model, verbose=False).run(**budgets)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))

@@ -314,12 +314,19 @@ class Encoder:
         """Re-ranks every action for another budget kind."""
         if budget not in BUDGETS:
             raise ValueError(f"budget must be one of {BUDGETS}. Received: budget={budget!r}")
-        if budget == "flops" and not getattr(self, "_flops_countable", False):
-            check_flops_countable(self.graph)  # before any edit
-            self._flops_countable = True
+        if budget == "flops":
+            self._require_flops()
         if budget != self.budget:
             self.budget = budget
             self._push_all()
+
+    def _require_flops(self) -> None:
+        """A FLOPs budget needs every layer's FLOPs: refused before any edit where a
+        dimension is unknown (`hope_keras.budgets.check_flops_countable`), whichever
+        budget ranks the actions, and before the ratios are read."""
+        if not getattr(self, "_flops_countable", False):
+            check_flops_countable(self.graph)
+            self._flops_countable = True
 
     def _push_all(self) -> None:
         self.queue.clear()
@@ -525,6 +532,8 @@ class Encoder:
     def check_budget(self, density=None, params=None, flops=None) -> None:
         """Raises ValueError (nothing changed) when a budget is already met or out of
         reach of this encoder's actions and the pinned layers."""
+        if flops is not None:
+            self._require_flops()
         Budget(density, params, flops).refuse_unreachable(
             self.active, self.num_neurons, self.sizes, self.actions, self.min_reachable)
 
@@ -565,6 +574,8 @@ class Encoder:
         """
         verbose = self.verbose if verbose is None else verbose
         budget = Budget.checked(density, params, flops, steps)
+        if budget.flops is not None:
+            self._require_flops()
         target_active = budget.target_active(self.num_neurons)
         self.set_budget(budget.kind(self.budget))
         self._check_not_stale()
