@@ -57,7 +57,8 @@ RUN_PATTERNS = frozenset(k for k in fuzz_plan.PATTERNS if k.startswith((
 PINNED_PATTERNS = frozenset(("shared_producer", "shared_inside_group", "pinned_layer"))
 # Patterns of the whole model: no layer of their own for a group to flow through.
 MODEL_PATTERNS = frozenset(("functional", "sequential", "subclassed", "several_inputs",
-                            "several_outputs", "mixed_precision", "bn_free_calibrate"))
+                            "several_outputs", "mixed_precision", "bn_free_calibrate",
+                            "unknown_spatial_dims"))
 
 
 # ---------------------------------------------------------------- observed patterns
@@ -199,6 +200,8 @@ def observed_patterns(model, graph):
         present.add("several_outputs")
     if len(fg.inputs) > 1:
         present.add("several_inputs")
+    if any(None in fg.shapes[t][1:] for t, _ in fg.inputs):
+        present.add("unknown_spatial_dims")
     if any(layer.dtype_policy.name == "mixed_float16" for layer in fg.layers.values()
            if hasattr(layer, "dtype_policy")):
         present.add("mixed_precision")
@@ -215,9 +218,9 @@ def observed_patterns(model, graph):
 
 
 # ------------------------------------------------------------------------- helpers
-def _inputs(model, rng, n):
-    shapes = [tuple(t.shape[1:]) for t in kg.functional_of(model).inputs]
-    xs = [rng.normal(size=(n,) + s).astype("float32") for s in shapes]
+def _inputs(plan, rng, n):
+    shapes = [plan.shape] + ([plan.second_input["shape"]] if plan.second_input else [])
+    xs = [rng.normal(size=(n,) + tuple(s)).astype("float32") for s in shapes]
     return xs if len(xs) > 1 else xs[0]
 
 
@@ -308,13 +311,13 @@ def check(seed):
     run = dict(plan.run)
     model = fuzz_networks.build(plan)
     rng = np.random.default_rng([seed, 49])
-    x = _inputs(model, rng, 4)
+    x = _inputs(plan, rng, 4)
     info = {"seed": seed, "patterns": set(plan.patterns), "refusals": [],
             "kinds": collections.Counter(), "stopped": "refused", "actions": ()}
     graph = hope_keras.walk(model)
     present, in_group = observed_patterns(model, graph)
     if plan.bn_free:  # (calibrate puts each fused activation into a layer of its own)
-        calibrated = hope_keras.calibrate(model, _inputs(model, rng, 256))
+        calibrated = hope_keras.calibrate(model, _inputs(plan, rng, 256))
         err = _max_rel_err(model, calibrated, x)
         tol = 1e-4 if plan.mixed == "none" else MIXED_RTOL
         assert err <= tol, f"seed {seed}: calibrate changed the outputs by {err:.3g}"
@@ -334,7 +337,7 @@ def check(seed):
     original = model.get_weights()  # (a clone costs as much as the whole check)
     count0 = model.count_params()
 
-    data = _data(run, _inputs(model, rng, 64))
+    data = _data(run, _inputs(plan, rng, 64))
     correction = {"off": False, "data": "auto"}.get(run["correction"], run["correction"])
 
     def encoder(cost, actions, data=data):  # (data given again once it is dropped)
@@ -356,6 +359,17 @@ def check(seed):
         info["refusals"].append(str(e))
         cost = _cost(run, "fallback")
         enc = encoder(cost, actions)
+    if plan.unknown_spatial:
+        # FLOPs need every dimension but the batch: flops= is refused before any edit,
+        # and the run takes a params= budget instead.
+        info["refusals"].append(_expect_refusal(
+            lambda: enc.compress(flops=0.5), ["fixed input shape"], model, original,
+            f"seed {seed}: flops= with unknown spatial dimensions"))
+        budgets = dict(run["budgets"])
+        u = budgets.pop("flops", None)
+        if u is not None:
+            budgets.setdefault("params", u)
+        run["budgets"] = budgets
     targets, reachable = choose_targets(run["budgets"], enc)
     if not reachable:
         # Out of reach with these actions: refused before any edit; then all actions.
@@ -392,10 +406,7 @@ def check(seed):
     info["slim_rel_err"] = err = _max_rel_err(model, small_out, x)
     assert err <= rtol, f"seed {seed}: slim differs by {err:.3g} (relative)"
     assert small.count_params() == round(result.params_ratio * count0), seed
-    prof = hope_keras.profile(small, reference=model, latency=False)
-    assert prof.params == small.count_params()
-    assert math.isclose(prof.ratio("flops"), result.flops_ratio, rel_tol=1e-9), (
-        seed, prof.ratio("flops"), result.flops_ratio)
+    _check_profile(seed, small, model, result.flops_ratio, plan.unknown_spatial)
     info["zero_padded_ln"] = any(isinstance(layer, hope_keras.layers.ZeroPaddedLayerNormalization)
                                  for layer in small.layers)
     with tempfile.TemporaryDirectory() as tmp:
@@ -420,12 +431,27 @@ def check(seed):
     text = "\n".join(lines)
     assert all(name in text for name in result.analysis.graph.groups), seed
     if run["again"] is not None and steps:
-        _check_again(seed, model, x, count0, result, cost, actions, run["again"], rtol)
+        _check_again(seed, model, x, count0, result, cost, actions, run["again"], rtol,
+                     plan.unknown_spatial)
     info["seconds"] = time.perf_counter() - t0
     return info
 
 
-def _check_again(seed, model, x, count0, result, cost, actions, u, rtol):
+def _check_profile(seed, small, model, flops_ratio, unknown_spatial):
+    """`profile` counts the slim model's parameters, and its FLOPs ratio to the edited
+    model is the engine's; with unknown spatial dimensions it refuses to count FLOPs."""
+    if unknown_spatial:
+        _expect_refusal(lambda: hope_keras.profile(small, latency=False),
+                        ["fixed input shape"], small, small.get_weights(),
+                        f"seed {seed}: profile with unknown spatial dimensions")
+        return
+    prof = hope_keras.profile(small, reference=model, latency=False)
+    assert prof.params == small.count_params(), seed
+    assert math.isclose(prof.ratio("flops"), flops_ratio, rel_tol=1e-9), (
+        seed, prof.ratio("flops"), flops_ratio)
+
+
+def _check_again(seed, model, x, count0, result, cost, actions, u, rtol, unknown_spatial):
     """docs/hope.md: a compressed model starts from what is left (its densities and
     ratios are slim's), a budget it already meets is refused, and a lower one
     continues; slim stays exact and its counts the engine's."""
@@ -450,8 +476,7 @@ def _check_again(seed, model, x, count0, result, cost, actions, u, rtol):
     err = _max_rel_err(model, small, x)
     assert err <= rtol, f"{where}: slim differs by {err:.3g}"
     assert small.count_params() == round(again.params_ratio * count0), where
-    flops = hope_keras.profile(small, reference=model, latency=False).ratio("flops")
-    assert math.isclose(flops, again.flops_ratio, rel_tol=1e-9), where
+    _check_profile(seed, small, model, again.flops_ratio, unknown_spatial)
 
 
 def _check_unchanged(seed, model, x, info, t0):

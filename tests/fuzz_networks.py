@@ -55,7 +55,6 @@ def _layer_scale():
     return kg.optional_classes("applications.convnext", ("LayerScale",))["LayerScale"]
 
 
-@keras.saving.register_keras_serializable(package="hope_keras_fuzz")
 class FuzzNet(keras.Model):
     """A subclassed model whose `call` applies a chain of layers and keras.ops
     activations (a ``str`` item: the name of a `_OPS` entry)."""
@@ -347,6 +346,13 @@ def _vector(plan, b):
     return b.by_dims(plan.vector)
 
 
+def input_shape(plan):
+    """The model's input shape: the plan's, spatial dimensions unknown if it says so."""
+    if plan.unknown_spatial:
+        return (None,) * plan.dims + plan.shape[-1:]
+    return plan.shape
+
+
 def _build_chain(plan, b):
     items = b.collect(plan.stages, plan.shape[-1])
     if plan.vector:
@@ -356,14 +362,14 @@ def _build_chain(plan, b):
     items.append(L.Dense(3, name="head"))
     name = f"fuzz_{plan.container}_{plan.seed}"
     if plan.container == "sequential":
-        return keras.Sequential([keras.Input(plan.shape)] + items, name=name)
+        return keras.Sequential([keras.Input(input_shape(plan))] + items, name=name)
     model = FuzzNet(items, name=name)
     model(np.zeros((1,) + plan.shape, "float32"))
     return model
 
 
 def _build_functional(plan, b):
-    inputs = [keras.Input(plan.shape, name="x")]
+    inputs = [keras.Input(input_shape(plan), name="x")]
     x = inputs[0]
     second = plan.second_input
     nested = plan.nested

@@ -34,6 +34,7 @@ PATTERNS = {
     "several_outputs": "two or more model outputs",
     "mixed_precision": "mixed_float16 layers",
     "bn_free_calibrate": "a network without BatchNorm, through calibrate",
+    "unknown_spatial_dims": "Input((None, ..., C)): flops= and profile refused",
     # producers
     "dense": "Dense producers",
     "conv1d": "Conv1D producers",
@@ -155,6 +156,8 @@ class Plan:
         shape: The input shape (batch axis excluded).
         mixed: ``"none"``, ``"model"`` (every layer mixed_float16) or ``"layers"``.
         bn_free: No BatchNorm: the model goes through `calibrate` first.
+        unknown_spatial: The model's input has unknown spatial dimensions (``None``;
+            `shape` gives the size the checks feed it).
         stages: The body, in order; each a dict with a ``"kind"``.
         vector: How a feature map becomes a vector (conv plans), or None.
         head_stages: Dense stages after the vector.
@@ -171,6 +174,7 @@ class Plan:
     shape: tuple
     mixed: str
     bn_free: bool
+    unknown_spatial: bool
     stages: List[dict]
     vector: Optional[str]
     head_stages: List[dict]
@@ -352,9 +356,10 @@ class _Drawer:
     def concat(self, width) -> dict:
         if self.p(0.5):
             self.tags.add("densenet_concat")
-            return {"kind": "densenet", "bn": [self.bn() for _ in range(2)],
+            count = int(self.rng.integers(1, 3))
+            return {"kind": "densenet", "bn": [self.bn() for _ in range(count)],
                     "growth": [self.producer(self.width(2, 4), same=True)
-                               for _ in range(int(self.rng.integers(1, 3)))]}
+                               for _ in range(count)]}
         self.tags.add("concatenate")
         branches = []
         for _ in range(int(self.rng.integers(2, 4))):
@@ -553,12 +558,17 @@ def draw(seed: int) -> Plan:
     d = _Drawer(rng, dims, spatial, bn_free=bn_free, chain=chain,
                 ops=container != "sequential")
     d.tags.add(container)
+    # (its own stream of draws: the other choices of a seed stay as they were)
+    unknown = bool(dims and container != "subclassed" and not bn_free
+                   and np.random.default_rng([seed, 52]).random() < 0.12)
+    if unknown:
+        d.tags.add("unknown_spatial_dims")
     if mixed != "none":
         d.tags.add("mixed_precision")
     if bn_free:
         d.tags.add("bn_free_calibrate")
     second = None
-    if not chain and not bn_free and rng.random() < 0.16:
+    if not chain and not bn_free and not unknown and rng.random() < 0.16:
         d.tags.add("several_inputs")
         late = dims > 0 and rng.random() < 0.4
         second = {"where": "late" if late else "early",
@@ -582,6 +592,8 @@ def draw(seed: int) -> Plan:
     if dims:
         vector = d.pick(["flatten", "flatten_channels_first", "global_avg_pool",
                          "global_max_pool"], [40, 12, 33, 15])
+        if unknown and vector.startswith("flatten"):  # needs every dimension
+            vector = "global_avg_pool" if vector == "flatten" else "global_max_pool"
         d.tags.add(vector)
         if vector.startswith("flatten"):
             width *= d.spatial ** dims
@@ -598,7 +610,7 @@ def draw(seed: int) -> Plan:
         nested = _draw_nested(rng, stages, d.tags, first=1 if early else 0)
     run = _draw_run(d, d.tags)
     return Plan(seed=seed, container=container, dims=dims, shape=shape, mixed=mixed,
-                bn_free=bn_free, stages=stages, vector=vector, head_stages=head_stages,
+                bn_free=bn_free, unknown_spatial=unknown, stages=stages, vector=vector, head_stages=head_stages,
                 second_input=second, nested=nested, run=run, patterns=frozenset(d.tags))
 
 
