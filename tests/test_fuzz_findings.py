@@ -67,3 +67,25 @@ def test_flops_budget_on_unknown_spatial_dimensions_is_refused_for_that_reason(b
     with pytest.raises(ValueError, match="fixed input shape"):
         hope_keras.Encoder(model, verbose=False).run(**budgets)
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+
+
+@pytest.mark.parametrize("center", [True, False])
+def test_a_block_evicted_into_a_bn_without_scale_stays_evicted_when_compressed_again(center):
+    """The eviction zeroes the final producer and what the BN has of β and moving mean;
+    a run on the compressed model must see the block as gone (slim drops it), so that
+    its live counts are slim's. With ``scale=False`` it took γ = 1 for a live branch."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    x = L.ReLU()(L.BatchNormalization()(L.Dense(5, name="stem")(inputs)))
+    y = L.ReLU()(L.BatchNormalization()(L.Dense(4, name="inner")(x)))
+    y = L.BatchNormalization(scale=False, center=center, name="final_bn")(L.Dense(5)(y))
+    x = L.Add(name="block")([x, y])
+    model = randomize_bn(keras.Model(inputs, L.Dense(2)(L.ReLU()(x))))
+    result = hope_keras.compress(model, actions=("evict",), steps=1, verbose=False)
+    assert [s.kind for s in result.trajectory] == ["evict"]
+    small = hope_keras.slim(model)
+    assert small.count_params() == round(result.params_ratio * model.count_params())
+    again = hope_keras.Encoder(model, verbose=False)
+    assert again.evicted == {"block"}
+    assert again.active == result.trajectory[-1].active_after
+    assert again.sizes.params_ratio == pytest.approx(result.params_ratio, rel=1e-12)
