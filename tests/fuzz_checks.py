@@ -394,7 +394,9 @@ def check(seed):
                                      verbose=False, **targets)
     else:
         result = enc.compress(**targets)
-    _check_stop(seed, result, targets, actions, start, enc if run["api"] == "encoder" else None)
+    _check_stop(seed, result, targets, actions, start,
+                (lambda: enc) if run["api"] == "encoder" else
+                (lambda: encoder(cost, actions, data=None)))
     steps = result.trajectory.steps
     info["kinds"] = collections.Counter(s.kind for s in steps)
     info["stopped"] = result.stopped
@@ -502,8 +504,9 @@ def _met(targets, num_neurons, active, params, flops, n_steps):
     return met
 
 
-def _check_stop(seed, result, targets, actions, start, enc):
-    """The run stopped at the first budget met, exactly where the docs say."""
+def _check_stop(seed, result, targets, actions, start, encoder):
+    """The run stopped at the first budget met, exactly where the docs say;
+    ``encoder()``: the run's encoder, or one on the compressed model."""
     steps = result.trajectory.steps
     n = result.trajectory.meta["num_neurons"]
     end = (_met(targets, n, steps[-1].active_after, steps[-1].params_after,
@@ -523,15 +526,18 @@ def _check_stop(seed, result, targets, actions, start, enc):
         assert end == {"steps"} or "steps" in end, where
     else:
         assert result.stopped == "no_action" and not end, where
-        # Only a budget an eviction-only run cannot hit exactly, or no fraction budget.
+        # Every target is inside the reachable range (`choose_targets`): only a density
+        # budget can be left unmet, by evictions that would overshoot it (skipped).
         fractions = {k for k in ("density", "params", "flops") if targets.get(k) is not None}
-        assert not fractions or (fractions == {"density"} and set(actions) == {"evict"}), where
-        if enc is not None:
-            left = None
-            if targets.get("density") is not None:
-                left = enc.active - math.floor(targets["density"] * enc.num_neurons + 1e-9)
-            assert enc.next_action(left) is None, where
-    if "density" in end and {"prune", "merge"} & set(actions):
+        assert fractions <= {"density"}, where
+        enc = encoder()  # on the compressed model for `compress`: it starts from there
+        left = None
+        if fractions:
+            left = enc.active - math.floor(targets["density"] * enc.num_neurons + 1e-9)
+            following = enc.next_action(None)
+            assert following is None or following.kind == "evict", (where, following)
+        assert enc.next_action(left) is None, where
+    if "density" in end:  # met exactly: an eviction that would overshoot is skipped
         target = math.floor(targets["density"] * n + 1e-9)
         last = steps[-1]
         assert last.active_after == target or (

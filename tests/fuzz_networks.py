@@ -94,8 +94,8 @@ class _Builder:
         # "layers": the first layer (the stem) and half of the others.
         mixed = self.plan.mixed == "model" or (self.plan.mixed == "layers" and (
             sum(self.count.values()) == 1 or self.mixed_rng.random() < 0.5))
-        # (TensorFlow has no float16 AvgPool3D kernel on the CPU.)
-        if mixed and cls is not L.AveragePooling3D:
+        # (TensorFlow has no float16 AvgPool3D / MaxPool3D kernel on the CPU.)
+        if mixed and cls not in (L.AveragePooling3D, L.MaxPooling3D):
             kwargs["dtype"] = "mixed_float16"
         return cls(*args, name=f"{base}{self.count[base]}", **kwargs)
 
