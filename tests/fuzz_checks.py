@@ -25,6 +25,7 @@ inside what the run can reach —, statistics correction, search options) and as
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import os
 import sys
@@ -304,16 +305,52 @@ def choose_targets(budgets, enc):
 
 
 # ----------------------------------------------------------------------- the check
+@dataclasses.dataclass
+class _Case:
+    """One network under check: its plan, model (planted), inputs and what happened."""
+
+    seed: int
+    plan: fuzz_plan.Plan
+    run: dict
+    model: keras.Model
+    graph: object
+    x: object
+    info: dict
+    rng: np.random.Generator
+    original: list = None
+    count0: int = 0
+    t0: float = 0.0
+
+    @property
+    def rtol(self):
+        return FLOAT32_RTOL if self.plan.mixed == "none" else MIXED_RTOL
+
+
 def check(seed):
     """Builds, compresses and checks network `seed`; returns what happened."""
+    case = _prepare(seed)
+    if not case.graph.groups:  # every channel pinned: refused, nothing changed
+        case.info["refusals"].append(_expect_refusal(
+            lambda: hope_keras.Encoder(case.model, verbose=False), ["no compressible"],
+            case.model, case.original, f"seed {seed}: no group"))
+        return _check_unchanged(case)
+    result, data = _compress(case)
+    _check_result(case, result, data)
+    case.info["seconds"] = time.perf_counter() - case.t0
+    return case.info
+
+
+def _prepare(seed) -> _Case:
+    """The plan's network (calibrated when BN-free), checked to hold every pattern
+    the plan names, with its planted twins and weak blocks."""
     t0 = time.perf_counter()
     plan = fuzz_plan.draw(seed)
-    run = dict(plan.run)
     model = fuzz_networks.build(plan)
     rng = np.random.default_rng([seed, 49])
     x = _inputs(plan, rng, 4)
     info = {"seed": seed, "patterns": set(plan.patterns), "refusals": [],
-            "kinds": collections.Counter(), "stopped": "refused", "actions": ()}
+            "kinds": collections.Counter(), "stopped": "refused", "actions": (),
+            "mixed": plan.mixed != "none"}
     graph = hope_keras.walk(model)
     present, in_group = observed_patterns(model, graph)
     if plan.bn_free:  # (calibrate puts each fused activation into a layer of its own)
@@ -334,36 +371,38 @@ def check(seed):
     prng = np.random.default_rng([seed, 51])
     info["twins"] = fuzz_networks.plant_twins(graph, prng)
     info["weak_blocks"] = fuzz_networks.weaken_blocks(graph, prng)
-    original = model.get_weights()  # (a clone costs as much as the whole check)
-    count0 = model.count_params()
+    # (the original weights, not a clone: a clone costs as much as the whole check)
+    return _Case(seed, plan, dict(plan.run), model, graph, x, info, rng,
+                 original=model.get_weights(), count0=model.count_params(), t0=t0)
 
-    data = _data(run, _inputs(plan, rng, 64))
+
+def _compress(case: _Case):
+    """Runs the plan's compression, each documented refusal met on the way asserted
+    (nothing changed) and the run then adjusted; checks where it stopped. Returns the
+    result and the data= given."""
+    seed, run, model, info = case.seed, case.run, case.model, case.info
+    data = _data(run, _inputs(case.plan, case.rng, 64))
     correction = {"off": False, "data": "auto"}.get(run["correction"], run["correction"])
 
-    def encoder(cost, actions, data=data):  # (data given again once it is dropped)
+    def encoder(cost, actions, data):
         return hope_keras.Encoder(model, cost=cost, actions=actions, data=data,
                                   correction=correction, search=run["search"] or None,
                                   verbose=False)
 
     cost, actions = _cost(run), run["actions"]
-    if not graph.groups:  # every channel pinned: refused, nothing changed
-        info["refusals"].append(_expect_refusal(
-            lambda: encoder(cost, actions), ["no compressible"], model, original,
-            f"seed {seed}: no group"))
-        return _check_unchanged(seed, model, x, info, t0)
     try:
-        enc = encoder(cost, actions)
+        enc = encoder(cost, actions, data)
     except ValueError as e:  # no group the cost can price: refused, nothing changed
         assert "no neuron group the cost" in str(e), e
-        assert _same_weights(model, original)
+        assert _same_weights(model, case.original)
         info["refusals"].append(str(e))
         cost = _cost(run, "fallback")
-        enc = encoder(cost, actions)
-    if plan.unknown_spatial:
+        enc = encoder(cost, actions, data)
+    if case.plan.unknown_spatial:
         # FLOPs need every dimension but the batch: flops= is refused before any edit,
         # and the run takes a params= budget instead.
         info["refusals"].append(_expect_refusal(
-            lambda: enc.compress(flops=0.5), ["fixed input shape"], model, original,
+            lambda: enc.compress(flops=0.5), ["fixed input shape"], model, case.original,
             f"seed {seed}: flops= with unknown spatial dimensions"))
         budgets = dict(run["budgets"])
         u = budgets.pop("flops", None)
@@ -375,42 +414,49 @@ def check(seed):
         # Out of reach with these actions: refused before any edit; then all actions.
         info["refusals"].append(_expect_refusal(
             lambda: enc.compress(**targets), ["out of reach", "already met"], model,
-            original, f"seed {seed}: unreachable {targets} with {actions}"))
+            case.original, f"seed {seed}: unreachable {targets} with {actions}"))
         actions = fuzz_plan.ACTION_SETS["actions_all"]
-        enc = encoder(cost, actions)
+        enc = encoder(cost, actions, data)
         targets, reachable = choose_targets(run["budgets"], enc)
         assert reachable, f"seed {seed}: nothing reachable with every action"
-    if data is not None and plan.second_input:
+    if data is not None and case.plan.second_input:
         # data= takes the inputs of a one-input model: refused before any edit.
         info["refusals"].append(_expect_refusal(
-            lambda: enc.compress(**targets), ["one input"], model, original,
+            lambda: enc.compress(**targets), ["one input"], model, case.original,
             f"seed {seed}: data= with two inputs"))
         data, run["api"], correction = None, "encoder", "surrogate"
-        enc = encoder(cost, actions, data=None)
-    info.update(actions=actions, targets=targets, cost=repr(cost))
+        enc = encoder(cost, actions, None)
+    info.update(actions=actions, targets=targets, cost=cost)
     start = (enc.active, enc.sizes.params_ratio, enc.sizes.flops_ratio)
     if run["api"] == "compress":
         result = hope_keras.compress(model, cost=cost, actions=actions, data=data,
                                      verbose=False, **targets)
+        after = lambda: encoder(cost, actions, None)  # noqa: E731 (on the compressed model)
     else:
         result = enc.compress(**targets)
-    _check_stop(seed, result, targets, actions, start,
-                (lambda: enc) if run["api"] == "encoder" else
-                (lambda: encoder(cost, actions, data=None)))
+        after = lambda: enc  # noqa: E731
+    _check_stop(seed, result, targets, start, after)
+    return result, data
+
+
+def _check_result(case: _Case, result, data):
+    """slim against in place, the counts against slim and `profile`, the `.keras`
+    reload, the replay of the saved trajectory, and a second run when planned."""
+    seed, model, x, info = case.seed, case.model, case.x, case.info
     steps = result.trajectory.steps
     info["kinds"] = collections.Counter(s.kind for s in steps)
     info["stopped"] = result.stopped
-    info["edited"] = _edited_patterns(model, graph, steps) & plan.patterns
+    info["edited"] = _edited_patterns(case.graph, steps) & case.plan.patterns
 
     small = hope_keras.slim(model)
     small_out = _outputs(small, x)
-    rtol = FLOAT32_RTOL if plan.mixed == "none" else MIXED_RTOL
     info["slim_rel_err"] = err = _max_rel_err(model, small_out, x)
-    assert err <= rtol, f"seed {seed}: slim differs by {err:.3g} (relative)"
-    assert small.count_params() == round(result.params_ratio * count0), seed
-    _check_profile(seed, small, model, result.flops_ratio, plan.unknown_spatial)
-    info["zero_padded_ln"] = any(isinstance(layer, hope_keras.layers.ZeroPaddedLayerNormalization)
-                                 for layer in small.layers)
+    assert err <= case.rtol, f"seed {seed}: slim differs by {err:.3g} (relative)"
+    assert small.count_params() == round(result.params_ratio * case.count0), seed
+    _check_profile(seed, small, model, result.flops_ratio, case.plan.unknown_spatial)
+    info["zero_padded_ln"] = any(
+        isinstance(layer, hope_keras.layers.ZeroPaddedLayerNormalization)
+        for layer in small.layers)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "small.keras")
         small.save(path)
@@ -420,10 +466,11 @@ def check(seed):
         result.trajectory.save(traj_path)
         trajectory = hope_keras.Trajectory.load(traj_path)
     compressed = model.get_weights()
-    model.set_weights(original)  # the original model again: replay onto it
+    model.set_weights(case.original)  # the original model again: replay onto it
     trajectory.replay(model, step=len(steps), data=data)
     for w, w0, w1 in zip(model.weights, model.get_weights(), compressed, strict=True):
         assert np.array_equal(w0, w1), (seed, w.path)
+    targets = info["targets"]
     for kind in ("params", "flops"):  # replay by the budget finds the same step
         if targets.get(kind) is not None and result.stopped == "budget" and \
                 getattr(result, f"{kind}_ratio") <= targets[kind] + 1e-12:
@@ -432,11 +479,17 @@ def check(seed):
     result.analysis.summary(print_fn=lines.append)
     text = "\n".join(lines)
     assert all(name in text for name in result.analysis.graph.groups), seed
-    if run["again"] is not None and steps:
-        _check_again(seed, model, x, count0, result, cost, actions, run["again"], rtol,
-                     plan.unknown_spatial)
-    info["seconds"] = time.perf_counter() - t0
-    return info
+    if case.run["again"] is not None and steps:
+        _check_again(case, result)
+
+
+def _check_unchanged(case: _Case):
+    """A model nothing can compress: `slim` still rebuilds it exactly."""
+    small = hope_keras.slim(case.model)
+    case.info["slim_rel_err"] = err = _max_rel_err(case.model, small, case.x)
+    assert err <= case.rtol and small.count_params() == case.count0, case.seed
+    case.info["edited"], case.info["seconds"] = set(), time.perf_counter() - case.t0
+    return case.info
 
 
 def _check_profile(seed, small, model, flops_ratio, unknown_spatial):
@@ -453,13 +506,14 @@ def _check_profile(seed, small, model, flops_ratio, unknown_spatial):
         seed, prof.ratio("flops"), flops_ratio)
 
 
-def _check_again(seed, model, x, count0, result, cost, actions, u, rtol, unknown_spatial):
+def _check_again(case: _Case, result):
     """docs/hope.md: a compressed model starts from what is left (its densities and
     ratios are slim's), a budget it already meets is refused, and a lower one
     continues; slim stays exact and its counts the engine's."""
-    enc = hope_keras.Encoder(model, cost=cost, actions=actions, correction="surrogate",
-                             verbose=False)
-    where = f"seed {seed}: compressed again from {result}"
+    model, info = case.model, case.info
+    enc = hope_keras.Encoder(model, cost=info["cost"], actions=info["actions"],
+                             correction="surrogate", verbose=False)
+    where = f"seed {case.seed}: compressed again from {result}"
     assert enc.active == result.trajectory[-1].active_after, where
     assert math.isclose(enc.sizes.params_ratio, result.params_ratio, rel_tol=1e-12), where
     assert math.isclose(enc.sizes.flops_ratio, result.flops_ratio, rel_tol=1e-12), where
@@ -467,7 +521,7 @@ def _check_again(seed, model, x, count0, result, cost, actions, u, rtol, unknown
     if enc.active < enc.num_neurons:
         _expect_refusal(lambda: enc.compress(density=(enc.active + 0.5) / enc.num_neurons),
                         ["already met"], model, weights, where)
-    targets, reachable = choose_targets({"density": u}, enc)
+    targets, reachable = choose_targets({"density": case.run["again"]}, enc)
     if not reachable:
         _expect_refusal(lambda: enc.compress(**targets), ["out of reach"], model, weights,
                         where)
@@ -475,19 +529,10 @@ def _check_again(seed, model, x, count0, result, cost, actions, u, rtol, unknown
     again = enc.compress(**targets)
     assert again.stopped in ("budget", "no_action"), where
     small = hope_keras.slim(model)
-    err = _max_rel_err(model, small, x)
-    assert err <= rtol, f"{where}: slim differs by {err:.3g}"
-    assert small.count_params() == round(again.params_ratio * count0), where
-    _check_profile(seed, small, model, again.flops_ratio, unknown_spatial)
-
-
-def _check_unchanged(seed, model, x, info, t0):
-    """A model nothing can compress: `slim` still rebuilds it exactly, and reloads."""
-    small = hope_keras.slim(model)
-    info["slim_rel_err"] = err = _max_rel_err(model, small, x)
-    assert err <= MIXED_RTOL and small.count_params() == model.count_params(), seed
-    info["edited"], info["seconds"] = set(), time.perf_counter() - t0
-    return info
+    err = _max_rel_err(model, small, case.x)
+    assert err <= case.rtol, f"{where}: slim differs by {err:.3g}"
+    assert small.count_params() == round(again.params_ratio * case.count0), where
+    _check_profile(case.seed, small, model, again.flops_ratio, case.plan.unknown_spatial)
 
 
 def _met(targets, num_neurons, active, params, flops, n_steps):
@@ -504,7 +549,7 @@ def _met(targets, num_neurons, active, params, flops, n_steps):
     return met
 
 
-def _check_stop(seed, result, targets, actions, start, encoder):
+def _check_stop(seed, result, targets, start, encoder):
     """The run stopped at the first budget met, exactly where the docs say;
     ``encoder()``: the run's encoder, or one on the compressed model."""
     steps = result.trajectory.steps
@@ -514,7 +559,7 @@ def _check_stop(seed, result, targets, actions, start, encoder):
     before = (_met(targets, n, steps[-2].active_after, steps[-2].params_after,
                    steps[-2].flops_after, len(steps) - 1) if len(steps) > 1
               else _met(targets, n, *start, 0))
-    where = f"seed {seed}: {result} targets {targets} actions {actions}"
+    where = f"seed {seed}: {result} targets {targets}"
     assert not before, f"{where}: went on after {before} was met"
     assert not steps or math.isclose(result.density, steps[-1].active_after / n), where
     if steps:
@@ -544,7 +589,7 @@ def _check_stop(seed, result, targets, actions, start, encoder):
             last.active_after == target - 1 and last.kind == "merge"), where
 
 
-def _edited_patterns(model, graph, steps):
+def _edited_patterns(graph, steps):
     """Structural patterns shown by a layer a step's group (or block) flows through."""
     units = {s.unit for s in steps}
     tensors = set()
@@ -586,18 +631,24 @@ def coverage_table(seeds, infos=None):
 
 
 def summarize(infos):
-    """Fractions of networks in which each action happened (of those whose actions
-    allowed it), and the largest slim errors."""
+    """What the checks found: networks compressed, the share of those whose actions
+    allowed prune / merge / evict in which one happened, why runs stopped, documented
+    refusals met, slims with a zero-padded LayerNormalization, the largest slim
+    errors (relative to each output's scale) and the mean seconds per network."""
     out = {"networks": len(infos)}
     done = [i for i in infos if sum(i["kinds"].values())]
     out["compressed"] = len(done)
     for kind in ("prune", "merge", "evict"):
         allowed = [i for i in done if kind in i["actions"]]
-        out[kind] = sum(i["kinds"][kind] > 0 for i in allowed) / max(len(allowed), 1)
+        out[kind] = round(sum(i["kinds"][kind] > 0 for i in allowed) / max(len(allowed), 1), 3)
     out["stopped"] = dict(collections.Counter(i["stopped"] for i in infos))
     out["refusals"] = sum(len(i["refusals"]) for i in infos)
-    out["max_slim_rel_err"] = max((i["slim_rel_err"] for i in infos), default=0.0)
-    out["mean_seconds"] = float(np.mean([i["seconds"] for i in infos])) if infos else 0.0
+    out["layer_norm_zero_padded"] = sum(bool(i.get("zero_padded_ln")) for i in infos)
+    for what, mixed in (("float32", False), ("mixed", True)):
+        errs = [i["slim_rel_err"] for i in infos if i.get("mixed") == mixed]
+        out[f"max_slim_rel_err_{what}"] = float(f"{max(errs, default=0.0):.2g}")
+    out["mean_seconds"] = round(float(np.mean([i["seconds"] for i in infos])), 2) \
+        if infos else 0.0
     return out
 
 
