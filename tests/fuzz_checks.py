@@ -17,7 +17,11 @@ inside what the run can reach —, statistics correction, search options) and as
 * the slim model reloads from ``.keras`` in safe mode with the same outputs;
 * the trajectory, saved and loaded, replayed on the original weights gives
   bit-identical weights (statistics correction included);
-* a BN-free network's `calibrate`d model computes the same function.
+* a BN-free network's `calibrate`d model computes the same function;
+* flops= and `profile` refuse a model with unknown spatial dimensions;
+* shared layers, and the layers the registry does not know, lie in no group;
+* compressed again, a model starts from what is left (counts equal to slim's), a
+  budget it meets is refused and a lower one continues, slim still exact.
 
 ``python tests/fuzz_checks.py --n 500`` prints the coverage table (`coverage_table`).
 """

@@ -114,7 +114,7 @@ class _Builder:
             fn, *args = _OPS[name]
             return getattr(keras.ops, fn)(x, *args)
         if name == "relu_layer":
-            layer = self.make(L.ReLU, base="relu")
+            layer = self.make(L.ReLU, base="relu_layer")
         elif name == "relu6":
             layer = self.make(L.ReLU, max_value=6.0, base="relusix")
         elif name == "leaky_relu":
@@ -224,11 +224,11 @@ class _Builder:
     def preact(self, spec, x):
         x = self.producer(spec["stem"])(x)  # the raw stream
         for b in spec["blocks"]:
-            pre = self.make(L.ReLU, base="relu")(self.bn(b["pre_bn"])(x))
+            pre = self.make(L.ReLU, base="relu_layer")(self.bn(b["pre_bn"])(x))
             y = self.producer(b["final"])(self.group(b["inner"], pre))
             shortcut = self.by_dims("max_pool", 1, strides=1)(x) if b["pooled"] else x
             x = self.make(L.Add)([shortcut, y])
-        return self.make(L.ReLU, base="relu")(self.bn(spec["end_bn"])(x))
+        return self.make(L.ReLU, base="relu_layer")(self.bn(spec["end_bn"])(x))
 
     def concat(self, spec, x):
         ys = []
@@ -241,7 +241,7 @@ class _Builder:
 
     def densenet(self, spec, x):
         for k, prod in enumerate(spec["growth"]):
-            pre = self.make(L.ReLU, base="relu")(self.bn(spec["bn"][k])(x))
+            pre = self.make(L.ReLU, base="relu_layer")(self.bn(spec["bn"][k])(x))
             x = self.make(L.Concatenate)([x, self.producer(prod)(pre)])
         return x
 
@@ -300,13 +300,13 @@ class _Builder:
 
     def shared_act(self, spec, x):
         kind = spec["layer"]
-        shared = (self.make(L.ReLU, base="relu") if kind == "relu" else
+        shared = (self.make(L.ReLU, base="relu_layer") if kind == "relu" else
                   self.make(L.Dropout, 0.2) if kind == "dropout" else
                   self.make(L.Activation, "relu", base="act"))
         for g in spec["groups"]:
             x = self.bn(g["bn"])(self.producer(g["producer"])(x))
             if kind == "dropout":
-                x = self.make(L.ReLU, base="relu")(x)
+                x = self.make(L.ReLU, base="relu_layer")(x)
             x = shared(x)
         return x
 

@@ -508,7 +508,7 @@ def _draw_run(d: _Drawer, plan_tags) -> dict:
         tags.add(f"budget_{b}")
     # Where in the reachable range each target lies (fuzz_networks.choose_targets).
     run["budgets"] = {b: float(rng.uniform(0.05, 0.95)) for b in budgets}
-    correction = d.pick(["auto", "surrogate", "off", "data"], [10, 37, 16, 37])
+    correction = d.pick(["auto", "surrogate", "off", "data"], [7, 38, 17, 38])
     run["correction"] = correction
     if correction == "data":
         run["data"] = d.pick(["array", "dataset"], [70, 30])
