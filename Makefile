@@ -2,7 +2,7 @@
 # `make test` is the fast tier: every public function and every claimed layer pattern,
 # in parallel (pytest-xdist, TEST_WORKERS processes, one test file per process).
 # `make test-all` adds the long tiers: `make test-slow` (tests marked slow), `make
-# fuzz` (500 random networks, tests/fuzz_networks.py), `make test-apps` (every
+# fuzz` (500 random networks, tests/fuzz_plan.py), `make test-apps` (every
 # keras.applications family, tests/test_applications.py), `make test-benchmarks`
 # (every script under benchmarks/ in --quick mode, tests/test_benchmarks_quick.py)
 # and `make test-keras-range`.
@@ -47,8 +47,15 @@ test-benchmarks: $(STAMP)
 test-keras-range: $(STAMP)
 	PY=$(PY) scripts/test_keras_range.sh
 
+# The 500 networks on TEST_WORKERS processes, each check's findings written to
+# .cache/fuzz; then the coverage table of all 500 (printed) and its assertions.
+FUZZ_N ?= 500
+FUZZ_ENV := HOPE_FUZZ_N=$(FUZZ_N) HOPE_FUZZ_RESULTS=.cache/fuzz
 fuzz: $(STAMP)
-	HOPE_FUZZ_N=500 $(PY) -m pytest tests/test_fuzz.py -q -rs -s
+	rm -rf .cache/fuzz
+	$(FUZZ_ENV) $(PY) -m pytest tests/test_fuzz.py -o addopts=-q -n $(TEST_WORKERS) \
+		--dist load -k "not test_fuzz_coverage"
+	$(FUZZ_ENV) $(PY) -m pytest tests/test_fuzz.py -o addopts=-q -s -k test_fuzz_coverage
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

@@ -1,31 +1,22 @@
-"""Seeded random networks for fuzzing compress / slim / replay.
+"""Random networks for fuzzing compress / slim / replay: the Keras side of the plans
+of tests/fuzz_plan.py.
 
-`build(seed)` returns a small random Keras model (Sequential or Functional; Dense or
-Conv2D; identity and projection residual blocks; forks to a second output, half
-of them through a layer called twice; max /
-average / global pooling, Flatten, Dropout; producers with and without bias; BN with
-center / scale off, negative γ and random moving statistics; mixed precision on the
-whole model or on some layers). Half of the groups get a planted noisy near-duplicate
-neuron and 70 % of the identity blocks a weak branch, so that merges and evictions
-actually happen. `check(seed)` compresses it to a random density with every action (random cost,
-merge scale and mean compensation) and asserts that
+`build(plan)` makes the plan's model (Functional, Sequential or subclassed, with a
+nested backbone, several inputs and outputs, mixed precision, every stage kind of
+`fuzz_plan`) and gives its BatchNorms random statistics (negative γ included). Half
+of the groups get a planted noisy near-duplicate neuron and 70 % of the evictable
+blocks a weak branch, so that merges and evictions actually happen.
+`fuzz_checks.check(seed)` compresses it and checks every claim; `observed_patterns`
+reads back which patterns a built model holds.
 
-* `slim(model)` computes what the edited model computes (1e-5 relative in float32;
-  5e-3 relative where float16 computes, see `MIXED_RTOL`),
-* `slim(model).count_params()` is the live count the engine reports
-  (`CompressionResult.params_ratio` × the original count),
-* `Trajectory.replay` on the original weights gives bit-identical weights.
-
-Run from the repository root: ``python tests/fuzz_networks.py --n 500`` prints how
-often each action happened; `make fuzz` runs the same checks as tests.
+Run from the repository root: ``python tests/fuzz_checks.py --n 500``; `make fuzz`
+runs the same checks as tests (tests/test_fuzz.py).
 """
 
 from __future__ import annotations
 
 import collections
 import os
-import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -33,147 +24,399 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-import hope_keras  # noqa: E402
+import fuzz_plan  # noqa: E402
+from hope_keras.graph import adapter as kg  # noqa: E402
 
 L = keras.layers
-# float16 compute: outputs keep ~3 significant digits, and slimming changes the order
-# of the float16 sums.
-MIXED_RTOL = 5e-3
-FLOAT32_RTOL = 1e-5
+CONV = {1: L.Conv1D, 2: L.Conv2D, 3: L.Conv3D}
+SEPARABLE = {1: L.SeparableConv1D, 2: L.SeparableConv2D}
+DEPTHWISE = {1: L.DepthwiseConv1D, 2: L.DepthwiseConv2D}
+TRANSPOSE = {1: L.Conv1DTranspose, 2: L.Conv2DTranspose, 3: L.Conv3DTranspose}
+_BY_DIMS = {
+    "max_pool": (L.MaxPooling1D, L.MaxPooling2D, L.MaxPooling3D),
+    "avg_pool": (L.AveragePooling1D, L.AveragePooling2D, L.AveragePooling3D),
+    "global_avg_pool": (L.GlobalAveragePooling1D, L.GlobalAveragePooling2D,
+                        L.GlobalAveragePooling3D),
+    "global_max_pool": (L.GlobalMaxPooling1D, L.GlobalMaxPooling2D, L.GlobalMaxPooling3D),
+    "spatial_dropout": (L.SpatialDropout1D, L.SpatialDropout2D, L.SpatialDropout3D),
+    "zero_padding": (L.ZeroPadding1D, L.ZeroPadding2D, L.ZeroPadding3D),
+    "cropping": (L.Cropping1D, L.Cropping2D, L.Cropping3D),
+    "upsampling": (L.UpSampling1D, L.UpSampling2D, L.UpSampling3D),
+}
+# keras.ops function (and arguments) of each activation drawn as an operation.
+_OPS = {"relu_layer": ("relu",), "relu6": ("relu6",), "leaky_relu": ("leaky_relu", 0.1),
+        "swish": ("silu",), "hard_swish": ("hard_silu",), "gelu": ("gelu",),
+        "tanh": ("tanh",), "sigmoid": ("sigmoid",), "selu": ("selu",),
+        "softplus": ("softplus",)}
+_FUSED = {"relu_layer": "relu", "relu_activation": "relu"}
+
+
+def _layer_scale():
+    return kg.optional_classes("applications.convnext", ("LayerScale",))["LayerScale"]
+
+
+class FuzzNet(keras.Model):
+    """A subclassed model whose `call` applies a chain of layers and keras.ops
+    activations (a ``str`` item: the name of a `_OPS` entry)."""
+
+    def __init__(self, items, **kwargs):
+        super().__init__(**kwargs)
+        self.chain = [item for item in items if not isinstance(item, str)]
+        self.program = tuple(item if isinstance(item, str) else "" for item in items)
+
+    def call(self, x):
+        layers = iter(self.chain)
+        for op in self.program:
+            if op:
+                fn, *args = _OPS[op]
+                x = getattr(keras.ops, fn)(x, *args)
+            else:
+                x = next(layers)(x)
+        return x
 
 
 class _Builder:
-    def __init__(self, rng, conv, mixed):
-        self.rng, self.conv, self.mixed = rng, conv, mixed
+    """Builds a plan's stages: applied to tensors (Functional), or collected as a
+    chain of items (Sequential, subclassed, a nested Sequential backbone)."""
+
+    def __init__(self, plan):
+        self.plan, self.dims = plan, plan.dims
+        self.mixed_rng = np.random.default_rng([plan.seed, 48])
         self.count = collections.Counter()
+        self.chain = None  # a list while collecting a chain
+        self.outputs = []  # extra model outputs (forks)
 
-    def name(self, base):
+    # ------------------------------------------------------------- layers
+    def make(self, cls, *args, base=None, **kwargs):
+        """A layer with a unique name, mixed_float16 where the plan says."""
+        base = base or cls.__name__.lower()
         self.count[base] += 1
-        return f"{base}{self.count[base]}"
+        # "layers": the first layer (the stem) and half of the others.
+        mixed = self.plan.mixed == "model" or (self.plan.mixed == "layers" and (
+            sum(self.count.values()) == 1 or self.mixed_rng.random() < 0.5))
+        # (TensorFlow has no float16 AvgPool3D / MaxPool3D kernel on the CPU.)
+        if mixed and cls not in (L.AveragePooling3D, L.MaxPooling3D):
+            kwargs["dtype"] = "mixed_float16"
+        return cls(*args, name=f"{base}{self.count[base]}", **kwargs)
 
-    def dtype(self):
-        if self.mixed == "model" or (self.mixed == "layers" and self.rng.random() < 0.5):
-            return "mixed_float16"
-        return None
+    def call(self, layer, x):
+        if self.chain is not None:
+            self.chain.append(layer)
+            return x
+        return layer(x)
 
-    def producer(self, width, kernel=None):
-        bias = bool(self.rng.random() < 0.7)
-        if self.conv:
-            k = kernel or int(self.rng.choice([1, 3]))
-            return L.Conv2D(width, k, padding="same", use_bias=bias, dtype=self.dtype(),
-                            name=self.name("conv"))
-        return L.Dense(width, use_bias=bias, dtype=self.dtype(), name=self.name("dense"))
+    def activation(self, spec, x):
+        name = spec["name"]
+        if spec["form"] == "ops":
+            if self.chain is not None:
+                self.chain.append(name)
+                return x
+            fn, *args = _OPS[name]
+            return getattr(keras.ops, fn)(x, *args)
+        if name == "relu_layer":
+            layer = self.make(L.ReLU, base="relu_layer")
+        elif name == "relu6":
+            layer = self.make(L.ReLU, max_value=6.0, base="relusix")
+        elif name == "leaky_relu":
+            layer = self.make(L.LeakyReLU, negative_slope=0.1, base="leaky")
+        elif name == "elu":
+            layer = self.make(L.ELU, base="elu")
+        else:
+            layer = self.make(L.Activation, _FUSED.get(name, name), base="act")
+        return self.call(layer, x)
 
-    def bn(self):
-        return L.BatchNormalization(center=bool(self.rng.random() > 0.2),
-                                    scale=bool(self.rng.random() > 0.2), dtype=self.dtype(),
-                                    name=self.name("bn"))
+    def producer(self, spec, activation=None, strides=None):
+        fused = None if activation is None else _FUSED.get(activation, activation)
+        common = {"use_bias": spec["bias"], "activation": fused}
+        if spec["type"] == "dense":
+            return self.make(L.Dense, spec["width"], base="dense", **common)
+        conv = {"kernel_size": spec["kernel"], "padding": spec["padding"],
+                "strides": strides or spec["strides"], "dilation_rate": spec["dilation"]}
+        if spec["type"] == "separable":
+            return self.make(SEPARABLE[self.dims], spec["width"], base="sep",
+                             depth_multiplier=spec["depth_multiplier"], **conv, **common)
+        return self.make(CONV[self.dims], spec["width"], base="conv", **conv, **common)
 
-    def relu(self):
-        if self.rng.random() < 0.2:
-            return L.Activation("relu", dtype=self.dtype(), name=self.name("act"))
-        return L.ReLU(dtype=self.dtype(), name=self.name("relu"))
+    def bn(self, spec):
+        return self.make(L.BatchNormalization, center=spec["center"], scale=spec["scale"],
+                         base="bn")
 
-    def group(self, width):
-        return [self.producer(width), self.bn(), self.relu()]
+    def by_dims(self, what, *args, **kwargs):
+        return self.make(_BY_DIMS[what][self.dims - 1], *args, base=what, **kwargs)
 
-    def passthrough(self, spatial):
-        """A random channel-preserving layer (or none); returns (layers, new spatial)."""
-        r = self.rng.random()
-        if self.conv and spatial >= 4 and r < 0.35:
-            pool = L.MaxPooling2D if self.rng.random() < 0.5 else L.AveragePooling2D
-            return [pool(2, dtype=self.dtype(), name=self.name("pool"))], spatial // 2
-        if r < 0.55:
-            drop = (L.SpatialDropout2D if self.conv and self.rng.random() < 0.5 else L.Dropout)
-            return [drop(0.3, dtype=self.dtype(), name=self.name("drop"))], spatial
-        return [], spatial
+    # ------------------------------------------------------------- stages
+    def group(self, spec, x):
+        act, layout = spec["act"], spec["layout"]
+        fused = act["name"] if act["form"] == "fused" else None
+        x = self.call(self.producer(spec["producer"], activation=fused), x)
+        if layout == "bn_act":
+            return self.activation(act, self.call(self.bn(spec["bn"]), x))
+        if layout == "act_bn":
+            return self.call(self.bn(spec["bn"]), self.activation(act, x))
+        if layout == "fused_bn":
+            return self.call(self.bn(spec["bn"]), x)
+        return x if fused else self.activation(act, x)  # no_bn
 
-    def to_vector(self):
-        if not self.conv:
-            return []
-        r = self.rng.random()
-        if r < 0.45:
-            return [L.Flatten(dtype=self.dtype(), name=self.name("flat"))]
-        if r < 0.8:
-            return [L.GlobalAveragePooling2D(dtype=self.dtype(), name=self.name("gap"))]
-        return [L.GlobalMaxPooling2D(dtype=self.dtype(), name=self.name("gmp"))]
+    def pass_(self, spec, x):
+        for item in spec["layers"]:
+            kind = item["layer"]
+            if kind == "dropout":
+                layer = [lambda: self.make(L.Dropout, 0.3),
+                         lambda: self.make(L.GaussianNoise, 0.1),
+                         lambda: self.make(L.Identity)][item["variant"]]()
+            elif kind == "spatial_dropout":
+                layer = self.by_dims(kind, 0.3)
+            elif kind in ("max_pool", "avg_pool", "upsampling"):
+                layer = self.by_dims(kind, 2)
+            else:  # zero_padding, cropping
+                layer = self.by_dims(kind, 1)
+            x = self.call(layer, x)
+        return x
 
+    def pinned(self, spec, x):
+        width = self.width(x)
+        if spec["layer"] == "unit_norm":
+            layer = self.make(L.UnitNormalization, axis=-1)
+        elif spec["layer"] == "group_norm":
+            layer = self.make(L.GroupNormalization, groups=1)
+        else:
+            layer = self.make(TRANSPOSE[self.dims], width, 2, padding="same", base="convT")
+        return self.call(layer, x)
 
-def _apply(layers, x):
-    for layer in layers:
-        x = layer(x)
-    return x
+    def width(self, x):
+        if self.chain is not None:
+            return self._chain_width
+        return int(x.shape[-1])
 
+    def inverted(self, spec, x):
+        y = self.group(spec["expand"], x) if spec["expand"] else x
+        dw = spec["dw"]
+        conv = {"padding": "same", "strides": dw["strides"], "dilation_rate": dw["dilation"],
+                "use_bias": dw["bias"]}
+        if dw["grouped"]:
+            c = spec["expand"]["producer"]["width"] if spec["expand"] else self.width(x)
+            layer = self.make(CONV[self.dims], c, dw["kernel"], groups=c, base="gconv", **conv)
+        else:
+            layer = self.make(DEPTHWISE[self.dims], dw["kernel"], base="dw", **conv)
+        y = self.activation(dw["act"], self.call(self.bn(dw["bn"]), self.call(layer, y)))
+        y = self.call(self.bn(spec["project_bn"]), self.call(self.producer(spec["project"]), y))
+        if spec["residual"]:
+            return self.make(L.Add)([x, y])
+        return y
 
-def _input_shape(b, rng):
-    if b.conv:
-        s = int(rng.choice([6, 8]))
-        return (s, s, int(rng.integers(1, 4))), s
-    return (int(rng.integers(3, 8)),), 0
-
-
-def _sequential(seed, rng, b):
-    shape, spatial = _input_shape(b, rng)
-    layers = []
-    for _ in range(int(rng.integers(1, 4))):
-        layers += b.group(int(rng.integers(2, 7)))
-        extra, spatial = b.passthrough(spatial)
-        layers += extra
-    layers += b.to_vector()
-    conv, b.conv = b.conv, False  # Dense from here on
-    if not conv or rng.random() < 0.7:
-        layers += b.group(int(rng.integers(2, 7)))
-        layers += b.passthrough(0)[0]
-    layers.append(L.Dense(3, name="head"))
-    return keras.Sequential([keras.Input(shape)] + layers, name=f"fuzz_seq_{seed}")
-
-
-def _functional(seed, rng, b):
-    shape, spatial = _input_shape(b, rng)
-    inputs = keras.Input(shape)
-    width = int(rng.integers(2, 7))
-    x = _apply(b.group(width), inputs)
-    outputs = []
-    for _ in range(int(rng.integers(1, 4))):
-        kind = rng.choice(["plain", "identity", "projection", "fork"], p=[0.25, 0.45, 0.1, 0.2])
-        if kind in ("identity", "projection"):
-            new_width = width if kind == "identity" else int(rng.integers(2, 7))
-            y = x
-            for _ in range(int(rng.integers(1, 3))):
-                y = _apply(b.group(int(rng.integers(2, 7))), y)
-            y = b.bn()(b.producer(new_width)(y))
+    def residual(self, spec, x):
+        y = x
+        for g in spec["branch"]:
+            y = self.group(g, y)
+        y = self.producer(spec["final"])(y)
+        if spec["final_bn"]:
+            y = self.bn(spec["final_bn"])(y)
+        if spec["projection"]:
+            shortcut = self.producer(spec["shortcut"], strides=spec["strides"])(x)
+            shortcut = self.bn(spec["shortcut_bn"])(shortcut)
+        elif spec["pooled"]:
+            shortcut = self.by_dims("max_pool", 1, strides=1)(x)
+        else:
             shortcut = x
-            if kind == "projection":
-                shortcut = b.bn()(b.producer(new_width, kernel=1)(x))
-            x = L.Add(dtype=b.dtype(), name=b.name("add"))([shortcut, y])
-            x = b.relu()(x)
-            width = new_width
+        x = self.make(L.Add)([shortcut, y])
+        return self.activation(spec["post_act"], x) if spec["post_act"] else x
+
+    def preact(self, spec, x):
+        x = self.producer(spec["stem"])(x)  # the raw stream
+        for b in spec["blocks"]:
+            pre = self.make(L.ReLU, base="relu_layer")(self.bn(b["pre_bn"])(x))
+            y = self.producer(b["final"])(self.group(b["inner"], pre))
+            shortcut = self.by_dims("max_pool", 1, strides=1)(x) if b["pooled"] else x
+            x = self.make(L.Add)([shortcut, y])
+        return self.make(L.ReLU, base="relu_layer")(self.bn(spec["end_bn"])(x))
+
+    def concat(self, spec, x):
+        ys = []
+        for br in spec["branches"]:
+            y = self.group(br["group"], x)
+            if br["pool"]:
+                y = self.by_dims("avg_pool", 3, strides=1, padding="same")(y)
+            ys.append(y)
+        return self.make(L.Concatenate)(ys)
+
+    def densenet(self, spec, x):
+        for k, prod in enumerate(spec["growth"]):
+            pre = self.make(L.ReLU, base="relu_layer")(self.bn(spec["bn"][k])(x))
+            x = self.make(L.Concatenate)([x, self.producer(prod)(pre)])
+        return x
+
+    def se(self, spec, x):
+        c = self.width(x)
+        if self.dims:
+            conv = lambda n, act=None: self.make(CONV[self.dims], n, 1, activation=act,  # noqa: E731
+                                                 base="squeeze")
+            if spec["reshape"]:
+                pooled = self.by_dims("global_avg_pool")(x)
+                pooled = self.make(L.Reshape, (1,) * self.dims + (c,))(pooled)
+            else:
+                pooled = self.by_dims("global_avg_pool", keepdims=True)(x)
+        else:
+            conv = lambda n, act=None: self.make(L.Dense, n, activation=act, base="squeeze")  # noqa: E731
+            pooled = x
+        s = conv(spec["squeeze"], "relu")(pooled)
+        if spec["gate"] == "sigmoid":
+            gate = conv(c, "sigmoid")(s)
+        elif spec["gate"] == "hard_sigmoid":
+            gate = self.make(L.Activation, "hard_sigmoid", base="act")(conv(c)(s))
+        else:  # MobileNetV3's hard sigmoid from keras operations
+            gate = self.make(L.ReLU, max_value=6.0, base="relusix")(conv(c)(s) + 3.0) * (1.0 / 6.0)
+        x = self.make(L.Multiply)([x, gate])
+        return self.bn(spec["project_bn"])(self.producer(spec["project"])(x))
+
+    def layernorm(self, spec, x):
+        w = spec["width"]
+        x = self.producer(spec["stem"])(x)
+        for b in spec["blocks"]:
+            y = x
+            if b["dw"] == "grouped":
+                y = self.make(CONV[self.dims], w, 3, padding="same", groups=w, base="gconv")(y)
+            elif b["dw"]:
+                y = self.make(DEPTHWISE[self.dims], 3, padding="same", base="dw")(y)
+            y = self.make(L.LayerNormalization, epsilon=1e-6, base="ln")(y)
+            y = self.activation(b["act"], self.make(L.Dense, b["expand"], base="dense")(y))
+            y = self.make(L.Dense, w, base="dense")(y)
+            if b["layer_scale"]:
+                y = self.make(_layer_scale(), 0.5, w, base="layer_scale")(y)
+            x = x + y if b["add_op"] else self.make(L.Add)([x, y])
+        return self.make(L.LayerNormalization, epsilon=1e-6, base="ln")(x)
+
+    def fork(self, spec, x):
+        if self.dims:
+            layer = self.make(CONV[self.dims], spec["width"], 1, base="fork")
+            pool = lambda t: self.by_dims("global_avg_pool")(t)  # noqa: E731
+        else:
+            layer = self.make(L.Dense, spec["width"], base="fork")
+            pool = lambda t: t  # noqa: E731
+        self.outputs.append(pool(layer(x)))
+        if spec["shared"]:  # the same layer on the next group's output (same width)
+            x = self.group(spec["next"], x)
+            self.outputs.append(pool(layer(x)))
+        return x
+
+    def shared_act(self, spec, x):
+        kind = spec["layer"]
+        shared = (self.make(L.ReLU, base="relu_layer") if kind == "relu" else
+                  self.make(L.Dropout, 0.2) if kind == "dropout" else
+                  self.make(L.Activation, "relu", base="act"))
+        for g in spec["groups"]:
+            x = self.bn(g["bn"])(self.producer(g["producer"])(x))
+            if kind == "dropout":
+                x = self.make(L.ReLU, base="relu_layer")(x)
+            x = shared(x)
+        return x
+
+    def stage(self, spec, x):
+        kind = spec["kind"]
+        x = getattr(self, "pass_" if kind == "pass" else kind)(spec, x)
+        if self.chain is not None:
+            self._chain_width = fuzz_plan.stage_width(spec, self._chain_width)
+        return x
+
+    def collect(self, stages, width):
+        """The stages as a chain of items (layers, and op names)."""
+        self.chain, self._chain_width = [], width
+        for spec in stages:
+            self.stage(spec, None)
+        items, self.chain = self.chain, None
+        return items
+
+
+def build(plan) -> keras.Model:
+    """The plan's model, with random BatchNorm statistics and biases."""
+    keras.utils.set_random_seed(plan.seed)
+    b = _Builder(plan)
+    if plan.container != "functional":
+        model = _build_chain(plan, b)
+    else:
+        model = _build_functional(plan, b)
+    _randomize(model, np.random.default_rng([plan.seed, 50]))
+    return model
+
+
+def _vector(plan, b):
+    if plan.vector == "flatten":
+        return b.make(L.Flatten)
+    if plan.vector == "flatten_channels_first":
+        return b.make(L.Flatten, data_format="channels_first")
+    return b.by_dims(plan.vector)
+
+
+def input_shape(plan):
+    """The model's input shape: the plan's, spatial dimensions unknown if it says so."""
+    if plan.unknown_spatial:
+        return (None,) * plan.dims + plan.shape[-1:]
+    return plan.shape
+
+
+def _build_chain(plan, b):
+    items = b.collect(plan.stages, plan.shape[-1])
+    if plan.vector:
+        items.append(_vector(plan, b))
+        b.dims = 0
+    items += b.collect(plan.head_stages, 0)  # groups: they read no width
+    items.append(L.Dense(3, name="head"))
+    name = f"fuzz_{plan.container}_{plan.seed}"
+    if plan.container == "sequential":
+        return keras.Sequential([keras.Input(input_shape(plan))] + items, name=name)
+    model = FuzzNet(items, name=name)
+    model(np.zeros((1,) + plan.shape, "float32"))
+    return model
+
+
+def _build_functional(plan, b):
+    inputs = [keras.Input(input_shape(plan), name="x")]
+    x = inputs[0]
+    second = plan.second_input
+    nested = plan.nested
+    for k, spec in enumerate(plan.stages):
+        if nested and k == nested["start"]:
+            x = _nested(plan, b, x)
+        if nested and nested["start"] <= k < nested["stop"]:
             continue
-        if kind == "fork":  # a second consumer of x's channels, ending in an output
-            fork_layer = b.producer(2)
-            fork = fork_layer(x)
-            outputs.append(L.GlobalAveragePooling2D()(fork) if b.conv else fork)
-            if rng.random() < 0.5:
-                # The same layer called again, on the next group's output (same width).
-                x = _apply(b.group(width), x)
-                fork = fork_layer(x)
-                outputs.append(L.GlobalAveragePooling2D()(fork) if b.conv else fork)
-        width = int(rng.integers(2, 7))
-        x = _apply(b.group(width), x)
-        extra, spatial = b.passthrough(spatial)
-        x = _apply(extra, x)
-    x = _apply(b.to_vector(), x)
-    conv, b.conv = b.conv, False  # Dense from here on
-    if not conv or rng.random() < 0.7:
-        x = _apply(b.group(int(rng.integers(2, 7))), x)
-        x = _apply(b.passthrough(0)[0], x)
-    outputs.append(L.Dense(3, name="head")(x))
-    return keras.Model(inputs, outputs if len(outputs) > 1 else outputs[0],
-                       name=f"fuzz_fn_{seed}")
+        x = b.stage(spec, x)
+        if k == 0 and second and second["where"] == "early":
+            inputs.append(keras.Input(second["shape"], name="x2"))
+            y = b.group(second["group"], inputs[1])
+            x = b.make(L.Concatenate if second["merge"] == "concat" else L.Add)([x, y])
+    if plan.vector:
+        x = _vector(plan, b)(x)
+        b.dims = 0
+        if second and second["where"] == "late":
+            inputs.append(keras.Input(second["shape"], name="x2"))
+            x = b.make(L.Concatenate)([x, b.group(second["group"], inputs[1])])
+    for spec in plan.head_stages:
+        x = b.stage(spec, x)
+    outputs = b.outputs + [L.Dense(3, name="head")(x)]
+    return keras.Model(inputs if len(inputs) > 1 else inputs[0],
+                       outputs if len(outputs) > 1 else outputs[0],
+                       name=f"fuzz_functional_{plan.seed}")
+
+
+def _nested(plan, b, x):
+    """The plan's backbone (a Functional or Sequential model) called on `x`."""
+    start, stop = plan.nested["start"], plan.nested["stop"]
+    inner_in = keras.Input(tuple(x.shape[1:]))
+    if plan.nested["kind"] == "sequential":
+        items = b.collect(plan.stages[start:stop], int(x.shape[-1]))
+        backbone = keras.Sequential([inner_in] + items, name="backbone_seq")
+    else:
+        y = inner_in
+        for spec in plan.stages[start:stop]:
+            y = b.stage(spec, y)
+        backbone = keras.Model(inner_in, y, name="backbone")
+    return backbone(x)
 
 
 def _randomize(model, rng):
-    for layer in model.layers:
+    """Random BN statistics (15 % negative γ), LayerNorm and LayerScale weights, biases."""
+    layer_scale = kg.optional_classes("applications.convnext", ("LayerScale",)).get(
+        "LayerScale")
+    for layer in kg.flatten(model).layers.values():
         if isinstance(layer, L.BatchNormalization):
             n = layer.moving_mean.shape[0]
             if layer.scale:
@@ -183,26 +426,26 @@ def _randomize(model, rng):
                 layer.beta.assign(rng.normal(0, 0.5, n).astype("float32"))
             layer.moving_mean.assign(rng.normal(0, 0.3, n).astype("float32"))
             layer.moving_variance.assign(rng.uniform(0.3, 2.0, n).astype("float32"))
+        elif isinstance(layer, L.LayerNormalization):
+            n = layer.gamma.shape[0]
+            layer.gamma.assign(rng.uniform(0.5, 1.5, n).astype("float32"))
+            layer.beta.assign(rng.normal(0, 0.5, n).astype("float32"))
+        elif layer_scale is not None and isinstance(layer, layer_scale):
+            layer.gamma.assign(rng.uniform(0.3, 1.0, layer.gamma.shape).astype("float32"))
         elif getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
             layer.bias.assign(rng.normal(0, 0.3, layer.bias.shape).astype("float32"))
 
 
-def _consumer_rows(kernel, conv, channels, c):
-    """Index of channel c's slice in a consumer kernel (channel-last Flatten order)."""
-    if conv:
-        return (Ellipsis, c, slice(None))
-    return (np.arange(c, kernel.shape[0], channels), slice(None))
-
-
-def _plant_twins(model, rng, graph):
-    """A noisy copy of one neuron in about half of the groups (a cheap merge)."""
+def plant_twins(graph, rng) -> int:
+    """A noisy copy of one neuron in about half of the "neurons" groups (a cheap
+    merge): its filter, bias, BN entries and every reader's input weights."""
     planted = 0
     for g in graph.groups.values():
         if g.kind != "neurons" or g.size < 3 or rng.random() < 0.5:
             continue
         src, dst = (int(v) for v in rng.choice(g.size, 2, replace=False))
         noise = float(rng.uniform(0.01, 0.1))
-        p, bn = model.get_layer(g.producer), model.get_layer(g.bn)
+        p, bn = graph.layer(g.producer), graph.layer(g.bn)
         k = p.kernel.numpy()
         k[..., dst] = k[..., src] * (1 + noise * rng.normal(size=k[..., src].shape))
         p.kernel.assign(k)
@@ -214,18 +457,18 @@ def _plant_twins(model, rng, graph):
             a = w.numpy()
             a[dst] = a[src]
             w.assign(a)
-        for c in g.consumers:
-            layer = model.get_layer(c.layer)
+        for c in g.readers:  # Dense / ConvND kernels: input positions on axis -2
+            layer = graph.layer(c.layer)
             u = layer.kernel.numpy()
-            conv = c.kind == "conv"
-            i_src, i_dst = (_consumer_rows(u, conv, g.size, x) for x in (src, dst))
-            u[i_dst] = u[i_src] * (1 + noise * rng.normal(size=u[i_src].shape))
+            rows_src, rows_dst = c.positions[src], c.positions[dst]
+            u[..., rows_dst, :] = u[..., rows_src, :] * (
+                1 + noise * rng.normal(size=u[..., rows_src, :].shape))
             layer.kernel.assign(u)
         planted += 1
     return planted
 
 
-def _weaken_blocks(model, rng, graph):
+def weaken_blocks(graph, rng) -> int:
     """Scales the internal BNs of 70 % of the evictable blocks down (cheap to evict)."""
     weak = 0
     for blk in graph.blocks:
@@ -237,143 +480,10 @@ def _weaken_blocks(model, rng, graph):
         for bn_name in [graph.groups[x].bn for x in blk.groups] + [blk.final_bn]:
             if bn_name is None:  # a coupled group or a branch without a final BN
                 continue
-            bn = model.get_layer(bn_name)
+            bn = graph.layer(bn_name)
             for attr in ("gamma", "beta"):
                 v = getattr(bn, attr, None)
                 if v is not None:
                     v.assign(v.numpy() * factor)
         weak += 1
     return weak
-
-
-def build(seed):
-    """A random model for `seed` and a dict describing it."""
-    rng = np.random.default_rng(seed)
-    keras.utils.set_random_seed(seed)
-    sequential = bool(rng.random() < 0.3)
-    conv = bool(rng.random() < 0.5)
-    mixed = str(rng.choice(["none", "model", "layers"], p=[0.7, 0.15, 0.15]))
-    b = _Builder(rng, conv, mixed)
-    model = (_sequential if sequential else _functional)(seed, rng, b)
-    _randomize(model, rng)
-    graph = hope_keras.walk(model)
-    info = {
-        "sequential": sequential, "conv": conv, "mixed": mixed,
-        "groups": len(graph.groups), "neurons": sum(g.size for g in graph.groups.values()),
-        "blocks": len(graph.blocks), "evictable": sum(bl.evictable for bl in graph.blocks),
-        "shared": any(len(layer._inbound_nodes) > 1 for layer in model.layers),
-        "twins": _plant_twins(model, rng, graph),
-        "weak_blocks": _weaken_blocks(model, rng, graph),
-    }
-    return model, info
-
-
-def _outputs(model, x):
-    return [np.asarray(y, dtype=np.float64) for y in keras.tree.flatten(model(x))]
-
-
-def check(seed):
-    """Compresses `build(seed)` and checks slim, the live count and replay; returns stats."""
-    model, info = build(seed)
-    rng = np.random.default_rng(10_000 + seed)
-    original = model.get_weights()  # (a clone costs as much as the whole check)
-    count0 = model.count_params()
-    options = {"merge_scale": str(rng.choice(["sum", "paper"])),
-               "cost": str(rng.choice(["hope", "hope_nostreams", "paper"])),
-               "mean_compensation": bool(rng.random() < 0.3)}
-    # The stream readers' correction (synthetic inputs, ~1 s a network) on one network
-    # in five, drawn apart so that each seed's network and options stay as they were.
-    options["correct_statistics"] = ("auto" if np.random.default_rng(seed + 10**6).random()
-                                     < 0.2 else "surrogate")
-    info["options"] = dict(options)
-    # Each cost prices its own groups: the paper's only its neuron layers (producer →
-    # BN → ReLU), the default every group, "hope_nostreams" all but the residual streams.
-    costs = hope_keras.costs
-    settings = {"merge_scale": options["merge_scale"],
-                "mean_compensation": options["mean_compensation"]}
-    cost = (costs.HopeCost(groups="no_streams", **settings)
-            if options["cost"] == "hope_nostreams"
-            else costs.get({"name": options["cost"], **settings}))
-    groups = hope_keras.walk(model).groups.values()
-    sizes = [grp.size for grp in groups if costs.in_scope(cost.groups, grp)]
-    if not sizes:
-        cost = costs.HopeCost(groups="all", **settings)
-        info["options"]["cost"] = "hope"
-        sizes = [grp.size for grp in groups]
-    n, g = sum(sizes), len(sizes)
-    # A target between one neuron per group and all but one: never met, never out of reach.
-    if n <= g:
-        info["kinds"] = collections.Counter()
-        return info
-    target = int(rng.integers(g, n))
-    density = (target + 0.5) / n
-    result = hope_keras.Encoder(model, cost=cost, correction=options["correct_statistics"],
-                                verbose=False).compress(density=density)
-    steps = result.trajectory.steps
-    info["kinds"] = collections.Counter(s.kind for s in steps)
-    assert result.stopped == "budget" and result.density <= density
-    # Exactly the target, or one below when the last step is a merge whose parent is
-    # inactive (γ_k² < ε: both children go).
-    assert steps[-1].active_after == target or (
-        steps[-1].active_after == target - 1 and steps[-1].kind == "merge"), seed
-
-    x = rng.normal(size=(4,) + tuple(model.inputs[0].shape[1:])).astype("float32")
-    small = hope_keras.slim(model)
-    rtol = FLOAT32_RTOL if info["mixed"] == "none" else MIXED_RTOL
-    info["slim_rel_err"] = 0.0
-    for a, b in zip(_outputs(model, x), _outputs(small, x)):
-        scale = max(np.abs(a).max(), 1e-3)
-        err = np.abs(a - b).max()
-        info["slim_rel_err"] = max(info["slim_rel_err"], err / scale)
-        assert err <= rtol * scale, f"seed {seed}: slim differs by {err:.3g} (scale {scale:.3g})"
-    assert small.count_params() == round(result.params_ratio * count0), seed
-
-    compressed = model.get_weights()
-    model.set_weights(original)  # the original model again: replay onto it
-    result.trajectory.replay(model, step=len(steps))
-    for w, w0, w1 in zip(model.weights, model.get_weights(), compressed):
-        assert np.array_equal(w0, w1), (seed, w.path)
-    return info
-
-
-def summarize(infos):
-    """Fractions of networks in which each action happened (of those compressed)."""
-    done = [i for i in infos if sum(i["kinds"].values())]
-    out = {"networks": len(infos), "compressed": len(done)}
-    for kind in ("prune", "merge", "evict"):
-        out[kind] = sum(i["kinds"][kind] > 0 for i in done) / max(len(done), 1)
-    with_blocks = [i for i in done if i["evictable"]]
-    out["evict_of_evictable"] = (sum(i["kinds"]["evict"] > 0 for i in with_blocks)
-                                 / max(len(with_blocks), 1))
-    out["sequential"] = sum(i["sequential"] for i in infos) / max(len(infos), 1)
-    out["conv"] = sum(i["conv"] for i in infos) / max(len(infos), 1)
-    out["mixed"] = sum(i["mixed"] != "none" for i in infos) / max(len(infos), 1)
-    out["with_blocks"] = sum(i["blocks"] > 0 for i in infos) / max(len(infos), 1)
-    out["shared"] = sum(i["shared"] for i in infos) / max(len(infos), 1)
-    for what, test in (("float32", lambda i: i["mixed"] == "none"),
-                       ("mixed", lambda i: i["mixed"] != "none")):
-        errs = [i["slim_rel_err"] for i in done if test(i)]
-        out[f"max_slim_rel_err_{what}"] = max(errs) if errs else 0.0
-    return out
-
-
-def main(argv=None):
-    import argparse
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=500, help="number of networks")
-    p.add_argument("--start", type=int, default=0, help="first seed")
-    args = p.parse_args(argv)
-    t0 = time.perf_counter()
-    infos = [check(seed) for seed in range(args.start, args.start + args.n)]
-    elapsed = time.perf_counter() - t0
-    summary = summarize(infos)
-    print(f"{args.n} networks (seeds {args.start}..{args.start + args.n - 1}) in "
-          f"{elapsed:.1f} s: " + ", ".join(
-              f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-              for k, v in summary.items()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

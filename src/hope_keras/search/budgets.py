@@ -13,6 +13,8 @@ import math
 import numbers
 from typing import Optional
 
+import numpy as np
+
 from hope_keras.progress import WorkBar, resolve_verbose
 from hope_keras.deploy.profile import node_flops
 
@@ -46,15 +48,25 @@ def check_flops_countable(graph) -> None:
         node_flops(node, fg)
 
 
+def _min_live(group, actions, min_width) -> int:
+    """The fewest live neurons prunes and merges can leave in a group: `min_width`
+    of its live count with prunes; without them, merges join only the neurons of a
+    mergeable group with a non-zero input vector (`GroupState.pair_ok`), down to one
+    of those."""
+    if "prune" in actions:
+        return min_width(group.n)
+    if "merge" not in actions or not group.mergeable:
+        return group.n
+    pairable = int(np.count_nonzero(group.active & (group.cache.wnorm > 0)))
+    return max(group.n - max(pairable - 1, 0), min_width(group.n))
+
+
 def min_reachable(groups, blocks, evicted, actions, sizes, min_width=lambda n: min(n, 1)):
     """(min active neurons, min parameter ratio, min FLOPs ratio) reachable with
     `actions` from the groups' live counts and the blocks not yet `evicted`;
     `min_width(n)`: the narrowest a group of n live channels gets by prunes and
     merges (`hope_keras.search.rounding.WidthRounding.min_width`)."""
-    if not actions & {"prune", "merge"}:
-        per_group = {n: g.n for n, g in groups.items()}
-    else:
-        per_group = {n: min_width(g.n) for n, g in groups.items()}
+    per_group = {n: _min_live(g, actions, min_width) for n, g in groups.items()}
     evicted_layers = []
     if "evict" in actions:
         for b in blocks.values():

@@ -324,18 +324,12 @@ class Encoder:
         self.trajectory = new_trajectory(self, hashed.result())
         self._recorder = StepRecorder(self.trajectory, self.sizes, self.blocks)
 
-    @property
-    def params(self):
-        """The live size counter (``.params_ratio``, ``.flops_ratio``)."""
-        return self.sizes
-
     def set_budget(self, budget: str) -> None:
         """Re-ranks every action for another budget kind."""
         if budget not in BUDGETS:
             raise ValueError(f"budget must be one of {BUDGETS}. Received: budget={budget!r}")
-        if budget == "flops" and not getattr(self, "_flops_countable", False):
+        if budget == "flops":
             check_flops_countable(self.graph)  # before any edit
-            self._flops_countable = True
         if budget != self.budget:
             self.budget = budget
             self._push_all()
@@ -535,6 +529,8 @@ class Encoder:
     def check_budget(self, density=None, params=None, flops=None) -> None:
         """Raises ValueError (nothing changed) when a budget is already met or out of
         reach of this encoder's actions and the pinned layers."""
+        if flops is not None:  # whichever budget ranks the actions
+            check_flops_countable(self.graph)
         Budget(density, params, flops).refuse_unreachable(
             self.active, self.num_neurons, self.sizes, self.actions, self.min_reachable,
             self.rounding.multiple)
@@ -576,6 +572,8 @@ class Encoder:
         """
         verbose = self.verbose if verbose is None else verbose
         budget = Budget.checked(density, params, flops, steps)
+        if budget.flops is not None:
+            check_flops_countable(self.graph)
         target_active = budget.target_active(self.num_neurons)
         self.set_budget(budget.kind(self.budget))
         self._check_not_stale()

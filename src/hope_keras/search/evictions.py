@@ -12,6 +12,7 @@ import numpy as np
 
 from hope_keras.scoring import costs
 from hope_keras.search.actions import Action
+from hope_keras.edit.slim import evicted_blocks
 
 
 class Evictions:
@@ -26,6 +27,7 @@ class Evictions:
     """
 
     def __init__(self, graph, groups, reports, actions):
+        self.graph = graph
         self.groups = groups
         self.blocks = {b.name: b for b in graph.blocks
                        if all(g in groups for g in b.groups)}
@@ -66,9 +68,12 @@ class Evictions:
         """Evicts the evictable blocks whose branch is dead already (an earlier run
         evicted them: `slim` drops them), in `sizes` too (recount the layers
         returned with `update`). Returns (touched layers, neurons removed)."""
+        # slim's own test: an eviction into a final BN without scale or center zeroes
+        # the producer too, and such a BN's γ (or β) is implicit, not zero.
+        dead = evicted_blocks(self.graph.flat.model, self.graph)
         touched, removed = set(), 0
         for name, b in self.blocks.items():
-            if b.evictable and self.reports[name].c_branch == 0.0 and name not in self.evicted:
+            if b.evictable and name in dead and name not in self.evicted:
                 touched |= set(b.branch_layers).union(*(sizes.layers_of[g] for g in b.groups))
                 removed += self.live_neurons(name)
                 sizes.evict(b.branch_layers, b.groups)

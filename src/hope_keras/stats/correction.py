@@ -126,6 +126,7 @@ class StatisticsCorrection:
                  if layer_rules.get(node.op).normalization == "batch" and node.inputs]
         if not nodes:
             return
+        _check_one_input(model)  # before the sample: a list of inputs is not batches
         x = _sample(self.data, flat, [node.op.name for node in nodes])
         _check_data(model, x)
         if resolve_verbose(self.verbose):
@@ -272,14 +273,19 @@ def _stream_readers(graph):
     return synthetic.stream_readers(graph)
 
 
-def _check_data(model, x) -> None:
-    """The data's inputs against a single-input model's input shape, and finite;
-    named before any edit."""
+def _check_one_input(model) -> None:
+    """data= holds the inputs of a one-input model: refused otherwise, by name."""
     inputs = getattr(kg.functional_of(model), "inputs", None) or []  # subclassed: traced
     if len(inputs) != 1:
         raise ValueError(f"data= takes the inputs of a model with one input; model "
-                         f"'{model.name}' has {len(inputs)}.")
-    want = tuple(inputs[0].shape)
+                         f"'{model.name}' has {len(inputs)}. Nothing was changed.")
+
+
+def _check_data(model, x) -> None:
+    """The data's inputs against a single-input model's input shape, and finite;
+    named before any edit."""
+    _check_one_input(model)
+    want = tuple(kg.functional_of(model).inputs[0].shape)
     if x.ndim != len(want) or any(w is not None and w != g
                                   for w, g in zip(want[1:], x.shape[1:])):
         raise ValueError(f"data= holds inputs of shape {x.shape}, but model "

@@ -1,0 +1,91 @@
+"""Bugs the random-network fuzzer (tests/test_fuzz.py) found, each pinned by a small
+hand-built model."""
+
+import keras
+import numpy as np
+import pytest
+
+import hope_keras
+from conftest import L, randomize_bn
+
+
+def _mixed_activations(seed=0):
+    """A swish group (coupled: prune only) and a ReLU group (mergeable)."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((5,))
+    x = L.Activation("swish")(L.BatchNormalization()(L.Dense(6, name="swish_fc")(inputs)))
+    x = L.ReLU()(L.BatchNormalization()(L.Dense(4, name="relu_fc")(x)))
+    return randomize_bn(keras.Model(inputs, L.Dense(2, name="head")(x)), seed)
+
+
+def test_merge_only_budgets_count_the_groups_merges_cannot_shrink():
+    """Without prunes, a group that cannot merge keeps every neuron: a budget only
+    prunes could reach is refused before any edit (it used to run to "no_action")."""
+    model = _mixed_activations()
+    before = model.get_weights()
+    enc = hope_keras.Encoder(model, actions=("merge",), verbose=False)
+    min_active, min_params, _ = enc.min_reachable()
+    assert min_active == 6 + 1  # the swish group whole, the ReLU group merged to one
+    for budget in ({"density": 5.5 / 10}, {"params": min_params * 0.99}):
+        with pytest.raises(ValueError, match="out of reach"):
+            hope_keras.compress(model, actions=("merge",), verbose=False, **budget)
+        assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+    result = hope_keras.compress(model, actions=("merge",), density=7.5 / 10, verbose=False)
+    assert result.stopped == "budget" and result.trajectory[-1].active_after == 7
+    assert {s.unit for s in result.trajectory} == {"relu_fc"}
+
+
+def test_data_for_a_model_with_two_inputs_is_refused_by_name():
+    """A list of two inputs' arrays is not a list of batches: refused before any
+    edit with the reason, not NumPy's concatenation error (a Dense BN wants more
+    inputs than the first array holds)."""
+    a, b = keras.Input((4,)), keras.Input((3,))
+    h = L.ReLU()(L.BatchNormalization()(L.Dense(6)(L.Concatenate()([a, b]))))
+    model = randomize_bn(keras.Model([a, b], L.Dense(2)(h)))
+    before = model.get_weights()
+    rng = np.random.default_rng(0)
+    data = [rng.normal(size=(64, 4)).astype("float32"),
+            rng.normal(size=(64, 3)).astype("float32")]
+    with pytest.raises(ValueError, match="one input; model .* has 2. Nothing was changed"):
+        hope_keras.compress(model, density=0.5, data=data, verbose=False)
+    assert all(np.array_equal(x, y) for x, y in zip(model.get_weights(), before))
+
+
+@pytest.mark.parametrize("budgets", [{"flops": 0.05}, {"density": 0.5, "flops": 0.9}])
+def test_flops_budget_on_unknown_spatial_dimensions_is_refused_for_that_reason(budgets):
+    """docs/hope.md: flops= needs every dimension but the batch. It was refused as
+    "out of reach" (FLOPs counted as if each unknown dimension were 1), or, behind a
+    density budget, not refused at all."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((None, None, 3))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(8, 3, padding="same")(inputs)))
+    model = randomize_bn(keras.Model(inputs, L.Dense(2)(L.GlobalAveragePooling2D()(x))))
+    before = model.get_weights()
+    with pytest.raises(ValueError, match="unknown output dimension.*fixed input shape"):
+        hope_keras.compress(model, verbose=False, **budgets)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+    with pytest.raises(ValueError, match="fixed input shape"):
+        hope_keras.Encoder(model, verbose=False).run(**budgets)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+
+
+@pytest.mark.parametrize("center", [True, False])
+def test_a_block_evicted_into_a_bn_without_scale_stays_evicted_when_compressed_again(center):
+    """The eviction zeroes the final producer and what the BN has of β and moving mean;
+    a run on the compressed model must see the block as gone (slim drops it), so that
+    its live counts are slim's. With ``scale=False`` it took γ = 1 for a live branch."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    x = L.ReLU()(L.BatchNormalization()(L.Dense(5, name="stem")(inputs)))
+    y = L.ReLU()(L.BatchNormalization()(L.Dense(4, name="inner")(x)))
+    y = L.BatchNormalization(scale=False, center=center, name="final_bn")(L.Dense(5)(y))
+    x = L.Add(name="block")([x, y])
+    model = randomize_bn(keras.Model(inputs, L.Dense(2)(L.ReLU()(x))))
+    result = hope_keras.compress(model, actions=("evict",), steps=1, verbose=False)
+    assert [s.kind for s in result.trajectory] == ["evict"]
+    small = hope_keras.slim(model)
+    assert small.count_params() == round(result.params_ratio * model.count_params())
+    again = hope_keras.Encoder(model, verbose=False)
+    assert again.evicted == {"block"}
+    assert again.active == result.trajectory[-1].active_after
+    assert again.sizes.params_ratio == pytest.approx(result.params_ratio, rel=1e-12)
