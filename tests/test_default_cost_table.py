@@ -488,3 +488,35 @@ def test_step0_table_counts_every_pair_and_readers_count():
         if key[1] == "stem":
             assert dr == 2 * J
     assert_tables_equal(engine_table(Encoder(model, verbose=False)), expected, "step 0")
+
+
+@pytest.mark.parametrize("seed,twins", [(1, 0.0), (4, 0.05)])
+def test_refresh_neighbors_prices_every_step_from_the_edited_weights(seed, twins):
+    """``refresh="neighbors"`` rebuilds the groups on both sides of an edited one from
+    the edited weights, so every price equals the brute force of the edited model
+    from scratch at every step (prunes and merges: an eviction moves the propagated
+    moments, which stay those of the start). The stream's neighbours are found
+    through all its writers and readers, and it is rebuilt as a coupled group."""
+    model = build_model(seed, 1.0, twins)
+    enc = Encoder(model, actions=("prune", "merge"), search={"refresh": "neighbors"},
+                  verbose=False)
+    active = {g: np.ones(n, dtype=bool) for g, n in
+              (("cv", 3), ("stem", 6), ("b_in", 4), ("sw", 4), ("h", 5))}
+    touched = set()
+    for k in range(12):
+        enc.editor.commit()
+        fresh = Oracle(model)
+        fresh.evict_J = {}
+        for g, a in fresh.groups.items():
+            a["active"] = active[g].copy()
+            a["C"] = a["cap"][a["active"]].sum()
+        expected = fresh.table()
+        assert_tables_equal(engine_table(enc), expected, f"step {k}")
+        action = enc.next_action()
+        best = min(expected, key=lambda a: expected[a][1])
+        got = _key(action.kind, action.unit, action.i, action.j)
+        assert got == best or expected[got][1] == pytest.approx(expected[best][1], rel=1e-9)
+        step = enc.execute(action)
+        active[step.unit][step.j if step.kind == "merge" else step.i] = False
+        touched.add(step.unit)
+    assert {"stem", "sw"} & touched and {"cv", "b_in", "h"} & touched, touched

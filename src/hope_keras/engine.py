@@ -492,7 +492,7 @@ class Encoder:
         if gs.frozen:
             return
         gs.rebuild(self.editor.mirror_model(), self.graph.groups[name], self.kernel,
-                   self._exact_source)
+                   self._exact_source, self.analysis.moments)
         if gs.merges:
             self.merges.set_table(gs)
         self._after_group_change(name, neighbors=False)
