@@ -277,13 +277,14 @@ def markdown_table(path: str) -> str:
     for r in report["mutants"]:
         lines.append(f"| `{r['name']}` (`{r['file']}`) | {what.get(r['name'], r['what'])} | "
                      f"{r['outcome']} | {('`' + r['how'] + '`') if r['how'] else '—'} |")
-    machine = report["machine"]
+    loads = [r["load_average_before"][0] for r in report["mutants"]
+             if r.get("load_average_before")]
+    minutes = sum(r["seconds"] for r in report["mutants"]) / 60
     lines.append("")
     lines.append(f"{report['killed']} of {report['total']} killed "
-                 f"({100 * report['kill_rate']:.1f} %), `{report['command'].strip()}`, "
-                 f"{report['seconds'] / 60:.0f} minutes on {machine['cpus']} shared cores "
-                 f"(load average {machine['load_average_at_start'][0]} at the start, "
-                 f"{machine['load_average_at_end'][0]} at the end).")
+                 f"({100 * report['kill_rate']:.1f} %): `{'`, then `'.join(report['commands'])}`; "
+                 f"{minutes:.0f} minutes of test runs on {report['cpus']} cores shared with "
+                 f"other jobs (load average {min(loads):.1f}–{max(loads):.1f}).")
     return "\n".join(lines)
 
 
@@ -326,33 +327,35 @@ def main(argv=None) -> int:
         print(f"{len(chosen)} mutants apply and compile")
         return 0
     check_copy_is_imported(args.timeout)
-    previous = {}
-    if os.path.exists(args.out):
+    previous, commands = {}, []
+    if os.path.exists(args.out) and args.only:  # a partial run updates the others' file
         with open(args.out, encoding="utf-8") as f:
-            previous = {r["name"]: r for r in json.load(f).get("mutants", [])}
+            old = json.load(f)
+        previous = {r["name"]: r for r in old.get("mutants", [])}
+        commands = old.get("commands", [])
+    command = "python scripts/mutants.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
     results, started = dict(previous), time.time()
-    load_start = _load_avg()
     for m in chosen:
+        load = _load_avg()
         with tempfile.TemporaryDirectory(prefix="hope_mutant_") as tmp:
             src = apply(m, tmp)
             r = run_tests(src, m.tests, args.timeout, args.workers)
+            ran = list(m.tests)
             if args.full and r["outcome"] == "survived":
                 full = run_tests(src, (), args.timeout, args.workers)
-                r = dict(full, how=(full["how"] + " (whole fast suite)").strip(),
-                         seconds=round(r["seconds"] + full["seconds"], 1))
-        ran = list(m.tests) + (["the whole fast suite"] if args.full
-                               and r["outcome"] != "killed" or "whole" in r["how"] else [])
-        results[m.name] = {"name": m.name, "what": m.what, "file": m.path, "tests": ran, **r}
+                ran.append("the whole fast suite")
+                r = dict(full, seconds=round(r["seconds"] + full["seconds"], 1))
+        results[m.name] = {"name": m.name, "what": m.what, "file": m.path, "tests": ran,
+                           **r, "load_average_before": load, "command": command.strip()}
         print(f"{m.name:<36} {r['outcome']:<9} {r['seconds']:>7.1f} s  {r['how']}",
               flush=True)
     ordered = [results[m.name] for m in MUTANTS if m.name in results]
     killed = sum(r["outcome"] == "killed" for r in ordered)
     report = {
-        "command": "python scripts/mutants.py " + " ".join(argv if argv is not None
-                                                             else sys.argv[1:]),
-        "machine": {"cpus": os.cpu_count(), "load_average_at_start": load_start,
-                    "load_average_at_end": _load_avg()},
-        "seconds": round(time.time() - started, 1),
+        "commands": commands + [command.strip()],
+        "cpus": os.cpu_count(),
+        "seconds_last_command": round(time.time() - started, 1),
         "killed": killed, "total": len(ordered),
         "kill_rate": round(killed / max(len(ordered), 1), 4),
         "mutants": ordered,
