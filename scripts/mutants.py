@@ -116,7 +116,7 @@ MUTANTS: List[Mutant] = [
       "return J / np.maximum(info.flops, 1.0)",
       ("tests/test_live_size_formulas.py", "tests/test_engine.py")),
     M("flops_rank_stale", "a FLOPs-budget rank keeps the savings of when it was pushed",
-      "engine.py", '            return self.budget == "flops"\n', "            return False\n",
+      "costs.py", '        return budget == "flops"\n', "        return False\n",
       ("tests/test_live_size_formulas.py",)),
     M("neighbors_by_producer_only", "refresh='neighbors' finds no neighbour through readers",
       "search.py", "nb = set().union(*(written_by.get(c.layer, ()) for c in g.readers))",

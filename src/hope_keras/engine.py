@@ -449,7 +449,7 @@ class Encoder:
                                 (np.nan,) * 6, list(b.groups), evict=True)
         self.evictions.freeze(unit)
         layers = set(b.branch_layers).union(*(self.sizes.layers_of[g] for g in b.groups))
-        self._push_size_neighbors(layers)
+        _rerank_sharing(self, layers)
         return step
 
     def _start_from_live_channels(self, model) -> None:
@@ -480,33 +480,9 @@ class Encoder:
         if name in self.block_of:
             self._push_block(self.block_of[name])
         if neighbors:  # an executed action (not a rebuild): live sizes changed
-            self._push_size_neighbors(self.sizes.layers_of[name], skip=name)
+            _rerank_sharing(self, self.sizes.layers_of[name], skip=name)
         for nb in self._neighbors.get(name, ()) if neighbors else ():
             self._rebuild(nb)
-
-    def _rank_reads_sizes(self) -> bool:
-        """Whether the cost's ranking reads what an action saves (`costs.RankInfo`'s
-        ``params``, ``flops``): the default's under a FLOPs budget, never the
-        paper's, and any other cost's (it may)."""
-        if type(self.cost) is costs.PaperCost:
-            return False
-        if type(self.cost) is costs.HopeCost:
-            return self.budget == "flops"
-        return True
-
-    def _push_size_neighbors(self, layers, skip=None) -> None:
-        """Re-ranks the groups and open blocks whose savings count one of `layers`
-        (layers whose live sizes an action just changed: a Dense layer's FLOPs per
-        output channel fall with its live inputs), when the ranking reads them."""
-        if not layers or not self._rank_reads_sizes():
-            return
-        for name, gs in self.groups.items():
-            if name != skip and not gs.frozen and not layers.isdisjoint(
-                    self.sizes.layers_of[name]):
-                self._push_group(name)
-        for name, b in self.blocks.items():
-            if self.evictions.open(name) and not layers.isdisjoint(b.branch_layers):
-                self._push_block(name)
 
     def _exact_source(self, name: str):
         """A sketched group's reader of exact rows (`SketchCache.source`): the
@@ -631,6 +607,21 @@ class Encoder:
                 bar.close()
         self._finish_correction()
         return reason
+
+
+def _rerank_sharing(enc: Encoder, layers, skip=None) -> None:
+    """Re-ranks `enc`'s groups (but `skip`) and open blocks whose savings count one of
+    `layers`, layers whose live sizes an action just changed (a Dense layer's FLOPs per
+    output channel fall with its live inputs), when its cost's ranking reads them
+    (`costs.RankInfo`'s ``params``, ``flops``)."""
+    if not layers or not costs.rank_reads_sizes(enc.cost, enc.budget):
+        return
+    for name, gs in enc.groups.items():
+        if name != skip and not gs.frozen and not layers.isdisjoint(enc.sizes.layers_of[name]):
+            enc._push_group(name)
+    for name, b in enc.blocks.items():
+        if enc.evictions.open(name) and not layers.isdisjoint(b.branch_layers):
+            enc._push_block(name)
 
 
 def compress(model, *, density: Optional[float] = None, params: Optional[float] = None,
