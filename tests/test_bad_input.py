@@ -241,8 +241,7 @@ def test_a_channels_first_convolution_is_listed_as_pinned():
 
 
 def test_cli_report_with_a_model_it_does_not_fit_writes_nothing(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
-    from hope_keras import cli
+    from hope_keras import cli  # the report needs matplotlib: a test dependency
 
     model = mlp(seed=9)
     trajectory = str(tmp_path / "run.npz")

@@ -5,6 +5,7 @@ lower bounds."""
 import keras
 import numpy as np
 import pytest
+import threadpoolctl
 
 import hope_keras
 from conftest import mlp, small_resnet
@@ -954,7 +955,6 @@ def test_overlapping_one_thread_limits_restore_the_setting_once_all_are_out():
     may leave in either order: the limit stays while either holds it, and the setting
     from before comes back when the last one leaves (not the first one's view of it,
     one thread, which nested limits would restore last)."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")
     from hope_keras.search import _threads
 
     def blas_threads():
@@ -962,8 +962,8 @@ def test_overlapping_one_thread_limits_restore_the_setting_once_all_are_out():
                 if m["user_api"] == "blas"}
 
     with threadpoolctl.threadpool_limits(2, user_api="blas"):
-        if not blas_threads():
-            pytest.skip("NumPy without a BLAS threadpoolctl can see")
+        # NumPy's wheels bundle OpenBLAS, which threadpoolctl (a dependency) controls.
+        assert blas_threads(), "threadpoolctl sees no BLAS under NumPy"
         first, second = _threads.one_blas_thread(), _threads.one_blas_thread()
         first.__enter__()
         second.__enter__()
@@ -980,7 +980,6 @@ def test_runs_with_sketched_groups_use_one_blas_thread_and_restore_it(monkeypatc
     thread: its loop holds BLAS to one thread (OpenBLAS's others would take the main
     thread's core) and gives the setting back afterwards, even when a step fails;
     runs without sketched groups leave it alone."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")
     from hope_keras.scoring import cache as cache_lib
 
     def blas_threads():
@@ -998,8 +997,8 @@ def test_runs_with_sketched_groups_use_one_blas_thread_and_restore_it(monkeypatc
 
     monkeypatch.setattr(Encoder, "execute", watched)
     with threadpoolctl.threadpool_limits(2, user_api="blas"):
-        if not blas_threads():
-            pytest.skip("NumPy without a BLAS threadpoolctl can see")
+        # NumPy's wheels bundle OpenBLAS, which threadpoolctl (a dependency) controls.
+        assert blas_threads(), "threadpoolctl sees no BLAS under NumPy"
         model = clustered_mlp(3)
         enc = Encoder(model, search=dict(merge_search="top_k"))
         assert any(isinstance(gs.cache, cache_lib.SketchCache)

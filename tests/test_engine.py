@@ -367,9 +367,9 @@ def test_default_cost_evicts_the_later_of_two_like_blocks_first():
     assert default.eviction_action("b2_add").J < default.eviction_action("b1_add").J
 
 
-def test_paper_cost_reproduces_the_previous_default_trajectory():
+def test_paper_cost_reproduces_a_saved_demo_trajectory():
     """tests/data/demo_paper_trajectory_v1.npz: the bundled demo CNN compressed to
-    density 0.3 with the paper's cost by an earlier engine: cost="paper" gives the same
+    density 0.3 with the paper's cost, saved (version 1 files): cost="paper" gives the same
     actions, step for step, and the same costs and parent coefficients up to float64
     rounding (the Gram products are NumPy's on CPUs, the recording TensorFlow's)."""
     from hope_keras.data import load_demo_model

@@ -2,10 +2,9 @@
 
 import pathlib
 
+import nbclient  # test dependencies (pyproject.toml's [test] extra)
+import nbformat
 import pytest
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOK = pathlib.Path(__file__).parent.parent / "examples" / "quickstart.ipynb"
 

@@ -1,10 +1,14 @@
 """`hope_keras.profile`'s parameter and FLOPs counts against hand formulas.
 
-Each case is a model of one layer type (strides, padding, dilation, depth
-multipliers, groups, BatchNormalization with and without center/scale) whose output
+Each case is a model of one layer type (Dense, Conv1D/2D/3D with strides, padding,
+dilation and groups, depthwise and separable 1-D/2-D convolutions with depth
+multipliers, Conv2DTranspose, BatchNormalization and LayerNormalization with and
+without center/scale) whose output
 shape, parameter count and FLOPs are written out here from the layer's definition,
 with no Keras or hope_keras shape inference: output length ``ceil(n / s)`` for
-``"same"``/``"causal"`` and ``floor((n - d (k - 1) - 1) / s) + 1`` for ``"valid"``;
+``"same"``/``"causal"`` and ``floor((n - d (k - 1) - 1) / s) + 1`` for ``"valid"``
+(a transposed convolution: ``n·s`` and ``(n − 1)·s + k``, each input position
+scattering the whole kernel);
 FLOPs = 2 × multiply-accumulates per example at every output position (the
 convention of docs/api.md's `profile`: a ``"same"`` border counts the whole kernel;
 biases, BatchNormalization and activations count none). The brute-force count of
@@ -63,6 +67,50 @@ def _separable2d(shape, filters, k, s, padding, m=1, bias=True):
             2 * ho * wo * (depthwise + pointwise))
 
 
+def _conv3d(shape, filters, k, s, padding, bias=True):
+    (d, h, w, c) = shape
+    out = tuple(_out(n, kk, ss, padding) for n, kk, ss in zip((d, h, w), k, s))
+    per_position = math.prod(k) * c * filters
+    return ((*out, filters), per_position + (filters if bias else 0),
+            2 * math.prod(out) * per_position)
+
+
+def _conv1d_groups(shape, filters, k, groups, padding, bias=True):
+    n, c = shape
+    no = _out(n, k, 1, padding)
+    per_position = k * (c // groups) * filters
+    return (no, filters), per_position + (filters if bias else 0), 2 * no * per_position
+
+
+def _depthwise1d(shape, k, s, padding, m=1, bias=True):
+    n, c = shape
+    no = _out(n, k, s, padding)
+    return (no, c * m), k * c * m + (c * m if bias else 0), 2 * no * k * c * m
+
+
+def _separable1d(shape, filters, k, padding, m=1, bias=True):
+    n, c = shape
+    no = _out(n, k, 1, padding)
+    depthwise, pointwise = k * c * m, c * m * filters
+    return ((no, filters), depthwise + pointwise + (filters if bias else 0),
+            2 * no * (depthwise + pointwise))
+
+
+def _transpose2d(shape, filters, k, s, padding, bias=True):
+    """Each input position scatters the whole kernel: in positions × kh·kw·c·filters
+    multiply-adds; the output side is (n − 1)·s + k ("valid") or n·s ("same")."""
+    (h, w, c), (kh, kw), (sh, sw) = shape, k, s
+    out = [n * st if padding == "same" else (n - 1) * st + kk
+           for n, kk, st in ((h, kh, sh), (w, kw, sw))]
+    per_position = kh * kw * c * filters
+    return ((*out, filters), per_position + (filters if bias else 0), 2 * h * w * per_position)
+
+
+def _layernorm(shape, center=True, scale=True):
+    c = shape[-1]  # β and γ over the channel axis
+    return tuple(shape), c * (center + scale), 0
+
+
 def _batchnorm(shape, center=True, scale=True):
     c = shape[-1]  # moving mean and variance, plus β and γ when used
     return tuple(shape), c * (2 + center + scale), 0
@@ -103,6 +151,27 @@ CASES = [
     ("conv1d_causal_dilated", (16, 3),
      lambda: L.Conv1D(2, 3, padding="causal", dilation_rate=2, use_bias=False),
      _conv1d((16, 3), 2, 3, 1, "causal", d=2, bias=False)),
+    ("conv3d_same_stride", (5, 6, 7, 2), lambda: L.Conv3D(3, (3, 2, 3), strides=(2, 1, 3),
+                                                          padding="same"),
+     _conv3d((5, 6, 7, 2), 3, (3, 2, 3), (2, 1, 3), "same")),
+    ("conv3d_valid", (5, 6, 7, 2), lambda: L.Conv3D(4, 2, use_bias=False),
+     _conv3d((5, 6, 7, 2), 4, (2, 2, 2), (1, 1, 1), "valid", bias=False)),
+    ("conv1d_groups", (12, 6), lambda: L.Conv1D(4, 3, groups=2, padding="same"),
+     _conv1d_groups((12, 6), 4, 3, 2, "same")),
+    ("depthwise1d_stride2_multiplier", (15, 4),
+     lambda: L.DepthwiseConv1D(3, strides=2, depth_multiplier=2),
+     _depthwise1d((15, 4), 3, 2, "valid", m=2)),
+    ("separable1d_same", (11, 3), lambda: L.SeparableConv1D(5, 4, padding="same"),
+     _separable1d((11, 3), 5, 4, "same")),
+    ("conv2d_transpose_valid_stride2", (4, 5, 3),
+     lambda: L.Conv2DTranspose(6, 3, strides=2),
+     _transpose2d((4, 5, 3), 6, (3, 3), (2, 2), "valid")),
+    ("conv2d_transpose_same_no_bias", (4, 5, 3),
+     lambda: L.Conv2DTranspose(2, (2, 3), strides=(2, 1), padding="same", use_bias=False),
+     _transpose2d((4, 5, 3), 2, (2, 3), (2, 1), "same", bias=False)),
+    ("layernorm", (4, 6), lambda: L.LayerNormalization(), _layernorm((4, 6))),
+    ("layernorm_no_center", (3, 3, 5), lambda: L.LayerNormalization(center=False),
+     _layernorm((3, 3, 5), center=False)),
     ("batchnorm", (5, 5, 7), lambda: L.BatchNormalization(), _batchnorm((5, 5, 7))),
     ("batchnorm_no_center_scale", (9,),
      lambda: L.BatchNormalization(center=False, scale=False),

@@ -1,7 +1,7 @@
 """The results a notebook cell ends with print one short line, whatever the model's size.
 
-Before: the dataclasses' generated reprs printed every per-channel array, and
-`Analysis` every cache: 3.3 MB of text for the ResNet-50 fixture.
+A dataclass's generated repr prints every field: every per-channel array, and for
+`Analysis` every cache (3.3 MB of text for the ResNet-50 fixture).
 """
 
 import pytest

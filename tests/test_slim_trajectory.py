@@ -116,6 +116,25 @@ def test_fingerprint_is_the_hash_of_the_weights_as_copied(compressed, monkeypatc
     assert fingerprint(original, graph) == from_views == result.trajectory.meta["fingerprint"]
 
 
+@pytest.mark.parametrize("statistic", ["moving_mean", "moving_variance"])
+def test_bn_statistics_alone_make_another_model(compressed, statistic):
+    """HOPE reads the BN moving statistics (the folding, the moments): a model that
+    differs from the recorded one in them alone is another model, for a replay and
+    for an analysis (non-trainable weights count in the fingerprint)."""
+    original, _, result = compressed
+    other = copy_model(original)
+    analysis = hope_keras.analyze(other, verbose=False)
+    var = getattr(other.get_layer("fc_bn"), statistic)
+    var.assign(var.numpy() * 1.25 + 0.01)
+    before = [w.copy() for w in other.get_weights()]
+    with pytest.raises(ValueError, match="fingerprint"):
+        result.trajectory.replay(other, step=3)
+    with pytest.raises(ValueError, match="changed since this analysis"):
+        hope_keras.Encoder(other, analysis=analysis, verbose=False)
+    for a, b in zip(before, other.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_replay_refuses_another_model_and_leaves_it_untouched(compressed):
     _, model, result = compressed
     other = small_resnet(seed=99)

@@ -383,6 +383,17 @@ def in_scope(scope: str, group) -> bool:
     raise ValueError(f"A cost's groups must be one of {SCOPES}. Received: {scope!r}")
 
 
+def rank_reads_sizes(cost: Cost, budget: str) -> bool:
+    """Whether ``cost.rank`` reads what an action saves (`RankInfo`'s ``params`` and
+    ``flops``, which change as the run narrows neighbouring layers): the default's
+    under a FLOPs budget, never the paper's, and any other cost's (it may)."""
+    if type(cost) is PaperCost:
+        return False
+    if type(cost) is HopeCost:
+        return budget == "flops"
+    return True
+
+
 def get(identifier) -> Cost:
     """Resolves a cost, Keras-style: a name (``"hope"``, ``"paper"``), a config dict
     (`Cost.get_config`'s, as a trajectory records it) or a `Cost`.

@@ -474,13 +474,16 @@ class Encoder:
             step = self._record(action, c_before, 0.0, self.active - removed,
                                 (np.nan,) * 6, list(b.groups), evict=True)
         self.evictions.freeze(unit)
-        # Other blocks' eviction savings may share layers: not in practice.
+        layers = set(b.branch_layers).union(*(self.sizes.layers_of[g] for g in b.groups))
+        _rerank_sharing(self, layers)
         return step
 
     def _after_group_change(self, name: str, neighbors: bool = True) -> None:
         self._push_group(name)
         if name in self.block_of:
             self._push_block(self.block_of[name])
+        if neighbors:  # an executed action (not a rebuild): live sizes changed
+            _rerank_sharing(self, self.sizes.layers_of[name], skip=name)
         for nb in self._neighbors.get(name, ()) if neighbors else ():
             self._rebuild(nb)
 
@@ -490,7 +493,7 @@ class Encoder:
         if gs.frozen:
             return
         gs.rebuild(self.editor.mirror_model(), self.graph.groups[name], self.kernel,
-                   self._exact_source)
+                   self._exact_source, self.analysis.moments)
         if gs.merges:
             self.merges.set_table(gs)
         self._after_group_change(name, neighbors=False)
@@ -615,6 +618,21 @@ class Encoder:
                 bar.close()
         self._finish_correction()
         return reason
+
+
+def _rerank_sharing(enc: Encoder, layers, skip=None) -> None:
+    """Re-ranks `enc`'s groups (but `skip`) and open blocks whose savings count one of
+    `layers`, layers whose live sizes an action just changed (a Dense layer's FLOPs per
+    output channel fall with its live inputs), when its cost's ranking reads them
+    (`costs.RankInfo`'s ``params``, ``flops``)."""
+    if not layers or not costs.rank_reads_sizes(enc.cost, enc.budget):
+        return
+    for name, gs in enc.groups.items():
+        if name != skip and not gs.frozen and not layers.isdisjoint(enc.sizes.layers_of[name]):
+            enc._push_group(name)
+    for name, b in enc.blocks.items():
+        if enc.evictions.open(name) and not layers.isdisjoint(b.branch_layers):
+            enc._push_block(name)
 
 
 def compress(model, *, density: Optional[float] = None, params: Optional[float] = None,

@@ -22,10 +22,10 @@ from hope_keras.scoring import costs
 from hope_keras.search.actions import Action
 from hope_keras.search._threads import cpu_count as _cpu_count  # a module attribute tests patch
 from hope_keras.search._threads import one_blas_thread, release_free_memory
-from hope_keras.scoring.cache import SketchCache
 from hope_keras.scoring.cache_builders import build_group_cache, build_sketch_cache, extract_rows
 from hope_keras.search.candidates import MergeTable
-from hope_keras.scoring.neurons import extract_group
+from hope_keras.scoring.cache import PruneCache, SketchCache
+from hope_keras.scoring.neurons import coupled_capacity, extract_group
 
 #: Merge candidates kept per neuron by default (`Encoder`'s ``merge_candidates``).
 DEFAULT_MERGE_CANDIDATES = 16
@@ -204,10 +204,17 @@ class GroupState:
             self.cache.clear(int(i))
         self.C = max(self.cache.layer_capacity(self.active), costs.FLOOR)
 
-    def rebuild(self, model, group, kernel, exact_source) -> None:
+    def rebuild(self, model, group, kernel, exact_source, moments=None) -> None:
         """``refresh="neighbors"``: the cache re-extracted from `model` (the edited
-        weights), its removed neurons cleared; the merge table is the caller's."""
-        if isinstance(self.cache, SketchCache):
+        weights), its removed neurons cleared; the merge table is the caller's. A
+        coupled group (a `PruneCache`) is priced as `analyze` prices it, from its
+        readers' edited weights and the propagated `moments` (those of the start)."""
+        if isinstance(self.cache, PruneCache):
+            state = extract_group(model, group)
+            cap, second = coupled_capacity(model.get_layer, group, moments)
+            self.cache = PruneCache(cap, second, np.sqrt(np.maximum(state.u_sq_norms(), 0.0)),
+                                    np.full(cap.shape, np.nan))
+        elif isinstance(self.cache, SketchCache):
             self.cache = build_sketch_cache(model.get_layer, group, kernel=kernel)[0]
             self.cache.source = exact_source(self.name)
         else:
@@ -266,13 +273,19 @@ class GroupState:
 
 def neighbor_map(graph, priced_groups):
     """``refresh="neighbors"``: per priced group, the priced groups on its producer
-    and consumer sides, whose caches a change of it rebuilds."""
-    producer_of = {g.producer: name for name, g in graph.groups.items()}
+    and consumer sides, whose caches a change of it rebuilds: the groups written by
+    a layer that reads it, and the groups read by a layer that writes it (every
+    writer and reader of a coupled group, such as a residual stream, counts)."""
+    written_by: dict = {}
+    for name, g in graph.groups.items():
+        for layer in g.writers:
+            written_by.setdefault(layer, set()).add(name)
     out = {}
     for name, g in graph.groups.items():
-        nb = {producer_of[c.layer] for c in g.consumers if c.layer in producer_of}
+        nb = set().union(*(written_by.get(c.layer, ()) for c in g.readers))
+        writers = set(g.writers)
         nb |= {other for other, h in graph.groups.items()
-               if any(c.layer == g.producer for c in h.consumers)}
+               if any(c.layer in writers for c in h.readers)}
         out[name] = nb - {name}
     # Only the groups the run prices have caches to rebuild (a cost may leave
     # some out: "paper" all but its neuron layers, "no_streams" the streams).

@@ -1,12 +1,11 @@
 """Saved trajectories re-run bit for bit: a change meant to move code (not to
 change behaviour) must leave every run's steps and final weights exactly equal.
 
-tests/data/refactor_identity.npz holds, per run below, every step field (kind,
+tests/data/saved_trajectories.npz holds, per run below, every step field (kind,
 unit, i, j, J, DR, P_init, capacities, live counts and ratios, parent coefficients)
-and a SHA-256 digest of each final weight's bytes. It was written by this file's
-`_write` from the code before the engine and the merge tables were split into
-modules; rewrite it (``python tests/test_refactor_identity.py``) only for a change
-that is meant to change trajectories.
+and a SHA-256 digest of each final weight's bytes, written by this file's `_write`.
+Rewrite it (``python tests/test_saved_trajectories.py [run names]``) only for a
+change that is meant to change trajectories, and say which runs it changes.
 """
 
 import hashlib
@@ -19,7 +18,7 @@ import pytest
 
 from conftest import mlp, small_resnet
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "refactor_identity.npz")
+DATA = os.path.join(os.path.dirname(__file__), "data", "saved_trajectories.npz")
 INT_FIELDS = ("i", "j", "active_after")
 FLOAT_FIELDS = ("J", "DR", "P_init", "c_before", "c_after", "params_after", "flops_after")
 #: Module attributes a run sets: every group sketched (`hope_keras.scoring.cache.SketchCache`,
@@ -98,7 +97,8 @@ def test_saved_trajectories_rerun_bit_for_bit(name, monkeypatch):
 
 
 def _write(path=DATA, names=None):
-    arrays = {}
+    """Writes the runs `names` (default: all) into `path`, keeping its other runs."""
+    arrays = dict(np.load(path)) if names and os.path.exists(path) else {}
     for name in names or RUNS:
         undo = []
 
@@ -116,4 +116,4 @@ def _write(path=DATA, names=None):
 
 
 if __name__ == "__main__":
-    _write(*sys.argv[1:])
+    _write(names=sys.argv[1:] or None)
