@@ -25,7 +25,8 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
 
 * HOPE on the density axis: ``hope`` (the default, ``cost="hope"``),
   ``hope_topk`` (the default with ``merge_search="top_k"``: uncertified candidate
-  rows; on every axis, as ``hope``),
+  rows; on every axis, as ``hope``), ``hope_topk_auto`` (the same with the default's
+  statistics correction: the default but for the merge search),
   ``hope_alpha_merge`` (merges priced with the paper's α*-scaled parent, ``J_merge``
   without ``n``: the default before commit 2d3a04b), ``hope_prev`` (the same on every
   axis, ranked per neuron under every budget), ``hope_paper`` (``cost="paper"``; it
@@ -224,6 +225,7 @@ def hope_methods(ctx):
     return {
         "hope": (dict(), AXES),
         "hope_topk": (dict(merge_search="top_k"), AXES),
+        "hope_topk_auto": (dict(merge_search="top_k", correct_statistics="auto"), AXES),
         "hope_sc": (dict(), AXES),  # + correct_statistics at every point (Bench.point)
         "hope_re": (dict(), AXES),  # + BN statistics re-estimated on data (Bench.point)
         "hope_auto": (dict(correct_statistics="auto"), AXES),
@@ -263,7 +265,7 @@ def hope_methods(ctx):
 
 
 HOPE_NAMES = ("hope", "hope_sc", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
-              "hope_one_reader", "hope_topk",
+              "hope_one_reader", "hope_topk", "hope_topk_auto",
               "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc",
               "hope_neighbors", "hope_prune", "hope_noevict", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
               "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
@@ -529,6 +531,7 @@ class Bench:
         note["stopped"] = reason
         note["steps"] = {k: int(np.sum(traj.field("kind") == k))
                          for k in ("prune", "merge", "evict")} if len(traj) else {}
+        note["sum_J"] = float(sum(s.J for s in traj.steps))
         for t in targets:
             self.reset()
             if axis == "density":
@@ -729,6 +732,7 @@ def save(model_name, info, results, notes, extra):
 LABELS = {
     "hope": "**HOPE default** (`cost=\"hope\"`)",
     "hope_topk": "HOPE `merge_search=\"top_k\"` (uncertified merge search)",
+    "hope_topk_auto": "HOPE `merge_search=\"top_k\"`, the default's correction",
     "hope_sc": "HOPE + `correct_statistics`",
     "hope_re": "HOPE + BN re-estimated (uses data)",
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
@@ -1118,10 +1122,14 @@ def main(argv=None):
                         "change), instead of updating the methods run")
     p.add_argument("--axes", nargs="*", default=list(AXES), choices=AXES)
     p.add_argument("--report", action="store_true", help="print tables, write the PNGs")
+    p.add_argument("--results", type=Path,
+                   help="the folder of quality_<model>.json (default benchmarks/results/)")
     add_quick(p)  # the demo CNN, 200 + 200 images, density 0.8, HOPE and one baseline
     args = p.parse_args(argv)
+    global RESULTS, IMG
+    if args.results:
+        RESULTS = args.results
     if args.quick:
-        global RESULTS, IMG
         RESULTS = IMG = quick_dir()
         run("demo", 200, 200, methods=["hope", "bn_scale_layer"], densities=(0.8,),
             axes=("density", "flops"))
