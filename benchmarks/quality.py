@@ -1017,32 +1017,32 @@ def summary(results):
 
 
 def compare(first, second, models=MODELS):
-    """Prints, per model and axis, how method `second` scores against `first` at the
-    same targets: points scored the same on both splits, and the held-out and
-    selection differences (second − first, points of accuracy); then each run's sum
-    of J and seconds."""
-    print(f"| model, axis | points the same | held-out: mean / min / max | selection: "
-          f"mean / min / max | sum of J, {first} / {second} | s, {first} / {second} |")
-    print("|---|---|---|---|---|---|")
+    """Prints, per model (every axis pooled), how method `second` scores against
+    `first` at the same targets: points scored the same on both splits, and the
+    held-out and selection differences (second − first, points of accuracy); then
+    each one's sum of J per axis."""
+    print(f"| model | points the same | held-out: mean / min / max | selection: "
+          f"mean / min / max | sum of J per axis, {first} / {second} |")
+    print("|---|---|---|---|---|")
     for model in models:
         r = load_results(model)
         if r is None or first not in r["results"] or second not in r["results"]:
             continue
+        pairs, sums = [], []
         for axis, points in r["results"][first].items():
             other = {p["target"]: p for p in r["results"][second].get(axis, [])}
-            pairs = [(p, other[p["target"]]) for p in points if p["target"] in other]
-            if not pairs:
-                continue
-            diff = {k: np.array([100 * (b["acc"][k] - a["acc"][k]) for a, b in pairs])
-                    for k in SPLITS}
-            same = sum(abs(diff["sel"][i]) < 1e-9 and abs(diff["heldout"][i]) < 1e-9
-                       for i in range(len(pairs)))
+            pairs += [(p, other[p["target"]]) for p in points if p["target"] in other]
             notes = [r["notes"].get(m, {}).get(axis, {}) for m in (first, second)]
-            J = " / ".join(f"{n['sum_J']:.6g}" if "sum_J" in n else "—" for n in notes)
-            sec = " / ".join(f"{n.get('seconds', float('nan')):.1f}" for n in notes)
-            print(f"| {model}, {axis} | {same} of {len(pairs)} | " + " | ".join(
-                f"{d.mean():+.2f} / {d.min():+.1f} / {d.max():+.1f}"
-                for d in (diff["heldout"], diff["sel"])) + f" | {J} | {sec} |")
+            if all("sum_J" in n for n in notes):
+                sums.append(f"{axis} " + " / ".join(f"{n['sum_J']:.6g}" for n in notes))
+        if not pairs:
+            continue
+        diff = {k: np.array([100 * (b["acc"][k] - a["acc"][k]) for a, b in pairs])
+                for k in SPLITS}
+        same = int(np.sum((np.abs(diff["sel"]) < 1e-9) & (np.abs(diff["heldout"]) < 1e-9)))
+        print(f"| {model} | {same} of {len(pairs)} | " + " | ".join(
+            f"{d.mean():+.2f} / {d.min():+.1f} / {d.max():+.1f}"
+            for d in (diff["heldout"], diff["sel"])) + f" | {'; '.join(sums)} |")
 
 
 def report(models=MODELS, plots=True):
@@ -1152,7 +1152,7 @@ def main(argv=None):
     p.add_argument("--axes", nargs="*", default=list(AXES), choices=AXES)
     p.add_argument("--report", action="store_true", help="print tables, write the PNGs")
     p.add_argument("--compare", nargs=2, metavar=("FIRST", "SECOND"),
-                   help="print how method SECOND scores against FIRST, per model and axis")
+                   help="print how method SECOND scores against FIRST, per model")
     p.add_argument("--results", type=Path,
                    help="the folder of quality_<model>.json (default benchmarks/results/)")
     add_quick(p)  # the demo CNN, 200 + 200 images, density 0.8, HOPE and one baseline

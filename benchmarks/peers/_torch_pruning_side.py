@@ -91,8 +91,11 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--global-pruning", action="store_true")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     model = torchvision.models.resnet50(weights=None).eval()

@@ -24,8 +24,8 @@ the medians (and of the minima, less sensitive to other jobs on the machine). T 
 pass of each side's original, in its own process; times are also given in T.
 
 Run: .venv/bin/python benchmarks/peers/resnet50.py [--flops 0.5] [--size 224]
-     [--repeats 20] [--torch-python PATH] [--quick]
-Writes benchmarks/results/peers_resnet50.json (not with --quick). ``--quick``: 32 × 32,
+     [--repeats 20] [--threads N] [--latency-only] [--torch-python PATH] [--quick]
+Writes benchmarks/results/peers_resnet50[_latency][_threadsN].json (not with --quick). ``--quick``: 32 × 32,
 FLOPs ratio 0.95, one timed repeat, 4 synthetic inputs of 5 steps (the default: 16
 of 100); the Torch side only where ``--torch-python``
 exists (the benchmark tier's CI has no torch: there it checks the Keras side alone).
@@ -99,7 +99,7 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
-def keras_side(size, flops, repeats, data_images):
+def keras_side(size, flops, repeats, data_images, latency_only=False):
     from hope_keras import bn_stats
 
     keras.utils.set_random_seed(0)  # the same initial weights every run
@@ -133,18 +133,20 @@ def keras_side(size, flops, repeats, data_images):
            init_s=round(init_s, 2), run_s=round(run_s, 2), steps=len(result.trajectory),
            flops_ratio=round(result.flops_ratio, 4))
 
-    bn_stats._SYNTHETIC_INPUTS.clear()  # the first data-free compress makes them
-    model = fresh()
-    result, seconds = timed(lambda: hope_keras.compress(model, flops=flops, verbose=False))
-    record("compress data-free (default)", seconds, steps=len(result.trajectory),
-           corrected=len(result.corrected), flops_ratio=round(result.flops_ratio, 4))
-    data = rng.uniform(0, 255, (data_images, size, size, 3)).astype("float32")
-    other = fresh()
-    result_data, seconds = timed(
-        lambda: hope_keras.compress(other, flops=flops, data=data, verbose=False))
-    record(f"compress data={data_images} random images", seconds,
-           steps=len(result_data.trajectory), corrected=len(result_data.corrected))
-    del other
+    if not latency_only:  # else the engine's model is slimmed: the same architecture
+        bn_stats._SYNTHETIC_INPUTS.clear()  # the first data-free compress makes them
+        model = fresh()
+        result, seconds = timed(lambda: hope_keras.compress(model, flops=flops,
+                                                            verbose=False))
+        record("compress data-free (default)", seconds, steps=len(result.trajectory),
+               corrected=len(result.corrected), flops_ratio=round(result.flops_ratio, 4))
+        data = rng.uniform(0, 255, (data_images, size, size, 3)).astype("float32")
+        other = fresh()
+        result_data, seconds = timed(
+            lambda: hope_keras.compress(other, flops=flops, data=data, verbose=False))
+        record(f"compress data={data_images} random images", seconds,
+               steps=len(result_data.trajectory), corrected=len(result_data.corrected))
+        del other
 
     small, seconds = timed(lambda: hope_keras.slim(model))
     record("slim", seconds)
@@ -164,9 +166,11 @@ def keras_side(size, flops, repeats, data_images):
     return out
 
 
-def torch_side(python, size, flops, repeats, path):
+def torch_side(python, size, flops, repeats, path, threads=None):
     cmd = [python, os.path.join(HERE, "_torch_pruning_side.py"), "--size", str(size),
            "--flops", str(flops), "--repeats", str(repeats), "--out", str(path)]
+    if threads:
+        cmd += ["--threads", str(threads)]
     start = load()
     subprocess.run(cmd, check=True)
     with open(path) as f:
@@ -182,19 +186,38 @@ def main():
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--torch-python", default=TORCH_PYTHON,
                    help="the interpreter with torch, torchvision, torch-pruning")
+    p.add_argument("--threads", type=int,
+                   help="CPU threads of both frameworks and of NumPy's BLAS (default: "
+                        "each one's own); on a machine shared with other jobs one thread "
+                        "each times steadier")
+    p.add_argument("--latency-only", action="store_true",
+                   help="Keras side: no compress runs, the engine's model is slimmed "
+                        "and timed (the default compress takes the same steps)")
     add_quick(p)
     args = p.parse_args()
+    if args.threads:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+        import threadpoolctl  # NumPy's BLAS too (the engine's products)
+
+        threadpoolctl.threadpool_limits(args.threads)
     data_images = RANDOM_IMAGES
     if args.quick:
         from hope_keras import synthetic
 
         args.size, args.flops, args.repeats, data_images = QUICK_RESNET_SIZE, 0.95, 1, 16
         synthetic.SYNTHETIC_INPUTS, synthetic.SYNTHETIC_STEPS = 4, 5  # seconds, not minutes
-    out = {"flops_target": args.flops, "cpus": os.cpu_count()}
-    path = quick_path("peers_torch.json") if args.quick else RESULTS + ".torch.tmp"
+    out = {"flops_target": args.flops, "cpus": os.cpu_count(), "threads": args.threads}
+    results = RESULTS
+    if args.threads or args.latency_only:
+        results = RESULTS.replace(".json", f"{'_latency' if args.latency_only else ''}"
+                                  f"{'_threads%d' % args.threads if args.threads else ''}.json")
+    path = quick_path("peers_torch.json") if args.quick else results + ".torch.tmp"
     if os.path.exists(args.torch_python):
         out["torch_pruning"] = torch_side(args.torch_python, args.size, args.flops,
-                                          args.repeats, path)
+                                          args.repeats, path, args.threads)
         if not args.quick:
             os.remove(path)
     elif args.quick:
@@ -203,8 +226,9 @@ def main():
     else:
         sys.exit(f"No torch interpreter at {args.torch_python}: create it (docs/"
                  "benchmarks.md, 'Beside a peer') or pass --torch-python.")
-    out["hope_keras"] = keras_side(args.size, args.flops, args.repeats, data_images)
-    target = quick_path(RESULTS) if args.quick else RESULTS
+    out["hope_keras"] = keras_side(args.size, args.flops, args.repeats, data_images,
+                                   args.latency_only)
+    target = quick_path(results) if args.quick else results
     with open(target, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {target}")
