@@ -13,7 +13,7 @@ statistics correction applied, as `compress` does). Accuracy on the selection sp
 benchmarks/quality.py).
 
 Run: .venv/bin/python benchmarks/merge_search_wide.py [--width 4096]
-     [--densities 0.9 0.8 0.7 0.6 0.5 0.4 0.3] [--quick]
+     [--densities 0.9 0.8 0.7 0.6 0.5 0.4 0.3] [--report] [--quick]
 Writes benchmarks/results/merge_search_wide_<width>.json (not with --quick: width 64,
 2000 training images, densities 0.8 and 0.6).
 """
@@ -71,14 +71,30 @@ def accuracy(model, splits):
             for k, (x, y) in splits.items()}
 
 
+def report(path):
+    """One row, `top_k` − certified in points of accuracy over every density, as
+    ``benchmarks/quality.py --compare`` prints it for the quality benchmark's models."""
+    out = json.loads(Path(path).read_text())
+    pairs = list(zip(out["certified"]["points"], out["top_k"]["points"]))
+    diff = {k: np.array([100 * (b[k] - a[k]) for a, b in pairs]) for k in ("heldout", "sel")}
+    same = int(np.sum((np.abs(diff["sel"]) < 1e-9) & (np.abs(diff["heldout"]) < 1e-9)))
+    print(f"| MLP 2 × {out['width']} ({out['width']}) | {same} of {len(pairs)} | " + " | ".join(
+        f"{d.mean():+.2f} / {d.min():+.1f} / {d.max():+.1f}"
+        for d in (diff["heldout"], diff["sel"])) + " |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--width", type=int, default=4096)
     p.add_argument("--train-images", type=int, default=30000)
     p.add_argument("--densities", type=float, nargs="*",
                    default=[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3])
+    p.add_argument("--report", action="store_true",
+                   help="print the summary row of the recorded results and stop")
     add_quick(p)
     args = p.parse_args()
+    if args.report:
+        return report(REPO / "benchmarks" / "results" / f"merge_search_wide_{args.width}.json")
     sys.path.insert(0, os.path.dirname(__file__))
     from quality import heldout_test
 
@@ -122,6 +138,7 @@ def main():
     with open(out_path, "w") as f:
         json.dump(out, f, indent=1)
     print(f"wrote {out_path}")
+    report(out_path)
 
 
 if __name__ == "__main__":
