@@ -27,6 +27,8 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   ``hope_topk`` (the default with ``merge_search="top_k"``: uncertified candidate
   rows; on every axis, as ``hope``), ``hope_round8`` (the default with
   ``round_to=8``: every layer a run narrows ends at a multiple of 8 channels),
+  ``hope_topk_auto`` (``hope_topk`` with the default's statistics correction: the
+  default but for the merge search),
   ``hope_alpha_merge`` (merges priced with the paper's α*-scaled parent, ``J_merge``
   without ``n``: the default before commit 2d3a04b), ``hope_prev`` (the same on every
   axis, ranked per neuron under every budget), ``hope_paper`` (``cost="paper"``; it
@@ -227,6 +229,7 @@ def hope_methods(ctx):
         "hope_topk": (dict(merge_search="top_k"), AXES),
         # the default with every touched layer at a multiple of 8 channels
         "hope_round8": (dict(round_to=8, correct_statistics="auto"), AXES),
+        "hope_topk_auto": (dict(merge_search="top_k", correct_statistics="auto"), AXES),
         "hope_sc": (dict(), AXES),  # + correct_statistics at every point (Bench.point)
         "hope_re": (dict(), AXES),  # + BN statistics re-estimated on data (Bench.point)
         "hope_auto": (dict(correct_statistics="auto"), AXES),
@@ -266,7 +269,7 @@ def hope_methods(ctx):
 
 
 HOPE_NAMES = ("hope", "hope_sc", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
-              "hope_one_reader", "hope_topk", "hope_round8",
+              "hope_one_reader", "hope_topk", "hope_round8", "hope_topk_auto",
               "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc",
               "hope_neighbors", "hope_prune", "hope_noevict", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
               "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
@@ -532,6 +535,7 @@ class Bench:
         note["stopped"] = reason
         note["steps"] = {k: int(np.sum(traj.field("kind") == k))
                          for k in ("prune", "merge", "evict")} if len(traj) else {}
+        note["sum_J"] = float(sum(s.J for s in traj.steps))
         for t in targets:
             self.reset()
             if axis == "density":
@@ -734,6 +738,7 @@ LABELS = {
     "hope": "**HOPE default** (`cost=\"hope\"`)",
     "hope_topk": "HOPE `merge_search=\"top_k\"` (uncertified merge search)",
     "hope_round8": "HOPE `round_to=8` (every touched layer a multiple of 8 channels)",
+    "hope_topk_auto": "HOPE `merge_search=\"top_k\"`, the default's correction",
     "hope_sc": "HOPE + `correct_statistics`",
     "hope_re": "HOPE + BN re-estimated (uses data)",
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
@@ -1017,6 +1022,35 @@ def summary(results):
     return lines
 
 
+def compare(first, second, models=MODELS):
+    """Prints, per model (every axis pooled), how method `second` scores against
+    `first` at the same targets: points scored the same on both splits, and the
+    held-out and selection differences (second − first, points of accuracy); then
+    each one's sum of J per axis."""
+    print(f"| model | points the same | held-out: mean / min / max | selection: "
+          f"mean / min / max | sum of J per axis, {first} / {second} |")
+    print("|---|---|---|---|---|")
+    for model in models:
+        r = load_results(model)
+        if r is None or first not in r["results"] or second not in r["results"]:
+            continue
+        pairs, sums = [], []
+        for axis, points in r["results"][first].items():
+            other = {p["target"]: p for p in r["results"][second].get(axis, [])}
+            pairs += [(p, other[p["target"]]) for p in points if p["target"] in other]
+            notes = [r["notes"].get(m, {}).get(axis, {}) for m in (first, second)]
+            if all("sum_J" in n for n in notes):
+                sums.append(f"{axis} " + " / ".join(f"{n['sum_J']:.6g}" for n in notes))
+        if not pairs:
+            continue
+        diff = {k: np.array([100 * (b["acc"][k] - a["acc"][k]) for a, b in pairs])
+                for k in SPLITS}
+        same = int(np.sum((np.abs(diff["sel"]) < 1e-9) & (np.abs(diff["heldout"]) < 1e-9)))
+        print(f"| {model} | {same} of {len(pairs)} | " + " | ".join(
+            f"{d.mean():+.2f} / {d.min():+.1f} / {d.max():+.1f}"
+            for d in (diff["heldout"], diff["sel"])) + f" | {'; '.join(sums)} |")
+
+
 def report(models=MODELS, plots=True):
     results = {m: load_results(m) for m in models}
     lines = ["\n### Summary: default against the best baseline (held-out split)\n"]
@@ -1123,10 +1157,16 @@ def main(argv=None):
                         "change), instead of updating the methods run")
     p.add_argument("--axes", nargs="*", default=list(AXES), choices=AXES)
     p.add_argument("--report", action="store_true", help="print tables, write the PNGs")
+    p.add_argument("--compare", nargs=2, metavar=("FIRST", "SECOND"),
+                   help="print how method SECOND scores against FIRST, per model")
+    p.add_argument("--results", type=Path,
+                   help="the folder of quality_<model>.json (default benchmarks/results/)")
     add_quick(p)  # the demo CNN, 200 + 200 images, density 0.8, HOPE and one baseline
     args = p.parse_args(argv)
+    global RESULTS, IMG
+    if args.results:
+        RESULTS = args.results
     if args.quick:
-        global RESULTS, IMG
         RESULTS = IMG = quick_dir()
         run("demo", 200, 200, methods=["hope", "bn_scale_layer"], densities=(0.8,),
             axes=("density", "flops"))
@@ -1143,6 +1183,8 @@ def main(argv=None):
             densities=densities, axes=tuple(args.axes))
     if args.report:
         report()
+    if args.compare:
+        compare(*args.compare)
     return 0
 
 

@@ -17,7 +17,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
-SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
+# benchmarks/*.py and benchmarks/peers/*.py (the peer comparisons); files starting
+# with "_" are helpers (peers/_torch_pruning_side.py runs in the peer's own interpreter).
+SCRIPTS = sorted(str(p.relative_to(BENCHMARKS)) for pattern in ("*.py", "peers/*.py")
+                 for p in BENCHMARKS.glob(pattern) if not p.name.startswith("_"))
 # What a quick run must leave alone: the recorded results and the docs.
 WATCHED = [BENCHMARKS / "results", REPO / "docs"]
 TIMEOUT_S = 240
@@ -38,6 +41,7 @@ def _snapshot():
 def test_every_script_is_listed():
     assert len(SCRIPTS) >= 20, SCRIPTS
     assert "deft_transfer.py" in SCRIPTS
+    assert "peers/resnet50.py" in SCRIPTS
 
 
 def test_fashion_mnist_is_installed():
