@@ -192,7 +192,7 @@ MUTANTS: List[Mutant] = [
       "stats/bn_stats.py", "mean = np.where(live, mean + (m1 - m0), mean)",
       "mean = np.where(live, mean - (m1 - m0), mean)", ("tests/test_correct_statistics.py",)),
     # ------------------------------------------------------------------- DEFT
-    M("l2_penalty_abs", "L2Penalty sums |W| instead of W²", "deft/baselines.py",
+    M("l2_penalty_abs", "L2Penalty sums the absolute values of W, not W²", "deft/baselines.py",
       "tf.reduce_sum(tf.square(v))", "tf.reduce_sum(tf.abs(v))",
       ("tests/test_deft_trainer_options.py",)),
     M("restore_best_ignored", "fit(restore_best=True) keeps the last epoch",
@@ -275,7 +275,8 @@ def markdown_table(path: str) -> str:
     what = {m.name: m.what for m in MUTANTS}
     lines = ["| mutant | the bug planted | outcome | killed by |", "| --- | --- | --- | --- |"]
     for r in report["mutants"]:
-        lines.append(f"| `{r['name']}` (`{r['file']}`) | {what.get(r['name'], r['what'])} | "
+        bug = what.get(r["name"], r["what"]).replace("|", "\\|")
+        lines.append(f"| `{r['name']}` (`{r['file']}`) | {bug} | "
                      f"{r['outcome']} | {('`' + r['how'] + '`') if r['how'] else '—'} |")
     loads = [r["load_average_before"][0] for r in report["mutants"]
              if r.get("load_average_before")]
@@ -303,6 +304,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2, help="pytest-xdist processes")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per test run")
     p.add_argument("--out", default=DEFAULT_OUT, help="the JSON file to write")
+    p.add_argument("--tests", nargs="+",
+                   help="run these test files for every mutant instead of its own")
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     p.add_argument("--check", action="store_true",
                    help="only check that every mutant applies and compiles")
@@ -340,8 +343,8 @@ def main(argv=None) -> int:
         load = _load_avg()
         with tempfile.TemporaryDirectory(prefix="hope_mutant_") as tmp:
             src = apply(m, tmp)
-            r = run_tests(src, m.tests, args.timeout, args.workers)
-            ran = list(m.tests)
+            ran = list(args.tests or m.tests)
+            r = run_tests(src, ran, args.timeout, args.workers)
             if args.full and r["outcome"] == "survived":
                 full = run_tests(src, (), args.timeout, args.workers)
                 ran.append("the whole fast suite")

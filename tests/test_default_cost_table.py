@@ -188,8 +188,7 @@ def from_scratch(model):
         groups[name] = a
     (m1, v1), (m2, v2), (go, bo) = stream_moments(model)
     # The stream: b_in reads relu(stem_bn), sw reads relu(relu(stem_bn) + b_out_bn).
-    second_b_in = np.array([relu_second(g, b) for g, b in zip(
-        bn_params(model.get_layer("stem_bn"))[0], bn_params(model.get_layer("stem_bn"))[1])])
+    second_b_in = m1 ** 2 + v1
     second_sw = np.array([relu_second(math.sqrt(v), m) for m, v in zip(m2, v2)])
     u_b_in, u_sw = _f64(model.get_layer("b_in").kernel), _f64(model.get_layer("sw").kernel)
     groups["stem"] = {"cap": np.sqrt((u_b_in ** 2).sum(1) * second_b_in
@@ -207,7 +206,9 @@ def from_scratch(model):
 
 
 def merge_parent(a, i, j):
-    """(B, coefficients a1, a2, m1, m2, γ_k, β_k) of the sum-scale parent of i and j (§4)."""
+    """The sum-scale parent of i and j (§4): ``(B, a, (λ1, λ2), c, û, sd, mean)``, its
+    input vector ``a·(λ1 v_i + λ2 v_j)`` (``‖λ1 v_i + λ2 v_j‖ = 1``), its output ``c·û``,
+    and the mean and sd of ``λ1 y_i + λ2 y_j``."""
     V = np.hstack([a["W"], a["b"][:, None]])
     U, g, b, K = a["U"], a["gamma"], a["beta"], a["K"]
     rt = warped(a["W"][i], a["W"][j], g[i], g[j])
