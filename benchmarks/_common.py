@@ -96,7 +96,7 @@ def encoder(model, *, analysis=None, correct_statistics="auto", cost="hope", act
     the benchmarks' recorded commands name them: ``merge_scale``, ``kernel``,
     ``mean_compensation`` onto the cost; ``refresh``, ``merge_candidates``,
     ``merge_search`` into ``search=``; ``correct_statistics`` is ``correction=``;
-    ``round_to`` goes to the encoder."""
+    ``round_to`` into ``search=`` too."""
     import copy
 
     import hope_keras
@@ -110,10 +110,11 @@ def encoder(model, *, analysis=None, correct_statistics="auto", cost="hope", act
                           else mean_compensation)
     search = {k: v for k, v in (("refresh", refresh), ("merge_candidates", merge_candidates),
                                 ("merge_search", merge_search)) if v is not _UNSET}
+    if round_to != 1:
+        search["round_to"] = round_to
     kw = {} if actions is None else {"actions": actions}
     return hope_keras.Encoder(model, cost=cost, analysis=analysis, search=search or None,
-                              correction=correct_statistics, verbose=verbose,
-                              round_to=round_to, **kw)
+                              correction=correct_statistics, verbose=verbose, **kw)
 
 
 def compress(model, *, density=None, params=None, flops=None, steps=None, verbose=False,

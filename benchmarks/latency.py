@@ -1,5 +1,5 @@
 """Measured latency ratio against FLOPs ratio of slimmed models, with and without
-``round_to`` (`hope_keras.Encoder(round_to=...)`, docs/hope.md, "Widths that suit the
+``round_to`` (`hope_keras.SearchOptions(round_to=...)`, docs/hope.md, "Widths that suit the
 hardware").
 
 Per model: one run to the lowest FLOPs point per ``round_to`` (statistics correction
@@ -147,7 +147,7 @@ def measure(name, args):
     reference = {b: _runners(model, batches[b], methods[b], None)[0] for b in args.batches}
     for r in args.round_to:
         t0 = time.perf_counter()
-        enc = hope_keras.Encoder(copy(model), round_to=r, correction=False, verbose=False)
+        enc = hope_keras.Encoder(copy(model), search={"round_to": r}, correction=False, verbose=False)
         # Groups of round_to channels or fewer stay whole: some points may be out of reach.
         reachable = [p for p in args.points if p > enc.min_reachable()[2] + 1e-9]
         for point in sorted(set(args.points) - set(reachable), reverse=True):

@@ -270,3 +270,19 @@ def test_no_function_level_import_of_the_package_but_the_allowed_ones():
 def test_the_stage_checks_see_function_level_imports():
     imports = _all_imports("hope_keras.graph.adapter")
     assert ("hope_keras.graph.tracing", False) in [(t, top) for t, _, top in imports]
+
+
+def test_the_public_entry_points_stay_small():
+    """`compress` takes the model, one budget of each kind, the cost, the actions, the
+    data and `verbose`; `Encoder` the model and seven settings: anything else belongs
+    on the cost (`HopeCost`) or the search (`SearchOptions`)."""
+    import inspect
+
+    import hope_keras
+
+    compress = inspect.signature(hope_keras.compress).parameters
+    encoder = inspect.signature(hope_keras.Encoder.__init__).parameters
+    assert list(compress) == ["model", "density", "params", "flops", "steps", "cost",
+                              "actions", "data", "verbose", "latency"]
+    assert len(encoder) - 1 <= 8, list(encoder)  # less `self`
+    assert hope_keras.SearchOptions(round_to=8).round_to == 8

@@ -79,7 +79,7 @@ def _widths(model):
 def _compress(make, budget, round_to, correction=False):
     model = make()
     original = copy_model(model)
-    result = Encoder(model, round_to=round_to, correction=correction,
+    result = Encoder(model, search={"round_to": round_to}, correction=correction,
                      verbose=False).compress(**budget)
     return original, model, result
 
@@ -157,7 +157,7 @@ def test_replay_is_bit_identical_and_slices_between_rounds(name, tmp_path):
 
 def test_groups_at_or_below_round_to_stay_whole():
     model = mlp((6, 16), d_in=5, seed=2)
-    result = Encoder(model, round_to=8, correction=False, verbose=False).compress()
+    result = Encoder(model, search={"round_to": 8}, correction=False, verbose=False).compress()
     assert result.stopped == "no_action"
     assert _widths(hope_keras.slim(model)) == {"fc0": 6, "fc1": 8}
 
@@ -166,14 +166,14 @@ def test_out_of_reach_with_round_to_is_refused_before_any_edit():
     model = mlp((6, 16), d_in=5, seed=2)
     weights = model.get_weights()
     with pytest.raises(ValueError, match="out of reach"):
-        Encoder(model, round_to=8, verbose=False).compress(density=0.5)
+        Encoder(model, search={"round_to": 8}, verbose=False).compress(density=0.5)
     assert all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
 
 
 @pytest.mark.parametrize("bad", [0, -8, 2.5, "8", True])
 def test_bad_round_to_is_refused(bad):
     with pytest.raises(ValueError, match="round_to"):
-        Encoder(mlp(), round_to=bad, verbose=False)
+        Encoder(mlp(), search={"round_to": bad}, verbose=False)
 
 
 def test_width_rounding_rounds():
@@ -209,7 +209,7 @@ def test_cli_round_to(tmp_path, capsys):
 def test_out_of_reach_flops_names_round_to():
     model = mlp((6, 16), d_in=5, seed=2)
     with pytest.raises(ValueError, match="round_to=8"):
-        Encoder(model, round_to=8, verbose=False).compress(flops=0.5)
+        Encoder(model, search={"round_to": 8}, verbose=False).compress(flops=0.5)
 
 
 @pytest.mark.parametrize("name", ["conv", "residual"])

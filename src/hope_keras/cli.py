@@ -170,7 +170,8 @@ def _compress(args):
         result = hope_keras.Encoder(
             model, cost=args.cost, actions=args.actions,
             data=_load_data(args.data, model) if args.data else None,
-            verbose=False if args.quiet else "auto", round_to=args.round_to).compress(
+            search={"round_to": args.round_to},
+            verbose=False if args.quiet else "auto").compress(
             density=args.density, params=args.params, flops=args.flops, steps=args.steps,
             latency=args.latency_budget)
     except hope_keras.CompressionInterrupted as e:

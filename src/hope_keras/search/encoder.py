@@ -236,7 +236,8 @@ class Encoder:
             scale, the cross-kernel and mean compensation (`hope_keras.costs.HopeCost`).
         actions: Subset of ``("prune", "merge", "evict")``.
         analysis: Its `Analysis` (computed if omitted), made with the cost's kernel.
-        search: `SearchOptions` (or a dict of its fields): how merges are searched.
+        search: `SearchOptions` (or a dict of its fields): how merges are searched,
+            and ``round_to``, the multiple of channels each narrowed group ends at.
         data: Unlabeled inputs (array, ``tf.data.Dataset`` or iterable of batches;
             labels are ignored): the BatchNormalization statistics the run leaves
             stale are re-estimated on them, and nothing synthetic is made.
@@ -245,9 +246,6 @@ class Encoder:
             (`hope_keras.stats.correction`), or a `StatisticsCorrection`.
         verbose: ``"auto"`` (default: progress bars when standard output is a
             terminal or a notebook), True or False.
-        round_to: Every group the run touches ends at a multiple of this many
-            channels, or whole (`hope_keras.search.rounding`; docs/hope.md, "Widths
-            that suit the hardware"). 1 (default): any width.
 
     Example:
 
@@ -262,16 +260,16 @@ class Encoder:
     >>> enc.active, enc.num_neurons
     (15, 16)
     >>> fresh = keras.models.clone_model(model)  # widths 16 → 12 → 8: multiples of 4
-    >>> hope_keras.Encoder(fresh, round_to=4, verbose=False).compress(density=0.6).density
+    >>> hope_keras.Encoder(fresh, search={"round_to": 4}, verbose=False).compress(density=0.6).density
     0.5
     """
 
     def __init__(self, model, *, cost="hope", actions=ACTIONS,
                  analysis: Optional[Analysis] = None, search=None, data=None,
-                 correction="auto", verbose="auto", round_to: int = 1):
+                 correction="auto", verbose="auto"):
         actions = _checked_actions(actions)
-        self.rounding = WidthRounding(round_to)
         self.search = search = SearchOptions.get(search)
+        self.rounding = WidthRounding(search.round_to)
         self.correction = _statistics_correction(correction, data, verbose)
         resolve_verbose(verbose)
         self.verbose = verbose

@@ -24,6 +24,7 @@ from hope_keras.search._threads import cpu_count as _cpu_count  # a module attri
 from hope_keras.search._threads import one_blas_thread, release_free_memory
 from hope_keras.scoring.cache_builders import build_group_cache, build_sketch_cache, extract_rows
 from hope_keras.search.candidates import MergeTable
+from hope_keras.search.rounding import check_round_to
 from hope_keras.scoring.cache import PruneCache, SketchCache
 from hope_keras.scoring.neurons import coupled_capacity, extract_group
 
@@ -69,8 +70,9 @@ MERGE_SEARCHES = ("auto", "certified", "top_k")
 
 @dataclasses.dataclass(frozen=True)
 class SearchOptions:
-    """How the `Encoder` searches for the cheapest merge; the defaults select what
-    the exhaustive scan selects wherever that is practical.
+    """How the `Encoder` walks: how it searches for the cheapest merge (the
+    defaults select what the exhaustive scan selects wherever that is practical)
+    and which widths it may stop at.
 
     Attributes:
         merge_candidates: Merge partners kept per neuron (an int ``k``), or None to
@@ -94,17 +96,23 @@ class SearchOptions:
             cache is updated, the paper's decoupled cache) or ``"neighbors"`` (also
             rebuild the caches of the producer- and consumer-side groups: 2–6×
             slower, with no consistent gain, docs/hope.md).
+        round_to: Every group the run touches ends at a multiple of this many
+            channels, or whole (`hope_keras.search.rounding`; docs/hope.md, "Widths
+            that suit the hardware"). 1 (default): any width.
 
     Example:
 
     >>> from hope_keras import SearchOptions
     >>> SearchOptions(merge_search="top_k").merge_search
     'top_k'
+    >>> SearchOptions(round_to=8).round_to
+    8
     """
 
     merge_candidates: object = "auto"
     merge_search: str = "auto"
     refresh: str = "local"
+    round_to: int = 1
 
     def __post_init__(self):
         k = self.merge_candidates
@@ -118,6 +126,7 @@ class SearchOptions:
         if self.refresh not in ("local", "neighbors"):
             raise ValueError(f"refresh must be 'local' or 'neighbors'. "
                              f"Received: refresh={self.refresh!r}")
+        object.__setattr__(self, "round_to", check_round_to(self.round_to))
 
     @classmethod
     def get(cls, identifier) -> "SearchOptions":

@@ -1,5 +1,5 @@
 """Hardware-friendly widths: every group a HOPE run touches ends at a multiple of
-``round_to`` channels (`Encoder(round_to=...)`, docs/hope.md, "Widths that suit
+``round_to`` channels (`SearchOptions(round_to=...)`, docs/hope.md, "Widths that suit
 the hardware").
 
 CPU and GPU kernels vectorise over blocks of 8 or 16 channels: a convolution with 34
