@@ -161,7 +161,9 @@ def _make_step(model, bns):
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(step, reduce_retracing=True)
+        # No autograph: a Python walk of the graph, nothing to convert (and most of
+        # the tracing time when converted).
+        return tf.function(step, reduce_retracing=True, autograph=False)
     return step
 
 

@@ -362,8 +362,11 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
 
     def optimise(x, inputs, n_steps, done):
         optimizer = keras.optimizers.Adam(learning_rate)
+        optimizer.build([x])  # its slots made here, or the step would be traced twice
 
-        @tf.function(reduce_retracing=True)
+        # No autograph: the step has no tensor-dependent Python control flow, and
+        # converting the graph walk and every layer's call is most of its tracing.
+        @tf.function(reduce_retracing=True, autograph=False)
         def step():
             with tf.GradientTape() as tape:
                 loss = loss_fn(inputs)
