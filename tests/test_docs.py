@@ -1,8 +1,10 @@
 """Every ```python block in docs/*.md runs (blocks of one file share a namespace).
 
 A block right after a line `<!-- no-run -->` is skipped (e.g. one that downloads weights).
-docs/deploy.md's walk-through (compress, recover for an epoch, slim, export, TFLite;
-each step is tested on its own in make test) is marked slow: make test-slow runs it.
+The walk-throughs whose every step is tested on its own in make test are marked
+slow (make test-slow runs them): docs/deploy.md (compress, recover for an epoch, slim,
+export, TFLite), docs/deft.md (tests/test_deft_*.py) and docs/derivative_matching.md
+(tests/test_derivative_matching.py).
 """
 
 import pathlib
@@ -12,7 +14,7 @@ import pytest
 
 DOCS = sorted((pathlib.Path(__file__).parent.parent / "docs").glob("*.md"))
 BLOCK = re.compile(r"(<!-- no-run -->\s*\n)?```python\n(.*?)```", re.S)
-SLOW_DOCS = {"deploy.md"}  # over a minute on 2 shared cores
+SLOW_DOCS = {"deploy.md", "deft.md", "derivative_matching.md"}
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow)

@@ -595,6 +595,9 @@ def _train(model, distiller, strategy, optimizer, fit_data, epochs, verbose, bat
     if epochs > 0:
         with strategy.scope():
             distiller.compile(optimizer=optimizer)
+            # Its slots made now, not inside the first traced step: one trace, not two.
+            if not distiller.optimizer.built:
+                distiller.optimizer.build(distiller.trainable_variables)
         if _is_dataset(fit_data["x"]):
             fit_kwargs.setdefault("shuffle", False)  # a dataset shuffles itself
         else:

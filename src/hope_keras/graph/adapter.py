@@ -450,3 +450,17 @@ def run_through_graph(functional, x, operation_fn):
     inputs = functional._standardize_inputs(x)
     inputs = [ops.cast(t, ref.dtype) for t, ref in zip(inputs, functional.inputs)]
     return functional._run_through_graph(inputs, operation_fn=operation_fn)
+
+
+def graph_function(fn):
+    """``fn`` compiled with ``tf.function``, without autograph.
+
+    The library's compiled steps walk the graph in Python and call each layer.
+    Autograph would convert the walk, which needs no conversion, at most of the
+    tracing time (half a small model's `compress`), and it leaves the layers' calls
+    as they are: Keras layer code is not converted either way, so a layer that
+    branches in Python on a tensor fails in both.
+    """
+    import tensorflow as tf
+
+    return tf.function(fn, reduce_retracing=True, autograph=False)

@@ -159,11 +159,7 @@ def _make_step(model, bns):
         return [recorded[id(bn)] for bn in bns]
 
     if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        # No autograph: a Python walk of the graph, nothing to convert (and most of
-        # the tracing time when converted).
-        return tf.function(step, reduce_retracing=True, autograph=False)
+        return kg.graph_function(step)
     return step
 
 

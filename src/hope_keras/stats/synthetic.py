@@ -364,9 +364,7 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         optimizer = keras.optimizers.Adam(learning_rate)
         optimizer.build([x])  # its slots made here, or the step would be traced twice
 
-        # No autograph: the step has no tensor-dependent Python control flow, and
-        # converting the graph walk and every layer's call is most of its tracing.
-        @tf.function(reduce_retracing=True, autograph=False)
+        @kg.graph_function
         def step():
             with tf.GradientTape() as tape:
                 loss = loss_fn(inputs)
