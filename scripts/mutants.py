@@ -185,7 +185,7 @@ MUTANTS: List[Mutant] = [
       '"flops": lambda: self.field("params_after")',
       ("tests/test_budgets_replay_and_cli_options.py",)),
     M("fingerprint_trainable_only", "the weight fingerprint skips non-trainable weights "
-      "(BN moving statistics)", "search/trajectory.py", "for w in get(name).weights:",
+      "(BN moving statistics)", "graph/fingerprint.py", "for w in get(name).weights:",
       "for w in get(name).trainable_weights:",
       ("tests/test_slim_trajectory.py", "tests/test_bad_input.py")),
     M("correction_shift_sign", "the data-free correction moves μ against the shift",

@@ -460,7 +460,6 @@ _MIRRORED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # a fresh TensorFlow process with two logical CPUs
 def test_a_mirrored_model_is_edited_through_copies_on_every_replica():
     """A variable created under `tf.distribute.MirroredStrategy` (two logical CPUs,
     in a subprocess) is no plain resource variable: the editor copies it and

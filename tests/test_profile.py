@@ -95,10 +95,17 @@ def test_slim_comparison_counts_and_compress_result_profiles_lazily():
                for line in lines), lines
 
 
-def test_latency_methods_interleaved_and_tflite(tmp_path):
+@pytest.fixture(scope="module")
+def compressed_and_slim():
+    """A residual net compressed in place to density 0.5, and its slimmed copy (read
+    only: shared by the tests below)."""
     model = small_resnet(seed=4)
     hope_keras.compress(model, density=0.5, verbose=False)
-    small = hope_keras.slim(model)
+    return model, hope_keras.slim(model)
+
+
+def test_latency_methods_interleaved_and_tflite(compressed_and_slim, tmp_path):
+    model, small = compressed_and_slim
     p = hope_keras.profile(small, reference=model, methods=("predict", "call", "tflite"),
                            repeats=3, warmup=1, batch_size=2)
     for prof in (p, p.reference):
@@ -116,12 +123,10 @@ def test_latency_methods_interleaved_and_tflite(tmp_path):
     assert q.size_bytes == path.stat().st_size
 
 
-def test_tflite_float32_matches_keras_and_int8_is_smaller(tmp_path):
+def test_tflite_float32_matches_keras_and_int8_is_smaller(compressed_and_slim, tmp_path):
     from hope_keras.deploy.export import tflite_predict
 
-    model = small_resnet(seed=4)
-    hope_keras.compress(model, density=0.5, verbose=False)
-    small = hope_keras.slim(model)
+    _, small = compressed_and_slim
     x = np.random.default_rng(0).normal(size=(8, 10, 10, 3)).astype("float32")
     want = np.asarray(small(x, training=False))
     f32 = hope_keras.export_tflite(small, tmp_path / "f32.tflite")

@@ -34,7 +34,7 @@ def _results(widths):
 
 @pytest.fixture(scope="module")
 def narrow_and_wide():
-    return _results((8, 6)), _results((600, 500))
+    return _results((8, 6)), _results((160, 120))  # 20× wider: a list would show
 
 
 @pytest.mark.parametrize("kind", ["Analysis", "GroupReport", "ModelGraph", "NeuronGroup",
