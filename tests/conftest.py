@@ -68,6 +68,22 @@ def small_resnet(seed=0, name="small_resnet"):
     return randomize_bn(keras.Model(inputs, outputs, name=name), seed)
 
 
+def conv_net(seed=0, widths=(24, 32, 20, 16)):
+    """Plain conv net on 12 × 12 × 3: convs c1, c2 (same padding), max-pool, c3
+    (valid), global pooling, Dense fc, head of 4; every hidden layer BN → ReLU, BN
+    statistics randomised."""
+    keras.utils.set_random_seed(seed)
+    c1, c2, c3, fc = widths
+    inputs = keras.Input((12, 12, 3))
+    x = bn_relu(L.Conv2D(c1, 3, padding="same", name="c1")(inputs), "c1")
+    x = bn_relu(L.Conv2D(c2, 3, padding="same", name="c2")(x), "c2")
+    x = L.MaxPooling2D()(x)
+    x = bn_relu(L.Conv2D(c3, 3, name="c3")(x), "c3")
+    x = L.GlobalAveragePooling2D()(x)
+    x = bn_relu(L.Dense(fc, name="fc")(x), "fc")
+    return randomize_bn(keras.Model(inputs, L.Dense(4, name="head")(x), name="conv"), seed)
+
+
 def copy_model(model):
     clone = keras.models.clone_model(model)
     clone.set_weights(model.get_weights())

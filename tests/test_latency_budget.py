@@ -9,19 +9,7 @@ import pytest
 import hope_keras
 from hope_keras import LatencyBudget
 from hope_keras.search.latency import MIN_STEP
-from conftest import L, bn_relu, copy_model, randomize_bn
-
-
-def conv_net(seed=0):
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((12, 12, 3))
-    x = bn_relu(L.Conv2D(24, 3, padding="same", name="c1")(inputs), "c1")
-    x = bn_relu(L.Conv2D(32, 3, padding="same", name="c2")(x), "c2")
-    x = L.MaxPooling2D()(x)
-    x = bn_relu(L.Conv2D(20, 3, name="c3")(x), "c3")
-    x = L.GlobalAveragePooling2D()(x)
-    x = bn_relu(L.Dense(16, name="fc")(x), "fc")
-    return randomize_bn(keras.Model(inputs, L.Dense(4, name="head")(x), name="conv"), seed)
+from conftest import conv_net, copy_model
 
 
 def flops_ratio(small, reference):

@@ -9,20 +9,14 @@ import hope_keras
 from hope_keras.search.encoder import Encoder
 from hope_keras.search.rounding import WidthRounding
 from conftest import L, bn_relu, copy_model, mlp, outputs_equal, randomize_bn
+from conftest import conv_net as shared_conv_net
 
 KERNEL_LAYERS = (L.Dense, L.Conv2D, L.SeparableConv2D, L.DepthwiseConv2D)
 
 
 def conv_net(seed=0):
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((12, 12, 3))
-    x = bn_relu(L.Conv2D(24, 3, padding="same", name="c1")(inputs), "c1")
-    x = bn_relu(L.Conv2D(36, 3, padding="same", name="c2")(x), "c2")
-    x = L.MaxPooling2D()(x)
-    x = bn_relu(L.Conv2D(20, 3, name="c3")(x), "c3")
-    x = L.GlobalAveragePooling2D()(x)
-    x = bn_relu(L.Dense(19, name="fc")(x), "fc")
-    return randomize_bn(keras.Model(inputs, L.Dense(4, name="head")(x), name="conv"), seed)
+    """Widths 36 and 19 are no multiples of 8 or 4."""
+    return shared_conv_net(seed, widths=(24, 36, 20, 19))
 
 
 def residual_net(seed=0):
