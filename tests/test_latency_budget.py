@@ -2,7 +2,6 @@
 loop is tested with deterministic timers (latency as a function of FLOPs); one smoke
 test times for real and checks only the structure (timings are the machine's)."""
 
-import keras
 import numpy as np
 import pytest
 
