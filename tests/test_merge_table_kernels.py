@@ -34,7 +34,7 @@ def random_table(rng, n, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n", [2, 3, 63, 64, 65, 200])
+@pytest.mark.parametrize("n", [2, 3, 31, 32, 33, 64, 65, 200])
 def test_dense_scan_matches_numpy(dtype, n):
     rng = np.random.default_rng(n)
     for trial in range(6):
@@ -58,17 +58,20 @@ def test_dense_scan_matches_numpy(dtype, n):
         np.testing.assert_array_equal(rest, want_rest.astype(np.float64))
         assert rest.dtype == np.float64
 
-        # The row bounds after the pairs found are priced (their entries replaced).
-        exact = lo.copy()
-        exact[r, l] = (np.abs(lo[r, l]) + rng.random(r.size)).astype(dtype)
+        # The row bounds after the pairs found are priced (their entries replaced),
+        # and the pairs whose entry is still within the cut.
+        priced = lo.copy()
+        priced[r, l] = (np.abs(lo[r, l]) + rng.random(r.size)).astype(dtype)
         rowlo = rng.normal(size=n)
         want = rowlo.copy()
         sub2 = sub.copy()
-        sub2[pr, pc] = exact[r, l]
+        sub2[pr, pc] = priced[r, l]
         if rows.size:
-            want[rows] = sub2.min(axis=1)
-        kernels.rows_min_update(rowlo, rows, rest, r, exact[r, l].astype(np.float64))
+            want[rows] = sub2.min(axis=1) if sub2.shape[1] else np.inf
+        cut64 = cut.astype(np.float64) + rng.random(n)
+        keep = kernels.tighten_rows(priced, rowlo, rows, rest, r, l, cut64)
         np.testing.assert_array_equal(rowlo, want)
+        np.testing.assert_array_equal(keep, priced[r, l] <= cut64[r])
 
 
 def test_dense_scan_grows_its_output_past_the_first_buffer():

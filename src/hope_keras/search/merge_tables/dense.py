@@ -194,9 +194,7 @@ class DenseTable(MergeTable):
         new = ~self.exact[r, l]
         if new.any():
             self._price_exact(r[new], l[new])  # exact now: tighter row bounds, fewer rows later
-        kernels.rows_min_update(self.rowlo, rows, rest, r,
-                                self.lo[r, l].astype(np.float64))
-        keep = self.lo[r, l] <= cut[r]
+        keep = kernels.tighten_rows(self.lo, self.rowlo, rows, rest, r, l, cut)
         r, l = r[keep], l[keep]
         if not r.size:
             return None

@@ -41,8 +41,10 @@ _JIT = dict(cache=True, nogil=True)
 
 
 # Dense tables are scanned in blocks of this many columns: a block's comparisons and
-# minimum are vectorized, and only blocks holding a pair are read again for positions.
-_BLOCK = 64
+# minimum are vectorized, and only blocks holding a pair are read again for positions
+# (700 rows × 2048 columns, 0.6 % of entries found: 1.3 ms with 32, 1.7 ms with 64,
+# 3.3 ms with 16).
+_BLOCK = 32
 
 
 def order_keys(x: np.ndarray) -> np.ndarray:
@@ -186,21 +188,24 @@ def dense_scan(lo, ok, rows, cut):
 
 
 @numba.njit(**_JIT)
-def rows_min_update(rowlo, rows, rest, r, values):
-    """``rowlo[rows] = `` each row's minimum of `rest` and the `values` of its pairs
-    (``r``: the pairs' rows, each in `rows`), NaN propagating as in ``np.min``."""
+def tighten_rows(lo, rowlo, rows, rest, r, l, cut):
+    """After `dense_scan` and the pricing of its pairs ``(r, l)``: ``rowlo[rows]``
+    becomes each row's minimum of `rest` and its pairs' entries of `lo` (no NaN);
+    returns which pairs have ``lo[r, l] <= cut[r]`` (float64 `cut`)."""
     n = rowlo.shape[0]
-    out = np.full(n, np.inf)
+    low = np.full(n, np.inf)
     for a in range(rows.shape[0]):
-        out[rows[a]] = rest[a]
+        low[rows[a]] = rest[a]
+    keep = np.empty(r.shape[0], dtype=np.bool_)
     for p in range(r.shape[0]):
         x = r[p]
-        v = values[p]
-        m = out[x]
-        if m == m and (v < m or v != v):
-            out[x] = v
+        v = np.float64(lo[x, l[p]])
+        if v < low[x]:
+            low[x] = v
+        keep[p] = v <= cut[x]
     for a in range(rows.shape[0]):
-        rowlo[rows[a]] = out[rows[a]]
+        rowlo[rows[a]] = low[rows[a]]
+    return keep
 
 
 @numba.njit(**_JIT)
