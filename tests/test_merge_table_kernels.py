@@ -4,6 +4,7 @@ same order, same row minima, on tables with signed zeros, infinities, dead neuro
 cuts equal to entries."""
 
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -96,12 +97,19 @@ def test_order_keys_sort_as_the_values():
         np.testing.assert_array_equal(kernels.from_keys(k, dtype), x.astype(np.float64))
 
 
-def test_cache_dir_is_the_users_when_the_package_dir_is_not_writable(monkeypatch):
+def test_cache_dir_is_the_users_when_the_package_dir_is_not_writable(monkeypatch, tmp_path):
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", "/some/cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(kernels.os, "access", lambda path, mode: False)
     kernels._cache_dir_if_needed()
-    assert os.environ["NUMBA_CACHE_DIR"] == os.path.join("/some/cache", "hope_keras", "numba")
+    assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / "hope_keras" / "numba")
+    assert (tmp_path / "hope_keras" / "numba").is_dir()
+    # Nowhere writable under the user's cache directory: a temporary one.
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    (tmp_path / "ro").write_text("a file, not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "ro"))
+    kernels._cache_dir_if_needed()
+    assert os.environ["NUMBA_CACHE_DIR"].startswith(tempfile.gettempdir())
     # A directory the user chose is kept; a writable package keeps numba's default.
     monkeypatch.setenv("NUMBA_CACHE_DIR", "/mine")
     kernels._cache_dir_if_needed()

@@ -9,24 +9,40 @@ floating-point arithmetic is reordered).
 
 Compiled functions are cached on disk (``cache=True``): next to this module, or, where
 the package directory is not writable, under the user's cache directory
-(``~/.cache/hope_keras/numba``, or ``$XDG_CACHE_HOME/hope_keras/numba``); a
-``NUMBA_CACHE_DIR`` set by the user is kept.
+(``~/.cache/hope_keras/numba``, or ``$XDG_CACHE_HOME/hope_keras/numba``; a temporary
+directory if that is not writable either); a ``NUMBA_CACHE_DIR`` set by the user is kept.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+
+
+def _writable(path: str) -> bool:
+    """Whether files can be written under `path` (created if missing)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            return True
+    except OSError:
+        return False
 
 
 def _cache_dir_if_needed():
     """Points numba's cache at the user's cache directory when this package's
-    directory is not writable and the user chose none; returns that directory
-    (None: numba's default, next to this module)."""
+    directory is not writable and the user chose none (a temporary directory if
+    that is not writable either: numba's ``cache=True`` needs a writable place);
+    returns that directory (None: numba's default, next to this module)."""
     if os.environ.get("NUMBA_CACHE_DIR") or os.access(os.path.dirname(__file__), os.W_OK):
         return None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "hope_keras", "numba")
-    return os.environ["NUMBA_CACHE_DIR"]
+    path = os.path.join(base, "hope_keras", "numba")
+    if not _writable(path):
+        path = os.path.join(tempfile.gettempdir(), f"hope_keras-numba-{os.getuid()}"
+                            if hasattr(os, "getuid") else "hope_keras-numba")
+    os.environ["NUMBA_CACHE_DIR"] = path
+    return path
 
 
 _CACHE_DIR = _cache_dir_if_needed()
