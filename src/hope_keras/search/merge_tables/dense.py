@@ -17,7 +17,8 @@ import numpy as np
 
 from hope_keras.scoring.cache import sorted_unique
 from hope_keras.search.candidates import MergeTable
-from hope_keras.search.merge_tables.bounds import CHUNK_ROWS, FILL_PAIRS, nonzero2
+from hope_keras.search.merge_tables import kernels
+from hope_keras.search.merge_tables.bounds import CHUNK_ROWS, FILL_PAIRS
 
 # Best pairs re-priced first at the next selection (an upper bound).
 HINTS = 8
@@ -66,7 +67,9 @@ class DenseTable(MergeTable):
 
     def _stored(self, R):
         """`R` (float64 bounds or residuals) as `lo` holds it: compact tables round
-        down to float32, so an entry stays a lower bound."""
+        down to float32, so an entry stays a lower bound. A NaN is stored as +inf
+        (a pair never selected; the compiled scan orders values as integers)."""
+        R = np.where(np.isnan(R), np.inf, R)
         if not self.compact:
             return R
         R32 = np.asarray(R, dtype=np.float32)
@@ -84,13 +87,18 @@ class DenseTable(MergeTable):
     def _store_dense(self, a, b, B, kc, gu, R):
         """Writes exact values of the distinct pairs (a, b) both ways; returns `R` as
         stored."""
-        R = self._stored(R)
-        for x, y in ((a, b), (b, a)):
-            if self.compact:
-                self.B[x, y], self.lo[x, y] = B, R
-            else:
-                self.B[x, y], self.kc[x, y], self.gu[x, y], self.lo[x, y] = B, kc, gu, R
-            self.exact[x, y] = True
+        a, b = np.ravel(a).astype(np.intp), np.ravel(b).astype(np.intp)
+
+        def flat(x, dtype=np.float64):
+            return np.ascontiguousarray(np.broadcast_to(np.asarray(x, dtype=dtype), a.shape))
+
+        R = flat(self._stored(np.broadcast_to(R, a.shape)), self.lo.dtype)
+        kernels.put_symmetric(self.lo, a, b, R)
+        kernels.put_symmetric(self.B, a, b, flat(B))
+        if not self.compact:
+            kernels.put_symmetric(self.kc, a, b, flat(kc))
+            kernels.put_symmetric(self.gu, a, b, flat(gu))
+        kernels.mark_symmetric(self.exact, a, b)
         return R
 
     def _price_held(self, r, l, C, price):
@@ -142,12 +150,7 @@ class DenseTable(MergeTable):
         D = np.full(self.n, np.inf)
         if cols.size:
             D[cols] = self._stored(self._distance_row(i, cols)[0])
-        self.lo[i, :] = D
-        self.lo[:, i] = D
-        self.exact[i, :] = False
-        self.exact[:, i] = False
-        self.rowlo[i] = D.min()
-        np.minimum(self.rowlo, D, out=self.rowlo)
+        kernels.reset_cross(self.lo, self.exact, self.rowlo, int(i), D)
 
     def _select(self, C, n_live, ok, price, cutoff, rows_ok):
         """`select` on a dense table: the pairs whose bound could beat the best are
@@ -186,19 +189,12 @@ class DenseTable(MergeTable):
                 return None
         cut = self._r_cut(best, f, t)
         rows = np.flatnonzero(ok & (self.rowlo <= cut))
-        cols = np.flatnonzero(ok)
-        # The live columns only (np.take twice: a third of the time of copying whole
-        # rows and masking the dead columns).
-        sub = np.take(np.take(self.lo, rows, axis=0), cols, axis=1)
-        # x ≤ cut ⇔ x ≤ cut rounded down, for float32 x (no float64 copy of `sub`).
-        pr, pc = nonzero2(sub <= self._stored(cut[rows])[:, None])
-        r, l = rows[pr], cols[pc]
+        # x ≤ cut ⇔ x ≤ cut rounded down, for float32 x.
+        r, l, rest = kernels.dense_scan(self.lo, ok, rows, self._stored(cut))
         new = ~self.exact[r, l]
         if new.any():
-            self._price_exact(r[new], l[new])
-            sub[pr, pc] = self.lo[r, l]  # exact now: tighter row bounds, fewer rows later
-        self.rowlo[rows] = sub.min(axis=1)
-        keep = self.lo[r, l] <= cut[r]
+            self._price_exact(r[new], l[new])  # exact now: tighter row bounds, fewer rows later
+        keep = kernels.tighten_rows(self.lo, self.rowlo, rows, rest, r, l, cut)
         r, l = r[keep], l[keep]
         if not r.size:
             return None
