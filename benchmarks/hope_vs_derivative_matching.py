@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""HOPE and derivative matching side by side on the same trained GELU MLP (issue 13).
+"""HOPE and derivative matching side by side on the same trained GELU MLP.
 
 Task (the one of ``derivative_matching_posttraining.py``): x uniform on the unit disk,
 y = sin(2x₁)·cos(1.5x₂) + 0.5·x₁x₂ + N(0, 0.1²); 4096 training, 1024 validation

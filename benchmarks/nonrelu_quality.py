@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Compression quality on a network without ReLU (issue 13): HOPE against the baselines.
+"""Compression quality on a network without ReLU: HOPE against the baselines.
 
 The model is ``benchmarks/fixtures/swish_cnn.keras`` (``scripts/make_benchmark_fixtures.py
 --only swish``: vgg8's layout at half width, Conv → BN → swish everywhere, BN statistics
@@ -75,7 +75,7 @@ BASELINES = tuple(f"{m}_{s}{mc}" for m in ("l1_input", "l1_joint", "bn_scale")
 # corrects only where it trusts the prediction).
 EXPERIMENTS = ("hope_sc",) + tuple(f"{m}_{s}_sc" for m in ("l1_input", "l1_joint", "bn_scale")
                                    for s in ("global", "layer"))
-TARGET_POINTS = (0.9, 0.8, 0.7, 0.6)  # issue 13: default ≥ best baseline − 1 point here
+TARGET_POINTS = (0.9, 0.8, 0.7, 0.6)  # the target: default ≥ best baseline − 1 point here
 
 
 # --------------------------------------------------------------------------- data

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Pipeline benchmark (issue 11 item 4): compress → slim → recover, at equal budgets.
+"""Pipeline benchmark: compress → slim → recover, at equal budgets.
 
 For each model and each neuron density, three compressions of the same trained model:
 

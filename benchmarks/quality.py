@@ -19,7 +19,7 @@ on two disjoint splits of the Fashion-MNIST test set (the models were trained on
 * ``sel`` — the selection split: the 2000 test images bundled with the package
   (`hope_keras.data.load_demo_data`). Every default and variant is chosen on it.
 * ``heldout`` — 3000 other test images (``/usr/share/datasets/fashion-mnist``), which
-  chose nothing. The targets of issue 15 are checked on it.
+  chose nothing. The targets (the default against the best baseline) are checked on it.
 
 Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS``):
 
@@ -36,7 +36,7 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   the benchmark converts, see `Bench.run_hope`), ``hope_neurons`` (the default cost
   on the paper's neuron layers only, as ``cost="paper"``: residual streams and other
   coupled groups stay whole), ``hope_nostreams`` (``HopeCost(groups="no_streams")``:
-  the residual streams whole, the default before decision 7), ``hope_one_reader``
+  the residual streams whole, the previous default), ``hope_one_reader``
   (streams priced, every group ranked as if one layer read it: no factor ``R``),
   ``hope_neighbors`` (``refresh="neighbors"``), ``hope_prune`` (prune only),
   ``hope_noevict`` (no evictions: ``actions=("prune", "merge")``), ``hope_prune_sc``
@@ -234,7 +234,7 @@ def hope_methods(ctx):
         "hope_re": (dict(), AXES),  # + BN statistics re-estimated on data (Bench.point)
         "hope_auto": (dict(correct_statistics="auto"), AXES),
         "hope_nocorr": (dict(correct_statistics=False), AXES),
-        # decision 7: the previous default (streams whole), and streams priced as one
+        # the previous default (streams whole), and streams priced as one
         # reader's channel
         "hope_nostreams": (dict(cost=costs.HopeCost(groups="no_streams"),
                                 correct_statistics="auto"), AXES),
@@ -291,7 +291,7 @@ ALL_METHODS = HOPE_NAMES + BASELINES + BASELINES_SC + BASELINES_RE + BASELINES_S
 # Neuron Merging, all without mean compensation (an option added with this issue).
 PLAIN_BASELINES = tuple(b for b in BASELINES if not b.endswith("_mc"))
 # Run without --methods: the default, the paper's cost, prune-only, the α* merge cost
-# (decision 1) and the plain baselines (2 shared cores; the other variants on request).
+# and the plain baselines (2 shared cores; the other variants on request).
 DEFAULT_METHODS = ("hope", "hope_paper", "hope_prune", "hope_alpha_merge") + PLAIN_BASELINES
 # ResNet-50 (≈ 6 s per evaluation of 2000 images on 2 shared cores): the default, the
 # paper's cost and the baselines that were best there before.
@@ -744,10 +744,10 @@ LABELS = {
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
     "hope_prune_auto": "HOPE prune-only, `correct_statistics=\"auto\"`",
     "hope_nocorr": "HOPE `correct_statistics=False`",
-    "hope_nostreams": "HOPE `HopeCost(groups=\"no_streams\")` (streams whole; default before decision 7)",
+    "hope_nostreams": "HOPE `HopeCost(groups=\"no_streams\")` (streams whole; the previous default)",
     "hope_one_reader": "exp: HOPE, streams priced as one reader's channel (no factor R)",
     "hope_noevict": "exp: HOPE without evictions (`actions=(\"prune\", \"merge\")`)",
-    "hope_alpha_merge": "HOPE, merges priced by α* (default before 2d3a04b)",
+    "hope_alpha_merge": "HOPE, merges priced by α* (the previous merge cost)",
     "hope_prev": "HOPE cost of 864cb63 (α* merge cost, J per neuron)",
     "hope_paper": "HOPE `cost=\"paper\"`",
     "hope_neurons": "exp: default cost on the paper's neuron layers only (streams whole)",
@@ -991,8 +991,8 @@ def decisions(results):
 
 
 def summary(results):
-    """The default against the best plain baseline, held-out split, at the points of
-    issue 15's targets: one table for the CNNs, one for LeNet."""
+    """The default against the best plain baseline, held-out split, at the target
+    points: one table for the CNNs, one for LeNet."""
     lines = []
     cnn = [m for m in ("demo", "vgg8", "resnet50") if results.get(m)]
     head = [("density", d) for d in (0.9, 0.8, 0.7, 0.6, 0.5)]

@@ -9,7 +9,7 @@ One model per process (peak RSS is per process):
 * ``mlp``: 4 × Dense(8192) + BatchNormalization + ReLU (input 1024, head 10, random
   BN γ/β); analyze, compress to 0.5.
 
-Targets (issue 12, 2 shared CPU cores): ResNet-50 analyze ≤ 1.5 s, compress ≤ 3 s;
+Targets (2 shared CPU cores): ResNet-50 analyze ≤ 1.5 s, compress ≤ 3 s;
 VGG16 analyze ≤ 5 s, compress ≤ 60 s, ≤ 3 GB; MLP compress ≤ 60 s, ≤ 3 GB.
 
 Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K]
@@ -18,7 +18,7 @@ Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K]
 original's output spread, on 512 standard normal inputs; ``--bn-stats``: BN
 statistics measured on normal inputs, see `mlp`;
 ``--unoriented``: top-k tables whose rows hold partners of any capacity, the
-behaviour before stop 28, for comparison; ``--refine-batch B``: sketched groups
+earlier behaviour, for comparison; ``--refine-batch B``: sketched groups
 re-price B pairs a round, whatever their width: `search.REFINE_BATCH`,
 `search.REFINE_BATCH_WIDE`)
 (``--candidates none``: the exhaustive scan; ``--steps N``: stop after N steps;

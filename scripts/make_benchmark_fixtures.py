@@ -24,7 +24,7 @@ set is written beside each model in ``<name>.json``.
     → BN → ReLU (the paper disables the biases before BN). Adam 2e-3 cosine,
     ``--vgg-epochs`` (default 3) epochs, batch 128 (the paper: SGD, batch 16).
 ``swish``     (``benchmarks/fixtures/swish_cnn.keras``, ~0.7 MB, committed)
-    The non-ReLU network of issue 13: ``vgg8``'s layout at half the widths
+    The non-ReLU network: ``vgg8``'s layout at half the widths
     (conv 16 / pool / 32 / pool / 64-64 / pool / 64-64 / pool, GAP, Dense 64 + BN)
     with swish (SiLU) in place of every ReLU, as separate ``Activation("swish")``
     layers after each BN. Adam 2e-3 cosine, ``--swish-epochs`` (default 4) epochs,
@@ -110,7 +110,7 @@ def build_vgg8(widths=(32, 64, 128, 128, 128, 128), dense=128):
 
 
 def build_swish_cnn(widths=(16, 32, 64, 64, 64, 64), dense=64):
-    """vgg8's layout, half the widths, swish (SiLU) activations (issue 13)."""
+    """vgg8's layout, half the widths, swish (SiLU) activations."""
     import keras
     from keras import layers
 

@@ -4,7 +4,6 @@ same order, same row minima, on tables with signed zeros, infinities, dead neuro
 cuts equal to entries."""
 
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -97,24 +96,18 @@ def test_order_keys_sort_as_the_values():
         np.testing.assert_array_equal(kernels.from_keys(k, dtype), x.astype(np.float64))
 
 
-def test_cache_dir_is_the_users_when_the_package_dir_is_not_writable(monkeypatch, tmp_path):
-    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(kernels.os, "access", lambda path, mode: False)
-    kernels._cache_dir_if_needed()
-    assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / "hope_keras" / "numba")
-    assert (tmp_path / "hope_keras" / "numba").is_dir()
-    # Nowhere writable under the user's cache directory: a temporary one.
+def test_caching_needs_a_writable_place_and_changes_no_setting(monkeypatch, tmp_path):
+    """numba caches where it can (its own order of places); with none writable the
+    kernels compile uncached instead of failing; importing them leaves numba's
+    settings, and the environment, as they were."""
+    before = dict(os.environ)
+    assert kernels.can_cache()  # this checkout's package directory is writable
+    assert dict(os.environ) == before
+    (tmp_path / "file").write_text("a file, not a directory")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "file"))
+    assert not kernels.can_cache()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))
+    assert kernels.can_cache() and (tmp_path / "mine").is_dir()
     monkeypatch.delenv("NUMBA_CACHE_DIR")
-    (tmp_path / "ro").write_text("a file, not a directory")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "ro"))
-    kernels._cache_dir_if_needed()
-    assert os.environ["NUMBA_CACHE_DIR"].startswith(tempfile.gettempdir())
-    # A directory the user chose is kept; a writable package keeps numba's default.
-    monkeypatch.setenv("NUMBA_CACHE_DIR", "/mine")
-    kernels._cache_dir_if_needed()
-    assert os.environ["NUMBA_CACHE_DIR"] == "/mine"
-    monkeypatch.delenv("NUMBA_CACHE_DIR")
-    monkeypatch.setattr(kernels.os, "access", lambda path, mode: True)
-    kernels._cache_dir_if_needed()
-    assert "NUMBA_CACHE_DIR" not in os.environ
+    monkeypatch.setattr(kernels, "_writable", lambda path: False)
+    assert not kernels.can_cache()

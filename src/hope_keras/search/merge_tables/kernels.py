@@ -7,16 +7,20 @@ kernels run the same loops over the tables' own arrays, without copies, and give
 same values as the NumPy expressions they replace (comparisons and minima only: no
 floating-point arithmetic is reordered).
 
-Compiled functions are cached on disk (``cache=True``): next to this module, or, where
-the package directory is not writable, under the user's cache directory
-(``~/.cache/hope_keras/numba``, or ``$XDG_CACHE_HOME/hope_keras/numba``; a temporary
-directory if that is not writable either); a ``NUMBA_CACHE_DIR`` set by the user is kept.
+Compiled functions are cached on disk where numba finds a writable place: a
+``NUMBA_CACHE_DIR`` the user set, ``__pycache__`` next to this module, or numba's
+user cache directory (``~/.cache/numba``); with none writable they are compiled in
+each process, uncached. Nothing here changes numba's settings for other code.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+
+import numba
+import numpy as np
+from numba.misc.appdirs import AppDirs
 
 
 def _writable(path: str) -> bool:
@@ -29,31 +33,16 @@ def _writable(path: str) -> bool:
         return False
 
 
-def _cache_dir_if_needed():
-    """Points numba's cache at the user's cache directory when this package's
-    directory is not writable and the user chose none (a temporary directory if
-    that is not writable either: numba's ``cache=True`` needs a writable place);
-    returns that directory (None: numba's default, next to this module)."""
-    if os.environ.get("NUMBA_CACHE_DIR") or os.access(os.path.dirname(__file__), os.W_OK):
-        return None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "hope_keras", "numba")
-    if not _writable(path):
-        path = os.path.join(tempfile.gettempdir(), f"hope_keras-numba-{os.getuid()}"
-                            if hasattr(os, "getuid") else "hope_keras-numba")
-    os.environ["NUMBA_CACHE_DIR"] = path
-    return path
+def can_cache() -> bool:
+    """Whether numba has a writable cache location for this module (where it looks,
+    in its order); ``cache=True`` without one fails when the function is defined."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return _writable(os.environ["NUMBA_CACHE_DIR"])
+    return (_writable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__"))
+            or _writable(AppDirs("numba", appauthor=False).user_cache_dir))
 
 
-_CACHE_DIR = _cache_dir_if_needed()
-
-import numba  # noqa: E402  (after the cache directory is chosen)
-import numpy as np  # noqa: E402
-
-if _CACHE_DIR is not None:  # numba imported earlier read its configuration then
-    numba.config.CACHE_DIR = _CACHE_DIR
-
-_JIT = dict(cache=True, nogil=True)
+_JIT = dict(cache=can_cache(), nogil=True)
 
 
 # Dense tables are scanned in blocks of this many columns: a block's comparisons and
