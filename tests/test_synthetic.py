@@ -189,7 +189,7 @@ def test_synthetic_inputs_with_coarse_steps():
         hope_keras.synthesize_inputs(model, steps=2, coarse_steps=1, prior="pixels",
                                      verbose=False)
     fixed = small_resnet()  # Flatten → Dense: does not run at half size
-    with pytest.raises(ValueError, match=r"half its size, coarse_steps=1"):
+    with pytest.raises(ValueError, match=r"1/2 of its size, coarse_steps=1"):
         hope_keras.synthesize_inputs(fixed, steps=2, coarse_steps=1, verbose=False)
 
 

@@ -46,6 +46,12 @@ PRIORS = ("spectrum", "pixels")
 #: and slower; at 64 × 64 worse).
 COARSE_MIN_SIDE = 128
 COARSE_FRACTION = 0.8
+#: The coarse steps run at the size divided by this (each side, rounded down).
+COARSE_SCALE = 2
+#: Image inputs whose sides are both at least `COARSE_MIN_SIDE`: the data-free
+#: correction makes its inputs, and measures the stream readers on them, at the size
+#: divided by this (1: at the model's size; see `reduced_size`).
+MEASURE_SCALE = 1
 
 
 def _is_bn(op) -> bool:
@@ -201,10 +207,34 @@ def _coarse_steps(coarse_steps, steps, shape, prior) -> int:
     return coarse_steps
 
 
+def reduced_size(model):
+    """The spatial size ``(height, width)`` the data-free correction makes its
+    synthetic inputs and measures the stream readers at: the model's size divided by
+    `MEASURE_SCALE` for an image input whose sides are both at least
+    `COARSE_MIN_SIDE`, when the model runs there (convolutional up to a global
+    pooling); None (the model's own size) otherwise."""
+    if MEASURE_SCALE == 1:
+        return None
+    flat = kg.flatten(model)
+    if len(flat.inputs) != 1:
+        return None
+    shape = tuple(flat.inputs[0][1].batch_shape[1:])
+    if len(shape) != 3 or any(s is None for s in shape):
+        return None
+    first = keras.config.image_data_format() == "channels_first"
+    h, w = shape[1:] if first else shape[:2]
+    if min(h, w) < COARSE_MIN_SIDE:
+        return None
+    size = (max(h // MEASURE_SCALE, 1), max(w // MEASURE_SCALE, 1))
+    if _run_error(flat, _resized(shape, size, model)) is not None:
+        return None
+    return size
+
+
 def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC_STEPS,
                       learning_rate: float = LEARNING_RATE, seed: int = 0,
                       verbose="auto", size=None, prior: str = PRIOR,
-                      coarse_steps=None) -> np.ndarray:
+                      coarse_steps=None, coarse_scale: int = None) -> np.ndarray:
     """Data-free inputs whose BatchNormalization statistics match the model's.
 
     Starting from random noise, Adam adjusts a batch of ``num`` inputs so that every
@@ -251,6 +281,8 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
             ResNet-50 fixtures this made the stream readers' correction better at
             128 × 128, at 32 × 32 no better and slower, at 64 × 64 worse
             (docs/benchmarks.md, "Coarse steps first").
+        coarse_scale: The coarse steps run at the size divided by this, an integer
+            ≥ 2 (each side rounded down). None (default): `COARSE_SCALE`.
 
     Returns:
         np.ndarray: ``(num,) + input shape`` (with `size`, the input shape at that
@@ -261,7 +293,8 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
             BatchNormalization layer, ``num`` below 2 or negative ``steps``, a `size`
             the model does not run at, an unknown ``prior``, a ``coarse_steps``
             outside 0 … ``steps``, or above 0 for inputs it does not apply to or a
-            model that does not run at half size, or when the optimisation diverges.
+            model that does not run at the coarse size, a ``coarse_scale`` below 2,
+            or when the optimisation diverges.
 
     Example:
 
@@ -281,6 +314,12 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         raise ValueError(f"steps must be an integer ≥ 0. Received: steps={steps!r}")
     if prior not in PRIORS:
         raise ValueError(f"prior must be one of {PRIORS}. Received: prior={prior!r}")
+    if coarse_scale is None:
+        coarse_scale = COARSE_SCALE
+    if (isinstance(coarse_scale, bool) or not isinstance(coarse_scale, int)
+            or coarse_scale < 2):
+        raise ValueError(f"coarse_scale must be an integer ≥ 2. Received: "
+                         f"coarse_scale={coarse_scale!r}")
     flat = kg.flatten(model)
     shape, _ = _single_input(flat, "synthesize_inputs")
     if size is not None:
@@ -306,14 +345,14 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         c, h, w = shape if first else (shape[2], shape[0], shape[1])
         sizes = [((h, w), steps)]
         if coarse:
-            half = (max(h // 2, 1), max(w // 2, 1))
+            half = (max(h // coarse_scale, 1), max(w // coarse_scale, 1))
             half_shape = (c,) + half if first else half + (c,)
             error = _run_error(flat, half_shape)
             if error is None:
                 sizes = [(half, coarse), ((h, w), steps - coarse)]
             elif coarse_steps is not None:
                 raise ValueError(f"synthesize_inputs: model '{model.name}' does not run "
-                                 f"on inputs of shape {half_shape} (half its size, "
+                                 f"on inputs of shape {half_shape} (1/{coarse_scale} of its size, "
                                  f"coarse_steps={coarse_steps!r}): {error}") from error
             else:
                 coarse = 0  # the default: only where the model runs at half size
@@ -355,13 +394,15 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         return tf.add_n(terms)
 
     if resolve_verbose(verbose):
-        at_half = f", the first {coarse} at half size" if coarse else ""
+        at_half = (f", the first {coarse} at 1/{coarse_scale} of the size" if coarse
+                   else "")
         print(f"synthesize_inputs: {num} inputs matched to the BatchNormalization "
               f"statistics of '{model.name}' ({steps} Adam steps{at_half})")
     bar = WorkBar(steps, "step", verbose=verbose)
 
     def optimise(x, inputs, n_steps, done):
         optimizer = keras.optimizers.Adam(learning_rate)
+        optimizer.build([x])  # its slots now: a variable made while tracing traces twice
 
         @tf.function(reduce_retracing=True)
         def step():
