@@ -102,7 +102,7 @@ VARIANTS = {
 def variants(size, names, repeats):
     """The first data-free ``compress(density=0.5)`` under each synthetic-input
     setting of `names` (`VARIANTS`), alternated `repeats` times, with T measured
-    before each round in the same process."""
+    before each run in the same process."""
     from hope_keras.stats import bn_stats, synthetic
 
     shape = (size, size, 3)
@@ -111,9 +111,8 @@ def variants(size, names, repeats):
     defaults = {k: getattr(synthetic, k) for v in VARIANTS.values() for k in v}
     rows = []
     for rep in range(repeats):
-        T = forward_time(reference, size)
-        print(f"round {rep}: T {T:.3f} s, load {os.getloadavg()[0]:.2f}", flush=True)
         for name in names:
+            T = forward_time(reference, size)  # before each run: the load drifts
             for k, v in {**defaults, **VARIANTS[name]}.items():
                 setattr(synthetic, k, v)
             bn_stats._SYNTHETIC_INPUTS.clear()

@@ -3,9 +3,11 @@
 The data-free default (`compress` without ``data=``) makes 16 synthetic inputs
 (`hope_keras.synthesize_inputs`) and measures on them how the inputs of the BNs that
 read a moved residual stream changed (docs/theory.md §6). At 224 × 224 making them is
-most of the first `compress`. This script compares, on the ResNet-50 fixture trained
-at 128 × 128 (``.cache/resnet50_fmnist128.keras``, scripts/make_benchmark_fixtures.py
-``--only resnet50 --resnet-size 128``), ways of making them that cost less:
+most of the first `compress`. This script compares, on a ResNet-50 fixture (MODEL:
+``resnet50_128`` by default, ``.cache/resnet50_fmnist128.keras``; docs/benchmarks.md
+reports ``resnet50_64``; scripts/make_benchmark_fixtures.py ``--only resnet50
+--resnet-size 128 | 64``), ways of making them that cost less (each setting's keywords
+passed to `synthesize_inputs` whatever the fixture's size):
 
 * ``default``: the library's setting when run (today: 80 of the 100 Adam steps at
   half the size, the last 20 at the full size);
@@ -16,7 +18,8 @@ at 128 × 128 (``.cache/resnet50_fmnist128.keras``, scripts/make_benchmark_fixtu
   and the readers measured at that size too (``size=``; the network is convolutional
   up to its global pooling, and only the relative change between the original and the
   edited model is used);
-* ``… N steps``: the same with N Adam steps instead of 100.
+* ``… N steps``: the same with N Adam steps instead of 100 (``full N steps``: the
+  default's sizes with N steps).
 
 Each point is compressed once with ``correct_statistics="surrogate"``; then, for each
 setting and seed, the inputs are made from the uncompressed model and the stream
@@ -56,6 +59,8 @@ def settings(side):
     out = {"default": {}}
     for steps in (100, 50, 25):
         tail = "" if steps == 100 else f" {steps} steps"
+        if tail:
+            out["full" + tail] = dict(steps=steps)
         out["half→full" + tail] = dict(steps=steps, coarse_steps=steps, coarse_scale=2)
         out["quarter→full" + tail] = dict(steps=steps, coarse_steps=steps, coarse_scale=4)
         out["half@half" + tail] = dict(steps=steps, size=side // 2, coarse_steps=0)

@@ -471,7 +471,7 @@ def _synthetic_file(digest):
     settings = repr((3, synthetic.SYNTHETIC_INPUTS, synthetic.SYNTHETIC_STEPS,
                      synthetic.LEARNING_RATE, 0, synthetic.PRIOR, synthetic.COARSE_MIN_SIDE,
                      synthetic.COARSE_FRACTION, synthetic.COARSE_SCALE,
-                     synthetic.MEASURE_SCALE)).encode()
+                     synthetic.MEASURE_SCALE, synthetic.MEASURE_STEPS)).encode()
     return folder / f"synthetic-{digest[:40]}-{hashlib.sha256(settings).hexdigest()[:12]}.npy"
 
 
@@ -532,9 +532,11 @@ def synthetic_inputs(model, verbose="auto"):
     x = _load_synthetic(path, model, size)
     if x is None:
         try:
+            steps = synthetic.SYNTHETIC_STEPS
+            if size is not None and synthetic.MEASURE_STEPS is not None:
+                steps = synthetic.MEASURE_STEPS
             x = synthetic.synthesize_inputs(model, num=synthetic.SYNTHETIC_INPUTS,
-                                            steps=synthetic.SYNTHETIC_STEPS, size=size,
-                                            verbose=verbose)
+                                            steps=steps, size=size, verbose=verbose)
         except ValueError as e:
             import warnings
 

@@ -50,8 +50,13 @@ COARSE_FRACTION = 0.8
 COARSE_SCALE = 2
 #: Image inputs whose sides are both at least `COARSE_MIN_SIDE`: the data-free
 #: correction makes its inputs, and measures the stream readers on them, at the size
-#: divided by this (1: at the model's size; see `reduced_size`).
+#: divided by this (see `reduced_size`). 1, the model's size: on the ResNet-50 fixture
+#: trained at 64 × 64, inputs made and measured at 1/2 or 1/4 of the size lost 0.7–2.6
+#: points at density 0.6 and FLOPs 0.8 and a third or more of the accuracy at FLOPs
+#: 0.6 (docs/benchmarks.md, "Made at a reduced size").
 MEASURE_SCALE = 1
+#: ... with this many Adam steps there (None: `SYNTHETIC_STEPS`).
+MEASURE_STEPS = None
 
 
 def _is_bn(op) -> bool:
@@ -234,7 +239,7 @@ def reduced_size(model):
 def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC_STEPS,
                       learning_rate: float = LEARNING_RATE, seed: int = 0,
                       verbose="auto", size=None, prior: str = PRIOR,
-                      coarse_steps=None, coarse_scale: int = None) -> np.ndarray:
+                      coarse_steps=None, coarse_scale=None) -> np.ndarray:
     """Data-free inputs whose BatchNormalization statistics match the model's.
 
     Starting from random noise, Adam adjusts a batch of ``num`` inputs so that every
