@@ -29,7 +29,7 @@ default: `synthetic_settings.corrected`). Accuracy % on the selection split (the
 others); "s": time to make the inputs and the readers' reference (2 shared cores).
 
 Run: nice -n 5 .venv/bin/python benchmarks/synthetic_reduced.py [MODEL] [--settings A,B]
-[--seeds N] [--points density0.9,flops0.6]
+[--seeds N] [--first-seed K] [--points "density 0.9,FLOPs 0.6"]
 Writes benchmarks/results/synthetic_reduced_<model>.json (rows appended per run of the
 same settings file; ``--out NAME`` to choose another).
 """
@@ -73,6 +73,7 @@ def main():
     p.add_argument("model", nargs="?", default="resnet50_128")
     p.add_argument("--settings", default="default,half→full,quarter→full,half@half")
     p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds FIRST … FIRST + N − 1")
     p.add_argument("--points", default=",".join(POINTS))
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -99,7 +100,7 @@ def main():
         compressed[label] = ([w.numpy().copy() for w in b.model.weights], r.trajectory.steps)
         print(f"{label}: compressed in {time.perf_counter() - t:.1f} s", flush=True)
     for name in chosen:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             seconds, acc = corrected(b, compressed, seed=seed, **table[name])
             row = dict(setting=name, kwargs={k: v for k, v in table[name].items()},
                        seed=seed, seconds=round(seconds, 1),
