@@ -84,6 +84,54 @@ def timing(size, quick, only=None):
     return out
 
 
+#: ``--variants``: synthetic-input settings (constants of `hope_keras.stats.synthetic`)
+#: whose first data-free run is timed, alternated, in one process.
+VARIANTS = {
+    "default": {},
+    "half→full": dict(COARSE_FRACTION=1.0, COARSE_SCALE=2),
+    "quarter→full": dict(COARSE_FRACTION=1.0, COARSE_SCALE=4),
+    "half→full 50 steps": dict(COARSE_FRACTION=1.0, COARSE_SCALE=2, SYNTHETIC_STEPS=50),
+    "quarter→full 50 steps": dict(COARSE_FRACTION=1.0, COARSE_SCALE=4, SYNTHETIC_STEPS=50),
+    "half@half": dict(MEASURE_SCALE=2),
+    "quarter@quarter": dict(MEASURE_SCALE=4),
+    "half@half 50 steps": dict(MEASURE_SCALE=2, SYNTHETIC_STEPS=50),
+    "quarter@quarter 50 steps": dict(MEASURE_SCALE=4, SYNTHETIC_STEPS=50),
+}
+
+
+def variants(size, names, repeats):
+    """The first data-free ``compress(density=0.5)`` under each synthetic-input
+    setting of `names` (`VARIANTS`), alternated `repeats` times, with T measured
+    before each run in the same process."""
+    from hope_keras.stats import bn_stats, synthetic
+
+    shape = (size, size, 3)
+    reference = calibrated_resnet50(images=4)
+    weights = reference.get_weights()
+    defaults = {k: getattr(synthetic, k) for v in VARIANTS.values() for k in v}
+    rows = []
+    for rep in range(repeats):
+        for name in names:
+            T = forward_time(reference, size)  # before each run: the load drifts
+            for k, v in {**defaults, **VARIANTS[name]}.items():
+                setattr(synthetic, k, v)
+            bn_stats._SYNTHETIC_INPUTS.clear()
+            model = keras.models.clone_model(reference)
+            model.set_weights(weights)
+            load = os.getloadavg()[0]
+            t = time.perf_counter()
+            result = hope_keras.compress(model, density=0.5, verbose=False)
+            seconds = time.perf_counter() - t
+            rows.append(dict(variant=name, repeat=rep, s=round(seconds, 2),
+                             T_s=round(T, 3), T=round(seconds / T, 1),
+                             load=round(load, 2), load_after=round(os.getloadavg()[0], 2),
+                             corrected=len(result.corrected)))
+            print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
+    for k, v in defaults.items():
+        setattr(synthetic, k, v)
+    return {"size": size, "shape": list(shape), "rows": rows}
+
+
 def quality(quick, data_inputs, only=None):
     import quality as Q
 
@@ -135,7 +183,16 @@ def main():
     p.add_argument("--synthetic-inputs", type=int,
                    help="synthetic inputs of the data-free correction (default: the "
                         "library's)")
+    p.add_argument("--variants", help="comma-separated names of VARIANTS: time the first "
+                   "data-free run under each, alternated (--repeats rounds)")
+    p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args()
+    if args.variants:
+        names = [n.strip() for n in args.variants.split(",")]
+        out = variants(args.size, names, args.repeats)
+        with open(os.path.join(RESULTS, f"first_run_variants_{args.size}.json"), "w") as f:
+            json.dump(out, f, indent=1, ensure_ascii=False)
+        return
     suffix = ""
     if args.synthetic_inputs:
         from hope_keras.stats import synthetic

@@ -37,7 +37,7 @@ synthetic inputs a resolution needs (16, 8, 4, 2 inputs, two seeds each; the 64�
 benchmarks/results/synthetic_inputs_<model>.json. Values after the model replace
 those varied (``--inputs resnet50 64 32 16``: 64, 32 and 16 inputs; written to
 ``synthetic_inputs_resnet50_64_32_16.json``); the same for ``--steps`` and ``--size``.
-Since stop 31, on a fixture of 128 × 128 or more the points are those of ``--coarse``
+On a fixture of 128 × 128 or more the points are those of ``--coarse``
 there (densities 0.7, 0.6, 0.5 and FLOPs 0.5), and ``--seeds N`` past the default
 seeds runs seeds 0 … N − 1 (``--inputs resnet50_128 16 8 --seeds 6``).
 
@@ -61,7 +61,7 @@ after the first call's tracing. Writes benchmarks/results/synthetic_prior_cost.j
 
 ``--coarse resnet50_128`` / ``--coarse resnet50``: the first 80 of the 100 Adam steps at
 half the size (`synthesize_inputs(coarse_steps=80)`, the default at 128 × 128 and
-above since stop 30) against none (``coarse_steps=0``), six seeds each (16 inputs);
+above) against none (``coarse_steps=0``), six seeds each (16 inputs);
 points: densities 0.7, 0.6, 0.5 and FLOPs 0.5 at 128 × 128 (where that fixture holds
 or falls), the usual ones with density 0.6 at 32 × 32. Writes
 benchmarks/results/synthetic_coarse_<model>.json. ``--seeds N``: the first N seeds
@@ -229,7 +229,7 @@ def study(model_name, vary="inputs", override=None):
               "density 0.4": dict(density=0.4), "FLOPs 0.5": dict(flops=0.5),
               "FLOPs 0.4": dict(flops=0.4)}
     if vary == "steps":
-        if custom:  # since stop 27: the point where the 128 x 128 fixture falls
+        if custom:  # the point where the 128 x 128 fixture falls
             points = {"density 0.6": dict(density=0.6), **points}
         points["density 0.3"] = dict(density=0.3)
         values, seeds = (100, 200), (0, 1, 2)
@@ -246,7 +246,7 @@ def study(model_name, vary="inputs", override=None):
         values, seeds = (0, 80), (0, 1, 2, 3, 4, 5)
     else:
         values, seeds = (16, 8, 4, 2), (0, 1)
-        if int(b.model.inputs[0].shape[1]) >= 128:  # since stop 31
+        if int(b.model.inputs[0].shape[1]) >= 128:  # the --coarse points
             points = dict(LARGE_POINTS)
     if custom:
         values = tuple(override)
@@ -344,12 +344,12 @@ def relative_correction(b, compressed, x, tensors_of):
     def record(node, args, kwargs):
         if node.index in readers:
             bn = node.op
-            before[node.index] = (synthetic._moments(args[0], bn),
+            before[node.index] = (synthetic.batch_moments(args[0], bn),
                                   np.asarray(bn.moving_mean.numpy(), np.float64),
                                   np.asarray(bn.moving_variance.numpy(), np.float64))
         return None
 
-    synthetic._run(flat, x, record, synthetic._release_plan(flat))
+    synthetic.run_graph(flat, x, record, synthetic.release_plan(flat))
     acc = {}
     for key, (weights, trajectory) in compressed.items():
         for v, w in zip(b.model.weights, weights):
@@ -361,7 +361,7 @@ def relative_correction(b, compressed, x, tensors_of):
                 return None
             bn = node.op
             (m0, v0), mu0, var0 = before[node.index]
-            m1, v1 = synthetic._moments(args[0], bn)
+            m1, v1 = synthetic.batch_moments(args[0], bn)
             tiny = 1e-6 * max(float(np.mean(v0)), float(np.mean(v1)), 1e-30)
             live = np.isfinite(m1) & np.isfinite(v1) & (v0 > tiny) & (v1 > tiny)
             mean = np.asarray(bn.moving_mean.numpy(), np.float64)
@@ -372,7 +372,7 @@ def relative_correction(b, compressed, x, tensors_of):
             bn.moving_variance.assign(var.astype(bn.moving_variance.dtype))
             return None
 
-        synthetic._run(flat, x, correct, synthetic._release_plan(flat))
+        synthetic.run_graph(flat, x, correct, synthetic.release_plan(flat))
         acc[key] = b.ev()[0]
     return acc
 

@@ -177,6 +177,37 @@ def test_no_private_import_across_modules():
     assert not found, "private names imported from another module:\n" + "\n".join(found)
 
 
+def _module_aliases(module):
+    """{local name: hope_keras module} of the modules ``module`` binds by import
+    (``from hope_keras.stats import synthetic``, ``import hope_keras.x as y``)."""
+    aliases = {}
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES and alias.asname:
+                    aliases[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node)
+            for alias in node.names:
+                if f"{target}.{alias.name}" in MODULES:
+                    aliases[alias.asname or alias.name] = f"{target}.{alias.name}"
+    return aliases
+
+
+def test_no_private_name_read_through_another_module():
+    """``synthetic._run(...)`` is a private import by another name."""
+    found = []
+    for module in MODULES:
+        aliases = _module_aliases(module)
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and aliases[node.value.id] != module
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                found.append(f"{module}:{node.lineno} reads "
+                             f"{aliases[node.value.id]}.{node.attr}")
+    assert not found, "private names read through another module:\n" + "\n".join(found)
+
+
 def test_the_graph_sees_imports():
     # The checks above are only as good as the graph read from the source.
     assert {"hope_keras.scoring.cache", "hope_keras.activations.kernels"} <= _dependencies("hope_keras.scoring.cache_builders")

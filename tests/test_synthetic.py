@@ -102,7 +102,7 @@ def _mismatch_at(model, x):
             total.append(np.linalg.norm(z.mean(0) - mu) / (np.linalg.norm(mu) + 1e-3)
                          + np.linalg.norm(z.std(0) - sd) / (np.linalg.norm(sd) + 1e-3))
 
-    synthetic._run(kg.flatten(model), x, hook)
+    synthetic.run_graph(kg.flatten(model), x, hook)
     return sum(total)
 
 
@@ -189,7 +189,7 @@ def test_synthetic_inputs_with_coarse_steps():
         hope_keras.synthesize_inputs(model, steps=2, coarse_steps=1, prior="pixels",
                                      verbose=False)
     fixed = small_resnet()  # Flatten → Dense: does not run at half size
-    with pytest.raises(ValueError, match=r"half its size, coarse_steps=1"):
+    with pytest.raises(ValueError, match=r"1/2 of its size, coarse_steps=1"):
         hope_keras.synthesize_inputs(fixed, steps=2, coarse_steps=1, verbose=False)
 
 
@@ -450,3 +450,67 @@ def test_synthetic_inputs_are_kept_on_disk_between_sessions(monkeypatch, tmp_pat
     hope_keras.compress(small_resnet(seed=9), density=0.6, verbose=False)
     assert not any(cwd.iterdir()) and not (tmp_path / "xdg").exists()
     assert len(list(tmp_path.glob("synthetic-*.npy"))) == 1
+
+
+def _gap_resnet_with_reader(side, seed=0):
+    """Stem → two identity blocks (the second block's first BN reads the stream) →
+    global average pooling → head, at `side` × `side`: runs at any size."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((side, side, 3))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(8, 3, strides=2, padding="same")(inputs)))
+    for _ in range(2):
+        y = L.ReLU()(L.BatchNormalization()(L.Conv2D(6, 3, padding="same")(x)))
+        y = L.BatchNormalization()(L.Conv2D(8, 1)(y))
+        x = L.ReLU()(L.Add()([x, y]))
+    model = keras.Model(inputs, L.Dense(3)(L.GlobalAveragePooling2D()(x)))
+    data = np.random.default_rng(seed).uniform(0, 2, (16, side, side, 3)).astype("float32")
+    bn_stats.reestimate_batchnorm_statistics(model, data)
+    return model
+
+
+def test_large_images_are_made_and_measured_at_the_reduced_size(monkeypatch):
+    """For an image model whose sides are both at least COARSE_MIN_SIDE and that runs
+    at 1/MEASURE_SCALE of its size, the data-free correction makes its synthetic
+    inputs there (MEASURE_STEPS Adam steps) and measures the stream readers on them:
+    `compress` hands inputs of the reduced shape to the readers' reference. Below
+    the threshold, or for a model that runs at its own size only, the inputs are
+    the model's size."""
+    from hope_keras.stats import synthetic
+
+    if synthetic.MEASURE_SCALE == 1:  # the option off by default: turn it on
+        monkeypatch.setattr(synthetic, "MEASURE_SCALE", 4)
+        monkeypatch.setattr(synthetic, "MEASURE_STEPS", 10)
+    scale, steps = synthetic.MEASURE_SCALE, synthetic.MEASURE_STEPS
+    side = synthetic.COARSE_MIN_SIDE
+    made, references = [], []
+    real_make, real_reference = synthetic.synthesize_inputs, synthetic.StreamReference
+
+    def recording_make(model, **kwargs):
+        made.append(kwargs)
+        return real_make(model, **kwargs)
+
+    def recording_reference(model, graph, x):
+        references.append(x.shape)
+        return real_reference(model, graph, x)
+
+    monkeypatch.setattr(synthetic, "synthesize_inputs", recording_make)
+    monkeypatch.setattr(synthetic, "StreamReference", recording_reference)
+    bn_stats._SYNTHETIC_INPUTS.clear()
+    large = _gap_resnet_with_reader(side, seed=3)
+    assert synthetic.reduced_size(large) == (side // scale, side // scale)
+    hope_keras.compress(large, density=0.6, verbose=False)
+    assert references == [(synthetic.SYNTHETIC_INPUTS, side // scale, side // scale, 3)]
+    assert made[-1]["size"] == (side // scale, side // scale)
+    assert made[-1]["steps"] == (steps if steps is not None else synthetic.SYNTHETIC_STEPS)
+    # One pixel short of the threshold: the model's own size, the usual steps.
+    assert synthetic.reduced_size(_gap_resnet(side=side - 1, height=side)) is None
+    small = _gap_resnet(side=16, seed=3)
+    bn_stats._SYNTHETIC_INPUTS.clear()
+    assert bn_stats.synthetic_inputs(small, verbose=False).shape == (
+        synthetic.SYNTHETIC_INPUTS, 16, 16, 3)
+    assert made[-1]["size"] is None and made[-1]["steps"] == synthetic.SYNTHETIC_STEPS
+    # A Flatten fixes the size: the model's own, even above the threshold.
+    inputs = keras.Input((side, side, 3))
+    h = L.BatchNormalization()(L.Conv2D(2, 3, strides=8)(inputs))
+    fixed = keras.Model(inputs, L.Dense(2)(L.Flatten()(h)))
+    assert synthetic.reduced_size(fixed) is None

@@ -136,7 +136,7 @@ def exactly_zero_channels(get, group, graph) -> np.ndarray:
                 return np.zeros(n, dtype=bool)
         elif role == "channelwise" and not rule.channel_weights(layer) \
                 and not rule.is_passthrough(layer, node):
-            if isinstance(rule, layer_rules._ScalarOpRule):
+            if isinstance(rule, layer_rules.ScalarOpRule):
                 operand = layer_rules.scalar_operand(node)
                 ok = operand is not None and (
                     (rule.op in ("add", "subtract") and operand[0] == 0.0)

@@ -671,7 +671,7 @@ def _register_builtins():
     _register_ops()
 
 
-class _ScalarOpRule(LayerRule):
+class ScalarOpRule(LayerRule):
     """A Keras operation node (``x + 3.0``, ``x * s``): channelwise with a scalar,
     a merge between tensors."""
 
@@ -690,7 +690,7 @@ def _register_ops():
     classes = kg.optional_classes("ops.numpy", [name for name, _ in ops])
     for name, op in ops:
         if name in classes:
-            register(classes[name], _ScalarOpRule(op))
+            register(classes[name], ScalarOpRule(op))
     _register_activation_ops()
 
 
@@ -725,7 +725,7 @@ def _register_activation_ops():
 
 
 def scalar_operand(node):
-    """For an operation node of `_ScalarOpRule`: ``(scalar, tensor_first)`` when it
+    """For an operation node of `ScalarOpRule`: ``(scalar, tensor_first)`` when it
     combines one tensor with a Python/numpy scalar, else None."""
     args = node.args
     if len(args) != 2:
@@ -750,7 +750,7 @@ def role_of(layer, node=None) -> str:
     """The layer's role at this call (operation nodes: channelwise with a scalar,
     merge between two tensors)."""
     rule = get(layer)
-    if isinstance(rule, _ScalarOpRule):
+    if isinstance(rule, ScalarOpRule):
         if node is not None and len(node.inputs) >= 2:
             return "merge"
         if node is not None and scalar_operand(node) is None:

@@ -141,7 +141,7 @@ def _channelwise(node, rule, layer, m, v) -> Moments:
             m2 = m2 + _np(layer.bias)
         act = rule.activation(layer)
         return activation_moments(act, m2, v2) if act is not None else (m2, v2)
-    if isinstance(rule, layer_rules._ScalarOpRule):
+    if isinstance(rule, layer_rules.ScalarOpRule):
         found = layer_rules.scalar_operand(node)
         if found is None:
             return m, v

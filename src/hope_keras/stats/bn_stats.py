@@ -468,11 +468,12 @@ def _synthetic_file(digest):
         return None
     settings = repr((3, synthetic.SYNTHETIC_INPUTS, synthetic.SYNTHETIC_STEPS,
                      synthetic.LEARNING_RATE, 0, synthetic.PRIOR, synthetic.COARSE_MIN_SIDE,
-                     synthetic.COARSE_FRACTION)).encode()
+                     synthetic.COARSE_FRACTION, synthetic.COARSE_SCALE,
+                     synthetic.MEASURE_SCALE, synthetic.MEASURE_STEPS)).encode()
     return folder / f"synthetic-{digest[:40]}-{hashlib.sha256(settings).hexdigest()[:12]}.npy"
 
 
-def _load_synthetic(path, model):
+def _load_synthetic(path, model, size=None):
     """The inputs cached at `path` (None when absent; a warning when unreadable)."""
     import warnings
 
@@ -481,6 +482,8 @@ def _load_synthetic(path, model):
     try:
         x = np.load(path, allow_pickle=False)
         shape = tuple(kg.functional_of(model).inputs[0].shape[1:])
+        if size is not None:
+            shape = synthetic.resized_shape(shape, size, model)
         if (x.dtype != np.float32 or x.shape != (synthetic.SYNTHETIC_INPUTS,) + shape
                 or not np.all(np.isfinite(x))):
             raise ValueError(f"{x.dtype} array of shape {x.shape}, expected float32 "
@@ -523,11 +526,15 @@ def synthetic_inputs(model, verbose="auto"):
         _SYNTHETIC_INPUTS.move_to_end(digest)
         return x
     path = _synthetic_file(digest)
-    x = _load_synthetic(path, model)
+    size = synthetic.reduced_size(model)
+    x = _load_synthetic(path, model, size)
     if x is None:
         try:
+            steps = synthetic.SYNTHETIC_STEPS
+            if size is not None and synthetic.MEASURE_STEPS is not None:
+                steps = synthetic.MEASURE_STEPS
             x = synthetic.synthesize_inputs(model, num=synthetic.SYNTHETIC_INPUTS,
-                                            steps=synthetic.SYNTHETIC_STEPS, verbose=verbose)
+                                            steps=steps, size=size, verbose=verbose)
         except ValueError as e:
             import warnings
 

@@ -137,10 +137,10 @@ class StatisticsCorrection:
 
         def measure(node, args, kwargs):
             if node.index in wanted:
-                before[node.index] = synthetic._moments(args[0], node.op)
+                before[node.index] = synthetic.batch_moments(args[0], node.op)
             return None
 
-        synthetic._run(flat, x, measure, synthetic._release_plan(flat))
+        synthetic.run_graph(flat, x, measure, synthetic.release_plan(flat))
         self._before = before
         self._stats0 = {node.index: (np.asarray(node.op.moving_mean.numpy(), np.float64),
                                      np.asarray(node.op.moving_variance.numpy(), np.float64))
@@ -207,7 +207,7 @@ class StatisticsCorrection:
                 return None
             bn = node.op
             m0, v0 = self._before[node.index]
-            m1, v1 = synthetic._moments(args[0], bn)
+            m1, v1 = synthetic.batch_moments(args[0], bn)
             mean0, var0 = self._stats0[node.index]
             mean = np.asarray(bn.moving_mean.numpy(), np.float64)
             var = np.asarray(bn.moving_variance.numpy(), np.float64)
@@ -223,7 +223,7 @@ class StatisticsCorrection:
             return None  # the BN now runs with the corrected statistics
 
         try:
-            synthetic._run(flat, x, correct, synthetic._release_plan(flat))
+            synthetic.run_graph(flat, x, correct, synthetic.release_plan(flat))
         finally:
             bar.close()
         return written

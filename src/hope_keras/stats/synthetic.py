@@ -46,13 +46,24 @@ PRIORS = ("spectrum", "pixels")
 #: and slower; at 64 × 64 worse).
 COARSE_MIN_SIDE = 128
 COARSE_FRACTION = 0.8
+#: The coarse steps run at the size divided by this (each side, rounded down).
+COARSE_SCALE = 2
+#: Image inputs whose sides are both at least `COARSE_MIN_SIDE`: the data-free
+#: correction makes its inputs, and measures the stream readers on them, at the size
+#: divided by this (see `reduced_size`). 1, the model's size: on the ResNet-50 fixture
+#: trained at 64 × 64, inputs made and measured at 1/2 or 1/4 of the size lost 0.7–2.6
+#: points at density 0.6 and FLOPs 0.8 and a third or more of the accuracy at FLOPs
+#: 0.6 (docs/benchmarks.md, "Made at a reduced size").
+MEASURE_SCALE = 1
+#: ... with this many Adam steps there (None: `SYNTHETIC_STEPS`).
+MEASURE_STEPS = None
 
 
 def _is_bn(op) -> bool:
     return layer_rules.get(op).normalization == "batch"
 
 
-def _release_plan(flat) -> dict:
+def release_plan(flat) -> dict:
     """Node index → tensor keys read for the last time there (model outputs kept)."""
     last = {}
     for node in flat.nodes:
@@ -65,7 +76,7 @@ def _release_plan(flat) -> dict:
     return plan
 
 
-def _run(flat, x, hook=None, plan=None):
+def run_graph(flat, x, hook=None, plan=None):
     """Runs the flattened graph on `x` op by op, every layer in inference mode.
 
     ``hook(node, args, kwargs)`` may return a node's outputs instead of the call
@@ -91,7 +102,7 @@ def _run_error(flat, shape):
     """The exception running the graph on two zero inputs of `shape` raises (a size
     the model does not run at), or None."""
     try:
-        _run(flat, np.zeros((2,) + tuple(shape), np.float32), plan=_release_plan(flat))
+        run_graph(flat, np.zeros((2,) + tuple(shape), np.float32), plan=release_plan(flat))
     except Exception as e:  # noqa: BLE001 - the caller names the size and the cause
         return e
     return None
@@ -105,7 +116,7 @@ def _reduced_axes(bn, rank: int) -> list:
     return [a for a in range(rank) if a not in kept]
 
 
-def _moments(x, bn):
+def batch_moments(x, bn):
     """Per-channel mean and variance of `x`, as the BN layer `bn` counts channels, as
     float64 numpy. Reduced by the backend in float32, two passes (the mean, then the
     centred squares): about 1e-5 relative, far below the sampling noise of the
@@ -131,7 +142,7 @@ def _single_input(flat, what):
     return shape, layer.dtype
 
 
-def _resized(shape, size, model) -> tuple:
+def resized_shape(shape, size, model) -> tuple:
     """`shape` (an image input's, without the batch) with its spatial size `size`."""
     received = size
     if isinstance(size, int) and not isinstance(size, bool):
@@ -201,10 +212,34 @@ def _coarse_steps(coarse_steps, steps, shape, prior) -> int:
     return coarse_steps
 
 
+def reduced_size(model):
+    """The spatial size ``(height, width)`` the data-free correction makes its
+    synthetic inputs and measures the stream readers at: the model's size divided by
+    `MEASURE_SCALE` for an image input whose sides are both at least
+    `COARSE_MIN_SIDE`, when the model runs there (convolutional up to a global
+    pooling); None (the model's own size) otherwise."""
+    if MEASURE_SCALE == 1:
+        return None
+    flat = kg.flatten(model)
+    if len(flat.inputs) != 1:
+        return None
+    shape = tuple(flat.inputs[0][1].batch_shape[1:])
+    if len(shape) != 3 or any(s is None for s in shape):
+        return None
+    first = keras.config.image_data_format() == "channels_first"
+    h, w = shape[1:] if first else shape[:2]
+    if min(h, w) < COARSE_MIN_SIDE:
+        return None
+    size = (max(h // MEASURE_SCALE, 1), max(w // MEASURE_SCALE, 1))
+    if _run_error(flat, resized_shape(shape, size, model)) is not None:
+        return None
+    return size
+
+
 def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC_STEPS,
                       learning_rate: float = LEARNING_RATE, seed: int = 0,
                       verbose="auto", size=None, prior: str = PRIOR,
-                      coarse_steps=None) -> np.ndarray:
+                      coarse_steps=None, coarse_scale=None) -> np.ndarray:
     """Data-free inputs whose BatchNormalization statistics match the model's.
 
     Starting from random noise, Adam adjusts a batch of ``num`` inputs so that every
@@ -251,6 +286,8 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
             ResNet-50 fixtures this made the stream readers' correction better at
             128 × 128, at 32 × 32 no better and slower, at 64 × 64 worse
             (docs/benchmarks.md, "Coarse steps first").
+        coarse_scale: The coarse steps run at the size divided by this, an integer
+            ≥ 2 (each side rounded down). None (default): `COARSE_SCALE`.
 
     Returns:
         np.ndarray: ``(num,) + input shape`` (with `size`, the input shape at that
@@ -261,7 +298,8 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
             BatchNormalization layer, ``num`` below 2 or negative ``steps``, a `size`
             the model does not run at, an unknown ``prior``, a ``coarse_steps``
             outside 0 … ``steps``, or above 0 for inputs it does not apply to or a
-            model that does not run at half size, or when the optimisation diverges.
+            model that does not run at the coarse size, a ``coarse_scale`` below 2,
+            or when the optimisation diverges.
 
     Example:
 
@@ -281,10 +319,16 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         raise ValueError(f"steps must be an integer ≥ 0. Received: steps={steps!r}")
     if prior not in PRIORS:
         raise ValueError(f"prior must be one of {PRIORS}. Received: prior={prior!r}")
+    if coarse_scale is None:
+        coarse_scale = COARSE_SCALE
+    if (isinstance(coarse_scale, bool) or not isinstance(coarse_scale, int)
+            or coarse_scale < 2):
+        raise ValueError(f"coarse_scale must be an integer ≥ 2. Received: "
+                         f"coarse_scale={coarse_scale!r}")
     flat = kg.flatten(model)
     shape, _ = _single_input(flat, "synthesize_inputs")
     if size is not None:
-        shape = _resized(shape, size, model)
+        shape = resized_shape(shape, size, model)
         error = _run_error(flat, shape)
         if error is not None:
             raise ValueError(f"synthesize_inputs: model '{model.name}' does not run on "
@@ -299,21 +343,21 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
                                       + n.op.epsilon)) for n in bns]
     norm_mean = [tf.norm(m) + 1e-3 for m in target_mean]
     norm_std = [tf.norm(s) + 1e-3 for s in target_std]
-    plan = _release_plan(flat)
+    plan = release_plan(flat)
     coarse = _coarse_steps(coarse_steps, steps, shape, prior)
     first = keras.config.image_data_format() == "channels_first"
     if prior == "spectrum" and len(shape) == 3:
         c, h, w = shape if first else (shape[2], shape[0], shape[1])
         sizes = [((h, w), steps)]
         if coarse:
-            half = (max(h // 2, 1), max(w // 2, 1))
+            half = (max(h // coarse_scale, 1), max(w // coarse_scale, 1))
             half_shape = (c,) + half if first else half + (c,)
             error = _run_error(flat, half_shape)
             if error is None:
                 sizes = [(half, coarse), ((h, w), steps - coarse)]
             elif coarse_steps is not None:
                 raise ValueError(f"synthesize_inputs: model '{model.name}' does not run "
-                                 f"on inputs of shape {half_shape} (half its size, "
+                                 f"on inputs of shape {half_shape} (1/{coarse_scale} of its size, "
                                  f"coarse_steps={coarse_steps!r}): {error}") from error
             else:
                 coarse = 0  # the default: only where the model runs at half size
@@ -351,11 +395,12 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
                              + tf.norm(tf.sqrt(v + 1e-5) - target_std[k]) / norm_std[k])
             return None
 
-        _run(flat, inputs(), hook, plan)
+        run_graph(flat, inputs(), hook, plan)
         return tf.add_n(terms)
 
     if resolve_verbose(verbose):
-        at_half = f", the first {coarse} at half size" if coarse else ""
+        at_half = (f", the first {coarse} at 1/{coarse_scale} of the size" if coarse
+                   else "")
         print(f"synthesize_inputs: {num} inputs matched to the BatchNormalization "
               f"statistics of '{model.name}' ({steps} Adam steps{at_half})")
     bar = WorkBar(steps, "step", verbose=verbose)
@@ -473,7 +518,7 @@ class StreamReference:
             return None
 
         if self.readers:
-            _run(flat, x, hook, _release_plan(flat))
+            run_graph(flat, x, hook, release_plan(flat))
 
 
 def correct_stream_readers(reference: StreamReference, tensors) -> dict:
@@ -514,14 +559,14 @@ def correct_stream_readers(reference: StreamReference, tensors) -> dict:
             kw = dict(kwargs)
             if kg.accepts_training(node.op):
                 kw["training"] = False
-            before[r] = _moments(node.op(reference.stored[r], *args[1:], **kw), todo[r].op)
+            before[r] = batch_moments(node.op(reference.stored[r], *args[1:], **kw), todo[r].op)
             return None
         if node.index not in todo:
             return None
         bn = node.op
-        m0, v0 = before[node.index] if node.index in before else _moments(
+        m0, v0 = before[node.index] if node.index in before else batch_moments(
             reference.stored[node.index], bn)
-        m1, v1 = _moments(args[0], bn)
+        m1, v1 = batch_moments(args[0], bn)
         finite = np.isfinite(m0) & np.isfinite(v0) & np.isfinite(m1) & np.isfinite(v1)
         scale = [float(np.mean(v[finite])) if finite.any() else 0.0 for v in (v0, v1)]
         tiny = 1e-6 * max(*scale, 1e-30)
@@ -535,5 +580,5 @@ def correct_stream_readers(reference: StreamReference, tensors) -> dict:
         written[bn.name] = (mean, var)
         return None  # the BN now runs with the corrected statistics
 
-    _run(flat, reference.x, hook, _release_plan(flat))
+    run_graph(flat, reference.x, hook, release_plan(flat))
     return written
