@@ -84,6 +84,19 @@ def conv_net(seed=0, widths=(24, 32, 20, 16)):
     return randomize_bn(keras.Model(inputs, L.Dense(4, name="head")(x), name="conv"), seed)
 
 
+def run_cli(capsys, *args):
+    """Runs ``hope-keras ARGS`` in this process (no TensorFlow start); returns
+    (exit status, what it printed: pytest's captured ``out`` and ``err``)."""
+    from hope_keras import cli
+
+    capsys.readouterr()
+    try:
+        status = cli.main([str(a) for a in args])
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr()
+
+
 def copy_model(model):
     clone = keras.models.clone_model(model)
     clone.set_weights(model.get_weights())

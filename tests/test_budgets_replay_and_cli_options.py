@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 import hope_keras
-from conftest import copy_model, mlp, small_resnet
-from hope_keras import cli
+from conftest import copy_model, mlp, run_cli, small_resnet
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +52,9 @@ def test_step_for_and_replay_meet_a_params_or_flops_budget_first_at_that_step(ru
     assert trajectory.step_for(**{what: 1.0}) == 0
 
 
-def _cli(capsys, *args):
-    capsys.readouterr()
-    try:
-        status = cli.main([str(a) for a in args])
-    except SystemExit as e:
-        status = e.code
-    return status, capsys.readouterr().out
+def _cli_out(capsys, *args):
+    status, printed = run_cli(capsys, *args)
+    return status, printed.out
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +70,7 @@ def model_file(tmp_path_factory):
 def test_cli_compress_budget_and_cost_equal_the_api(model_file, tmp_path, capsys, option,
                                                     value, cost):
     out, traj = tmp_path / "slim.keras", tmp_path / "t.npz"
-    status, _ = _cli(capsys, "compress", model_file, option, value, "--cost", cost,
+    status, _ = _cli_out(capsys, "compress", model_file, option, value, "--cost", cost,
                      "--out", out, "--trajectory", traj, "--quiet")
     assert status == 0
     original = keras.models.load_model(model_file)
@@ -95,11 +90,11 @@ def test_cli_compress_budget_and_cost_equal_the_api(model_file, tmp_path, capsys
 
 def test_cli_compress_latency_prints_the_timings(model_file, tmp_path, capsys):
     rows = ("latency predict (ms / batch of 1)", "latency call (ms / batch of 1)")
-    status, stdout = _cli(capsys, "compress", model_file, "--density", "0.6", "--out",
+    status, stdout = _cli_out(capsys, "compress", model_file, "--density", "0.6", "--out",
                           tmp_path / "s.keras")
     assert status == 0 and "FLOPs / example" in stdout
     assert not any(row in stdout for row in rows)
-    status, stdout = _cli(capsys, "compress", model_file, "--density", "0.6", "--out",
+    status, stdout = _cli_out(capsys, "compress", model_file, "--density", "0.6", "--out",
                           tmp_path / "s.keras", "--latency")
     assert status == 0
     for row in rows:  # reference, model, ratio: positive timings
@@ -114,16 +109,16 @@ def test_cli_compress_latency_prints_the_timings(model_file, tmp_path, capsys):
 
 def test_cli_replay_budgets_and_no_slim(model_file, tmp_path, capsys):
     traj = tmp_path / "t.npz"
-    status, _ = _cli(capsys, "compress", model_file, "--density", "0.3", "--out",
+    status, _ = _cli_out(capsys, "compress", model_file, "--density", "0.3", "--out",
                      tmp_path / "s.keras", "--trajectory", traj, "--quiet")
     assert status == 0
     trajectory = hope_keras.Trajectory.load(str(traj))
     x = np.random.default_rng(1).normal(size=(4, 10, 10, 3)).astype("float32")
     for option, value in (("--params", 0.75), ("--flops", 0.7)):
         slim_out, full_out = tmp_path / "slim.keras", tmp_path / "full.keras"
-        assert _cli(capsys, "replay", model_file, traj, option, value, "--out", slim_out,
+        assert _cli_out(capsys, "replay", model_file, traj, option, value, "--out", slim_out,
                     "--quiet")[0] == 0
-        assert _cli(capsys, "replay", model_file, traj, option, value, "--out", full_out,
+        assert _cli_out(capsys, "replay", model_file, traj, option, value, "--out", full_out,
                     "--no-slim", "--quiet")[0] == 0
         expected = trajectory.replay(keras.models.load_model(model_file),
                                      **{option[2:]: value})
@@ -141,8 +136,8 @@ def test_cli_export_quantize_dynamic(tmp_path, capsys):
     path = tmp_path / "m.keras"
     model.save(path)
     plain, quantized = tmp_path / "f.tflite", tmp_path / "q.tflite"
-    assert _cli(capsys, "export", path, "--out", plain, "--quiet")[0] == 0
-    assert _cli(capsys, "export", path, "--out", quantized, "--quantize", "dynamic",
+    assert _cli_out(capsys, "export", path, "--out", plain, "--quiet")[0] == 0
+    assert _cli_out(capsys, "export", path, "--out", quantized, "--quantize", "dynamic",
                 "--quiet")[0] == 0
     assert quantized.stat().st_size < plain.stat().st_size
     x = np.random.default_rng(2).normal(size=(8, 32)).astype("float32")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import hope_keras
-from conftest import copy_model, mlp, small_resnet
+from conftest import copy_model, mlp, run_cli, small_resnet
 from hope_keras import plots
 
 # No TF_* settings: the CLI itself keeps TensorFlow's start-up lines off stderr.
@@ -30,14 +30,8 @@ def model_file(tmp_path_factory):
 
 def _in_process(capsys, *args):
     """Runs the CLI in this process (no TensorFlow start); returns (status, stdout)."""
-    from hope_keras import cli
-
-    capsys.readouterr()
-    try:
-        status = cli.main(list(args))
-    except SystemExit as e:
-        status = e.code
-    return status, capsys.readouterr().out
+    status, printed = run_cli(capsys, *args)
+    return status, printed.out
 
 
 def test_cli_compress_replay_report(model_file, tmp_path, capsys):

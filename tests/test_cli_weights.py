@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 import hope_keras
+from conftest import run_cli
 
 BUILDER = textwrap.dedent('''
     import keras
@@ -31,17 +32,6 @@ BUILDER = textwrap.dedent('''
 ''')
 
 
-def _status(capsys, *args):
-    from hope_keras import cli
-
-    capsys.readouterr()
-    try:
-        status = cli.main(list(args))
-    except SystemExit as e:
-        status = e.code
-    return status, capsys.readouterr()
-
-
 def test_compress_a_weights_only_checkpoint(tmp_path, monkeypatch, capsys):
     (tmp_path / "ckpt_net.py").write_text(BUILDER)
     monkeypatch.chdir(tmp_path)
@@ -56,7 +46,7 @@ def test_compress_a_weights_only_checkpoint(tmp_path, monkeypatch, capsys):
     bn.moving_variance.assign(rng.uniform(0.5, 2.0, size=12))
     trained.save_weights("net.weights.h5")
 
-    status, out = _status(capsys, "compress", "ckpt_net:build", "--weights",
+    status, out = run_cli(capsys, "compress", "ckpt_net:build", "--weights",
                           "net.weights.h5", "--input-shape", "8,8,3", "--density", "0.5",
                           "--out", "small.keras", "--quiet")
     assert status == 0, out.err
@@ -69,25 +59,25 @@ def test_compress_a_weights_only_checkpoint(tmp_path, monkeypatch, capsys):
 
     # --data (unlabeled inputs for the BN statistics) on the traced subclassed model
     np.save("x.npy", rng.normal(size=(32, 8, 8, 3)).astype("float32"))
-    status, out = _status(capsys, "compress", "ckpt_net:build", "--weights",
+    status, out = run_cli(capsys, "compress", "ckpt_net:build", "--weights",
                           "net.weights.h5", "--input-shape", "8,8,3", "--density", "0.5",
                           "--data", "x.npy", "--out", "small_data.keras", "--quiet")
     assert status == 0, out.err
     assert keras.models.load_model("small_data.keras").count_params() == small.count_params()
 
-    status, out = _status(capsys, "analyze", "ckpt_net:build", "--weights",
+    status, out = run_cli(capsys, "analyze", "ckpt_net:build", "--weights",
                           "net.weights.h5", "--input-shape", "8,8,3")
     assert status == 0 and "Compressible channels: 12 in 1 groups" in out.out
 
 
 def test_weights_only_errors_name_what_was_received(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    status, out = _status(capsys, "compress", "no_such_module:build", "--weights",
+    status, out = run_cli(capsys, "compress", "no_such_module:build", "--weights",
                           "w.weights.h5", "--density", "0.5", "--out", "x.keras")
     assert status == 1 and "no_such_module:build" in out.err
     keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]).save("m.keras")
-    status, out = _status(capsys, "compress", "m.keras", "--weights", "w.weights.h5",
+    status, out = run_cli(capsys, "compress", "m.keras", "--weights", "w.weights.h5",
                           "--density", "0.5", "--out", "x.keras")
     assert status == 1 and "module:function" in out.err
-    status, out = _status(capsys, "analyze", "m.keras", "--input-shape", "a,b")
+    status, out = run_cli(capsys, "analyze", "m.keras", "--input-shape", "a,b")
     assert status == 2 and "'a,b'" in out.err

@@ -8,7 +8,7 @@ import pytest
 import hope_keras
 from hope_keras import LatencyBudget
 from hope_keras.search.latency import MIN_STEP
-from conftest import conv_net, copy_model
+from conftest import conv_net, copy_model, run_cli
 
 
 def flops_ratio(small, reference):
@@ -175,18 +175,11 @@ def test_a_real_measurement_is_reported_and_the_model_slims():
 
 
 def test_the_command_line_budget(tmp_path, capsys):
-    from hope_keras import cli
-
     path, out = str(tmp_path / "net.keras"), str(tmp_path / "slim.keras")
     conv_net(6).save(path)
 
     def main(*args):
-        capsys.readouterr()
-        try:
-            status = cli.main(list(args))
-        except SystemExit as e:
-            status = e.code
-        return status, capsys.readouterr()
+        return run_cli(capsys, *args)
 
     for bad in (("--latency-budget", "0"), ("--latency-budget", "1.5"),
                 ("--latency-budget", "0.5", "--flops", "0.5")):
