@@ -10,6 +10,7 @@ import os
 import resource
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -58,6 +59,20 @@ def quick_dir() -> Path:
 def quick_path(path) -> Path:
     """`path`'s file name inside `quick_dir()`."""
     return quick_dir() / Path(path).name
+
+
+def forward_time(model, x, repeats=5) -> float:
+    """T: the median seconds of ``model(x, training=False)`` after one warm-up (the
+    unit the benchmarks' timings are given in, measured in the same process)."""
+    import time
+
+    model(x, training=False)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        model(x, training=False)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
 
 
 def peak_rss_gb() -> float:

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import calibrated_resnet50  # noqa: E402
+from _common import calibrated_resnet50, forward_time  # noqa: E402
 
 import keras  # noqa: E402
 
@@ -38,15 +38,10 @@ DENSITIES = (0.9, 0.8, 0.7, 0.6, 0.5)
 FLOPS = (0.8, 0.6, 0.5)
 
 
-def forward_time(model, size, repeats=5):
+def batch_time(model, size):
+    """T: one batch-8 forward pass at `size` × `size` (`_common.forward_time`)."""
     x = np.random.default_rng(1).uniform(0, 255, (8, size, size, 3)).astype("float32")
-    model(x, training=False)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        model(x, training=False)
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+    return forward_time(model, x)
 
 
 def timing(size, quick, only=None):
@@ -60,7 +55,7 @@ def timing(size, quick, only=None):
             keras.applications.ResNet50(weights=None, input_shape=shape, classes=10)
         )).get_weights())
     weights = reference.get_weights()
-    T = forward_time(reference, size)
+    T = batch_time(reference, size)
     out = {"size": size, "T_s": round(T, 3)}
     print(f"T (batch-8 forward, {size}x{size}): {T:.3f} s", flush=True)
     data = np.random.default_rng(2).uniform(0, 255, (256,) + shape).astype("float32")
@@ -112,7 +107,7 @@ def variants(size, names, repeats):
     rows = []
     for rep in range(repeats):
         for name in names:
-            T = forward_time(reference, size)  # before each run: the load drifts
+            T = batch_time(reference, size)  # before each run: the load drifts
             for k, v in {**defaults, **VARIANTS[name]}.items():
                 setattr(synthetic, k, v)
             bn_stats._SYNTHETIC_INPUTS.clear()

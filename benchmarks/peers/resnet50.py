@@ -43,7 +43,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from _common import (QUICK_RESNET_SIZE, add_quick, calibrated_resnet50,  # noqa: E402
-                     quick_path)
+                     forward_time, quick_path)
 
 import keras  # noqa: E402
 
@@ -58,17 +58,6 @@ RANDOM_IMAGES = 256
 def load():
     """The 1, 5 and 15 minute load averages (other jobs share the 2 cores)."""
     return [round(v, 2) for v in os.getloadavg()]
-
-
-def forward_time(model, x, repeats=5):
-    """Median seconds of ``model(x, training=False)`` after one warm-up."""
-    model(x, training=False)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        model(x, training=False)
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
 
 
 def interleaved_latency(models, x, repeats, warmup=1):
