@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+from hope_keras import _jit as jit
 from hope_keras.search.merge_tables import kernels
 from hope_keras.search.merge_tables.bounds import nonzero2
 
@@ -101,13 +102,16 @@ def test_caching_needs_a_writable_place_and_changes_no_setting(monkeypatch, tmp_
     kernels compile uncached instead of failing; importing them leaves numba's
     settings, and the environment, as they were."""
     before = dict(os.environ)
-    assert kernels.can_cache()  # this checkout's package directory is writable
+    here = kernels.__file__
+    assert jit.can_cache(here)  # this checkout's package directory is writable
+    assert jit.jit_options(here) == dict(cache=True, nogil=True)
     assert dict(os.environ) == before
     (tmp_path / "file").write_text("a file, not a directory")
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "file"))
-    assert not kernels.can_cache()
+    assert not jit.can_cache(here)
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))
-    assert kernels.can_cache() and (tmp_path / "mine").is_dir()
+    assert jit.can_cache(here) and (tmp_path / "mine").is_dir()
     monkeypatch.delenv("NUMBA_CACHE_DIR")
-    monkeypatch.setattr(kernels, "_writable", lambda path: False)
-    assert not kernels.can_cache()
+    monkeypatch.setattr(jit, "_writable", lambda path: False)
+    assert not jit.can_cache(here)
+    assert jit.jit_options(here) == dict(cache=False, nogil=True)

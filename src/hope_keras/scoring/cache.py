@@ -36,6 +36,7 @@ import numpy as np
 
 from hope_keras.scoring import costs
 from hope_keras.activations import kernels
+from hope_keras.scoring import pair_kernels
 
 # Rows per chunk: bounds the temporaries of the pair computations to a few MB per
 # array whatever the layer width.
@@ -259,18 +260,20 @@ class GroupCache:
         >>> bool(pv.B[0] == cache.B[0, 2])
         True
         """
-        a = np.asarray(a, dtype=np.intp)
-        b = np.asarray(b, dtype=np.intp)
+        a = np.ascontiguousarray(a, dtype=np.intp)
+        b = np.ascontiguousarray(b, dtype=np.intp)
         g, be = self.gamma, self.beta
         gw, gv, gu = self._gram_pair(a, b)
+        dv, du = self.gram_diag("v"), self.gram_diag("u")
+        if self.kernel == "approx":  # the engine's: one compiled pass over the pairs
+            rho, kc, B = pair_kernels.pair_values_approx(
+                a, b, *(np.ascontiguousarray(x, dtype=np.float64) for x in (
+                    gw, gv, gu, g, be, self.wnorm, self.k_self, dv, du)), bool(with_B))
+            return PairValues(rho, kc, B if with_B else None, gu)
         rho = self._rho(a, b, gw)
-        if self.kernel == "exact":
-            kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
-        else:
-            kc = kernels.cross_kernel_approx(rho, self.k_self[a], self.k_self[b])
+        kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
         if not with_B:
             return PairValues(rho, kc, None, gu)
-        dv, du = self.gram_diag("v"), self.gram_diag("u")
         sol = costs.merge_solution(
             dv[a], dv[b], gv, du[a], du[b], gu,
             g[a], be[a], g[b], be[b], rho, kernel=self.kernel,
@@ -286,13 +289,19 @@ class GroupCache:
         # cols=None reaches gram_rows: every column without a copy of them.
         picked = None if cols is None else np.asarray(cols, dtype=np.intp)
         cols = np.arange(self.size) if cols is None else picked
+        gw = self.gram_rows("w", rows, picked)
+        if self.kernel == "approx":  # the values `pair_values` computes, bit for bit
+            shape = (rows.size, cols.size)
+            a, b = np.repeat(rows, cols.size), np.tile(cols, rows.size)
+            none = np.zeros(0)
+            rho, kc, _ = pair_kernels.pair_values_approx(
+                a, b, np.ascontiguousarray(gw, dtype=np.float64).reshape(-1), none, none,
+                self.gamma, self.beta, self.wnorm, self.k_self, none, none, False)
+            return rho.reshape(shape), kc.reshape(shape), self.gram_rows("u", rows, picked)
         a, b = rows[:, None], cols[None, :]
-        rho = self._rho(a, b, self.gram_rows("w", rows, picked))
-        if self.kernel == "exact":
-            g, be = self.gamma, self.beta
-            kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
-        else:
-            kc = kernels.cross_kernel_approx(rho, self.k_self[a], self.k_self[b])
+        rho = self._rho(a, b, gw)
+        g, be = self.gamma, self.beta
+        kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
         return rho, kc, self.gram_rows("u", rows, picked)
 
     def _pair_rows(self, rows: np.ndarray):

@@ -9,13 +9,13 @@ which re-exports every name here.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
 
 from hope_keras.activations.kernels import cross_kernel_approx, cross_kernel_exact, self_kernel
 from hope_keras.activations.kernels import fast_clip as _clip
+from hope_keras.scoring import pair_kernels
 
 __all__ = [
     "FLOOR",
@@ -347,45 +347,13 @@ def merge_solution(
     )
 
 
-def _pos(x: float) -> float:
-    """``np.maximum(x, 0.0)`` of one float (NaN stays NaN)."""
-    return 0.0 if x < 0.0 else x
-
-
-def _div(num: float, den: float) -> float:
-    """`_safe_div` of one pair of floats (an overflow gives ±inf, as in NumPy)."""
-    return 0.0 if den == 0.0 else num / den
-
-
-def _eig2_one(a: float, c: float, b: float):
-    m, d = 0.5 * (a + c), math.hypot(0.5 * (a - c), b)
-    th = 0.5 * math.atan2(2.0 * b, a - c)
-    return m + d, m - d, math.cos(th), math.sin(th)
-
-
-def _self_kernel_one(g: float, b: float) -> float:
-    """`kernels.self_kernel` of one neuron (``g = |γ| ≥ 0``)."""
-    if not g > 0.0:
-        return _pos(b) ** 2
-    t = min(max(b / g, -50.0), 50.0)  # kernels._Z_CLIP
-    cdf = 0.5 * math.erfc(-t / math.sqrt(2.0))
-    pdf = math.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)
-    return _pos((g * g + b * b) * cdf + b * g * pdf)
-
-
-def _arccos_i_one(r: float) -> float:
-    r = min(max(r, -1.0), 1.0)
-    v = (math.sqrt(_pos(1.0 - r * r)) + (math.pi - math.acos(r)) * r) / math.pi
-    return min(max(v, 0.0), 1.0)
-
-
 def merge_solution_one(gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij, gamma_i, beta_i,
                        gamma_j, beta_j, rho_tilde, k_ii, k_jj) -> MergeSolution:
     """`merge_solution` of one pair with the ``"approx"`` kernel, in Python floats.
 
-    The same formulas, step by step, without NumPy's fixed cost per operation (about
-    a tenth of the time for one pair): the engine solves the merge it executes with
-    it. Equal to `merge_solution` to rounding (tests/test_costs.py).
+    The same formulas, compiled for one pair (`hope_keras.scoring.pair_kernels`),
+    without NumPy's fixed cost per operation: the engine solves the merge it executes
+    with it. Equal to `merge_solution` to rounding (tests/test_costs.py).
 
     Example:
         >>> s = merge_solution_one(4.0, 4.0, 4.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0,
@@ -393,43 +361,9 @@ def merge_solution_one(gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij, gamma_i, beta_i
         >>> [round(x, 6) for x in (s.lam1, s.lam2, s.B)]
         [0.25, 0.25, 1.414214]
     """
-    gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij = map(
-        float, (gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij))
-    gi, gj, bi, bj = abs(float(gamma_i)), abs(float(gamma_j)), float(beta_i), float(beta_j)
-    rt = min(max(float(rho_tilde), -1.0), 1.0)
-    k_ii, k_jj = float(k_ii), float(k_jj)
-    l1, l2, c, s = _eig2_one(gv_ii, gv_jj, gv_ij)
-    tol = _EIG_RTOL * _pos(gv_ii + gv_jj)
-    d1 = math.sqrt(l1) if l1 > tol else 0.0
-    d2 = math.sqrt(l2) if l2 > tol else 0.0
-    h11 = c * c * gu_ii + 2.0 * c * s * gu_ij + s * s * gu_jj
-    h22 = s * s * gu_ii - 2.0 * c * s * gu_ij + c * c * gu_jj
-    h12 = c * s * (gu_jj - gu_ii) + (c * c - s * s) * gu_ij
-    _, _, zc, zs = _eig2_one(d1 * d1 * h11, d2 * d2 * h22, d1 * d2 * h12)
-    y1, y2 = _div(zc, d1), _div(zs, d2)
-    lam1, lam2 = c * y1 - s * y2, s * y1 + c * y2
-    nrm = math.sqrt(_pos(lam1 * lam1 * gv_ii + 2.0 * lam1 * lam2 * gv_ij
-                         + lam2 * lam2 * gv_jj))
-    lam1, lam2 = _div(lam1, nrm), _div(lam2, nrm)
-    c_ij = gi * gj * rt
-    mean_v = lam1 * bi + lam2 * bj
-    std_v = math.sqrt(_pos(lam1 * lam1 * gi * gi + lam2 * lam2 * gj * gj
-                           + 2.0 * lam1 * lam2 * c_ij))
-    cov_vi, cov_vj = lam1 * gi * gi + lam2 * c_ij, lam1 * c_ij + lam2 * gj * gj
-    out = []
-    for sign in (1.0, -1.0):  # +v, then −v
-        k_vv = _self_kernel_one(std_v, sign * mean_v)
-        r_vi = min(max(_div(sign * cov_vi, std_v * gi), -1.0), 1.0)
-        r_vj = min(max(_div(sign * cov_vj, std_v * gj), -1.0), 1.0)
-        k_vi = _arccos_i_one(r_vi) * math.sqrt(_pos(k_vv) * _pos(k_ii))
-        k_vj = _arccos_i_one(r_vj) * math.sqrt(_pos(k_vv) * _pos(k_jj))
-        sq = k_vi * k_vi * gu_ii + k_vj * k_vj * gu_jj + 2.0 * k_vi * k_vj * gu_ij
-        out.append((_div(math.sqrt(_pos(sq)), math.sqrt(_pos(k_vv))), k_vv, k_vi, k_vj))
-    (b_plus, *plus), (b_minus, *minus) = out
-    sign, (b, (k_vv, k_vi, k_vj)) = ((-1.0, (b_minus, minus)) if b_minus > b_plus
-                                     else (1.0, (b_plus, plus)))
-    return MergeSolution(lam1=sign * lam1, lam2=sign * lam2, B=b, gamma_v=std_v,
-                         beta_v=sign * mean_v, k_vv=k_vv, k_vi=k_vi, k_vj=k_vj)
+    return MergeSolution(*pair_kernels.merge_one(*map(float, (
+        gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij, gamma_i, beta_i, gamma_j, beta_j,
+        rho_tilde, k_ii, k_jj))))
 
 
 def parent_coefficients(sol, scale, gv_ii, gv_jj, gu_ii, gu_jj, gu_ij):

@@ -7,42 +7,18 @@ kernels run the same loops over the tables' own arrays, without copies, and give
 same values as the NumPy expressions they replace (comparisons and minima only: no
 floating-point arithmetic is reordered).
 
-Compiled functions are cached on disk where numba finds a writable place: a
-``NUMBA_CACHE_DIR`` the user set, ``__pycache__`` next to this module, or numba's
-user cache directory (``~/.cache/numba``); with none writable they are compiled in
-each process, uncached. Nothing here changes numba's settings for other code.
+Compiled functions are cached on disk where numba can (`hope_keras._jit`).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import numba
 import numpy as np
-from numba.misc.appdirs import AppDirs
+
+from hope_keras._jit import jit_options
 
 
-def _writable(path: str) -> bool:
-    """Whether files can be written under `path` (created if missing)."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            return True
-    except OSError:
-        return False
-
-
-def can_cache() -> bool:
-    """Whether numba has a writable cache location for this module (where it looks,
-    in its order); ``cache=True`` without one fails when the function is defined."""
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return _writable(os.environ["NUMBA_CACHE_DIR"])
-    return (_writable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__"))
-            or _writable(AppDirs("numba", appauthor=False).user_cache_dir))
-
-
-_JIT = dict(cache=can_cache(), nogil=True)
+_JIT = jit_options(__file__)
 
 
 # Dense tables are scanned in blocks of this many columns: a block's comparisons and
