@@ -203,6 +203,12 @@ class GroupCache:
         g = getattr(self, "gram_" + which)[rows]
         return (g if cols is None else np.take(g, cols, axis=1)).astype(np.float64)
 
+    def _gram_block(self, which: str, rows, cols=None) -> np.ndarray:
+        """`gram_rows` in the Gram matrix's own dtype (read as float64 by the
+        compiled kernels: the same values, without a float64 copy)."""
+        g = getattr(self, "gram_" + which)[rows]
+        return g if cols is None else np.take(g, cols, axis=1)
+
     def max_cosine(self, rows, ok, which: str = "u", absolute: bool = False) -> np.ndarray:
         """Per row, the largest cosine ``⟨x_r, x_l⟩/(‖x_r‖‖x_l‖)`` (or its absolute
         value) of ``which`` (``"w"`` or ``"u"``) over the partners ``l`` in `ok`
@@ -285,21 +291,17 @@ class GroupCache:
         """``(ρ̃, K(i,j), ⟨u_i, u_j⟩)`` of every pair (rows × all neurons, or × `cols`),
         from whole Gram rows (matrix products for sketched caches): the pairs
         `pair_values` gives without ``B``."""
-        rows = np.asarray(rows, dtype=np.intp)
+        rows = np.ascontiguousarray(rows, dtype=np.intp)
         # cols=None reaches gram_rows: every column without a copy of them.
         picked = None if cols is None else np.asarray(cols, dtype=np.intp)
         cols = np.arange(self.size) if cols is None else picked
-        gw = self.gram_rows("w", rows, picked)
         if self.kernel == "approx":  # the values `pair_values` computes, bit for bit
-            shape = (rows.size, cols.size)
-            a, b = np.repeat(rows, cols.size), np.tile(cols, rows.size)
-            none = np.zeros(0)
-            rho, kc, _ = pair_kernels.pair_values_approx(
-                a, b, np.ascontiguousarray(gw, dtype=np.float64).reshape(-1), none, none,
-                self.gamma, self.beta, self.wnorm, self.k_self, none, none, False)
-            return rho.reshape(shape), kc.reshape(shape), self.gram_rows("u", rows, picked)
+            rho, kc = pair_kernels.pair_grid_approx(
+                rows, np.ascontiguousarray(cols, dtype=np.intp),
+                self._gram_block("w", rows, picked), self.gamma, self.wnorm, self.k_self)
+            return rho, kc, self.gram_rows("u", rows, picked)
         a, b = rows[:, None], cols[None, :]
-        rho = self._rho(a, b, gw)
+        rho = self._rho(a, b, self.gram_rows("w", rows, picked))
         g, be = self.gamma, self.beta
         kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
         return rho, kc, self.gram_rows("u", rows, picked)
@@ -505,6 +507,10 @@ class SketchCache(GroupCache):
                 or pre[0] != (int(rows[0]), self.version):
             return None
         return pre[1].result()[0 if which == "w" else 1]
+
+    def _gram_block(self, which: str, rows, cols=None) -> np.ndarray:
+        """`gram_rows` (estimates, already float64)."""
+        return self.gram_rows(which, rows, cols)
 
     def gram_rows(self, which: str, rows, cols=None) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.intp)

@@ -21,7 +21,7 @@ import numpy as np
 
 from hope_keras._jit import jit_options
 
-__all__ = ["merge_one", "pair_values_approx"]
+__all__ = ["merge_one", "pair_values_approx", "pair_grid_approx"]
 
 _JIT = jit_options(__file__)
 
@@ -96,6 +96,14 @@ def _warped(rho_eff, gi, ni, gj, nj):
         x = 0.0
     x = _clip(x, -1e300, 1e300)
     return _clip(x / (1.0 + math.hypot(1.0, x)), -1.0, 1.0)
+
+
+@numba.njit(inline="always")
+def _rho_kc(gw, i, j, gamma, wnorm, k_self):
+    """ρ̃ and K(i,j) of the pair (i, j) from ⟨w_i, w_j⟩."""
+    den = wnorm[i] * wnorm[j]
+    rt = _warped(gw / den if den > 0.0 else 0.0, gamma[i], wnorm[i], gamma[j], wnorm[j])
+    return rt, _arccos_i(rt) * math.sqrt(_pos(k_self[i]) * _pos(k_self[j]))
 
 
 @numba.njit(**_JIT)
@@ -185,12 +193,37 @@ def pair_values_approx(a, b, gw, gv, gu, gamma, beta, wnorm, k_self, dv, du, wit
     out_b = np.empty(n if with_b else 0)
     for p in range(n):
         i, j = a[p], b[p]
-        den = wnorm[i] * wnorm[j]
-        rt = _warped(gw[p] / den if den > 0.0 else 0.0, gamma[i], wnorm[i], gamma[j],
-                     wnorm[j])
+        rt, kc[p] = _rho_kc(np.float64(gw[p]), i, j, gamma, wnorm, k_self)
         rho[p] = rt
-        kc[p] = _arccos_i(rt) * math.sqrt(_pos(k_self[i]) * _pos(k_self[j]))
         if with_b:
             out_b[p] = merge_one(dv[i], dv[j], gv[p], du[i], du[j], gu[p], gamma[i],
                                  beta[i], gamma[j], beta[j], rt, k_self[i], k_self[j])[2]
     return rho, kc, out_b
+
+
+@numba.njit(**_JIT)
+def pair_grid_approx(rows, cols, gw, gamma, wnorm, k_self):
+    """ρ̃ and K(i,j) of every pair ``(rows[r], cols[c])`` from the Gram block
+    ``gw[r, c] = ⟨w_rows[r], w_cols[c]⟩`` (float32 or float64, read as float64):
+    the values `pair_values_approx` gives for the same pairs, bit for bit.
+
+    Returns:
+        ``(rho, k_cross)``, float64 arrays of shape ``(len(rows), len(cols))``.
+
+    Example:
+        >>> import numpy as np
+        >>> ones = np.ones(2)
+        >>> rho, kc = pair_grid_approx(np.array([0]), np.array([0, 1]),
+        ...                            np.array([[1.0, 0.0]]), ones, ones, 0.5 * ones)
+        >>> [round(float(x), 6) for x in kc[0]]
+        [0.5, 0.159155]
+    """
+    nr, nc = rows.shape[0], cols.shape[0]
+    rho = np.empty((nr, nc))
+    kc = np.empty((nr, nc))
+    for r in range(nr):
+        i = rows[r]
+        for c in range(nc):
+            rho[r, c], kc[r, c] = _rho_kc(np.float64(gw[r, c]), i, cols[c], gamma, wnorm,
+                                          k_self)
+    return rho, kc
