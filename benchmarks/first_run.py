@@ -10,7 +10,8 @@ same weights, the first data-free ``compress(density=0.5)`` (synthetic inputs ma
 
 ``--quality``: the ResNet-50 fixture (`.cache/resnet50_fmnist.keras`, 32 × 32,
 scripts/make_benchmark_fixtures.py), held-out split (the 1000 test images after the
-bundled 2000) and selection split (the first 1000 bundled ones), at densities 0.9 …
+bundled 2000; ``--heldout N``: N of them, up to 8000) and selection split (the first
+1000 bundled ones), at densities 0.9 …
 0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 1024
 Fashion-MNIST training images (``--data-inputs``). ``--quick``: density 0.9 only.
 
@@ -127,10 +128,10 @@ def variants(size, names, repeats):
     return {"size": size, "shape": list(shape), "rows": rows}
 
 
-def quality(quick, data_inputs, only=None):
+def quality(quick, data_inputs, only=None, heldout=1000):
     import quality as Q
 
-    model, splits, _ = Q.load_splits("resnet50", 1000, 1000)
+    model, splits, _ = Q.load_splits("resnet50", 1000, heldout)
     ev = Q.Evaluator(model, splits)
     original = [w.numpy().copy() for w in model.weights]
     train = _training_images(data_inputs)
@@ -173,6 +174,9 @@ def main():
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--data-inputs", type=int, default=1024)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--heldout", type=int, default=1000,
+                   help="--quality: held-out test images (after the bundled 2000; at "
+                        "most 8000): more of them, less noise in a difference")
     p.add_argument("--only", choices=("data-free", "data"),
                    help="--quality: only the data-free runs or only those with data=")
     p.add_argument("--synthetic-inputs", type=int,
@@ -204,8 +208,11 @@ def main():
                       "w") as f:
                 json.dump(out, f, indent=1)
     if args.quality:
-        out = quality(args.quick, 256 if args.quick else args.data_inputs, args.only)
+        out = quality(args.quick, 256 if args.quick else args.data_inputs, args.only,
+                      args.heldout)
         if not args.quick:
+            if args.heldout != 1000:
+                suffix += f"_heldout{args.heldout}"
             name = f"first_run_quality{suffix}{'_' + args.only if args.only else ''}.json"
             with open(os.path.join(RESULTS, name), "w") as f:
                 json.dump(out, f, indent=1)
