@@ -50,12 +50,14 @@ REFINE_WIDE = 6144
 REFINE_BATCH_WIDE = 16
 #: ``merge_search="auto"`` (the default) certifies the merge search in groups
 #: narrower than this, and selects the best of each neuron's top-k partners
-#: (``"top_k"``) in groups at least this wide (those sketched by width alone,
-#: `cache.SKETCH_WIDTH`): there the certified search's rescans take tenths of a
-#: second a step, and more as the run goes (the 4 × 8192 MLP: 181 ms a step over its
-#: first 300 steps) where the top-k search takes about 6 ms. No model of the quality
-#: benchmark has a group this wide: on all of them "auto" is the certified search.
-AUTO_TOP_K_WIDTH = 6144
+#: (``"top_k"``) in groups at least this wide. There the certified search's rescans
+#: cost tenths of a second a step (VGG16 @64 to density 0.5: 32.6 s certified, its two
+#: 4096-wide classifier groups most of it, against 12.4 s; the 4 × 8192 MLP: 181 ms a
+#: step over its first 300 steps against about 6 ms), and top-k loses nothing measured:
+#: on a trained 2 × 4096 BN-ReLU MLP it scored within 0.2 points of the certified
+#: search at every density (`benchmarks/merge_search_wide.py`). Narrower groups are
+#: where it can lose (LeNet-300-100 at density 0.2: 3.6 points), so they stay certified.
+AUTO_TOP_K_WIDTH = 4096
 
 # Merge tables built at once (`MergeSearch.set_tables`) fill in threads from this many
 # pairs (sum of n² over their groups): below it a thread costs more than it saves.
@@ -90,8 +92,8 @@ class SearchOptions:
             capacity, found when its row was filled (refilled once three quarters
             of them are gone), and the cheapest of those is selected.
             ``"auto"`` (default): ``"certified"`` in groups narrower than
-            `AUTO_TOP_K_WIDTH` (6144) neurons, ``"top_k"`` in wider ones, where the
-            certified search takes tenths of a second a step.
+            `AUTO_TOP_K_WIDTH` (4096) neurons, ``"top_k"`` in groups that wide or
+            wider, where the certified search takes tenths of a second a step.
         refresh: ``"local"`` (default: after an action only the touched group's
             cache is updated, the paper's decoupled cache) or ``"neighbors"`` (also
             rebuild the caches of the producer- and consumer-side groups: 2–6×
