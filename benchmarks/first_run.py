@@ -11,7 +11,8 @@ same weights, the first data-free ``compress(density=0.5)`` (synthetic inputs ma
 ``--quality``: the ResNet-50 fixture (`.cache/resnet50_fmnist.keras`, 32 × 32,
 scripts/make_benchmark_fixtures.py), held-out split (the 1000 test images after the
 bundled 2000; ``--heldout N``: N of them, up to 8000) and selection split (the first
-1000 bundled ones), at densities 0.9 …
+1000 bundled ones); ``--reestimated``: each ``data=`` model also with every BN
+re-estimated on the data, at densities 0.9 …
 0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 1024
 Fashion-MNIST training images (``--data-inputs``). ``--quick``: density 0.9 only.
 
@@ -128,7 +129,7 @@ def variants(size, names, repeats):
     return {"size": size, "shape": list(shape), "rows": rows}
 
 
-def quality(quick, data_inputs, only=None, heldout=1000):
+def quality(quick, data_inputs, only=None, heldout=1000, reestimated=False):
     import quality as Q
 
     model, splits, _ = Q.load_splits("resnet50", 1000, heldout)
@@ -141,7 +142,7 @@ def quality(quick, data_inputs, only=None, heldout=1000):
     out = {}
     runs = [("data-free", None), (f"data={len(train)} training images", train)]
     if only:
-        runs = [r for r in runs if r[0].startswith(only)]
+        runs = [r for r in runs if (r[1] is None) == (only == "data-free")]
     for label, data in runs:
         for axis, value in points:
             for w, v in zip(model.weights, original):
@@ -153,6 +154,15 @@ def quality(quick, data_inputs, only=None, heldout=1000):
             out.setdefault(label, {})[f"{axis} {value}"] = {**acc, "s": round(seconds, 1)}
             print(f"{label} {axis} {value}: held-out {100 * acc['heldout']:.1f}, "
                   f"selection {100 * acc['sel']:.1f} ({seconds:.1f} s)", flush=True)
+            if reestimated and data is not None:
+                # The statistics the data itself gives: every BN re-estimated on it.
+                hope_keras.reestimate_batchnorm_statistics(model, data)
+                acc, _ = ev()
+                out.setdefault(label + ", then every BN re-estimated on it", {})[
+                    f"{axis} {value}"] = acc
+                print(f"  then every BN re-estimated on the data: held-out "
+                      f"{100 * acc['heldout']:.1f}, selection {100 * acc['sel']:.1f}",
+                      flush=True)
     return out
 
 
@@ -177,6 +187,9 @@ def main():
     p.add_argument("--heldout", type=int, default=1000,
                    help="--quality: held-out test images (after the bundled 2000; at "
                         "most 8000): more of them, less noise in a difference")
+    p.add_argument("--reestimated", action="store_true",
+                   help="--quality: after each data= run, also every BN re-estimated on "
+                        "the data (`reestimate_batchnorm_statistics`), evaluated again")
     p.add_argument("--only", choices=("data-free", "data"),
                    help="--quality: only the data-free runs or only those with data=")
     p.add_argument("--synthetic-inputs", type=int,
@@ -209,10 +222,12 @@ def main():
                 json.dump(out, f, indent=1)
     if args.quality:
         out = quality(args.quick, 256 if args.quick else args.data_inputs, args.only,
-                      args.heldout)
+                      args.heldout, args.reestimated)
         if not args.quick:
             if args.heldout != 1000:
                 suffix += f"_heldout{args.heldout}"
+            if args.reestimated:
+                suffix += "_reestimated"
             name = f"first_run_quality{suffix}{'_' + args.only if args.only else ''}.json"
             with open(os.path.join(RESULTS, name), "w") as f:
                 json.dump(out, f, indent=1)
