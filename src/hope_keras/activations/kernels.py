@@ -34,10 +34,11 @@ __all__ = [
 ]
 
 _INV_SQRT_2PI = 1.0 / np.sqrt(2.0 * np.pi)
-_RHO_CLIP = 1.0 - 1e-12
+#: |ρ| of the effective weights is clipped to this (`warped_correlation`).
+RHO_CLIP = 1.0 - 1e-12
 # Standardised arguments are clipped to this range; Phi(+-50) is exactly 1/0
 # in float64 and phi(50) underflows, so the clip changes nothing measurable.
-_Z_CLIP = 50.0
+Z_CLIP = 50.0
 
 
 def _f64(x):
@@ -77,7 +78,7 @@ def self_kernel(gamma, beta):
     b = _f64(beta)
     g, b = np.broadcast_arrays(g, b)
     pos = g > 0
-    t = _clip(_safe_div(b, np.where(pos, g, 1.0)), -_Z_CLIP, _Z_CLIP)
+    t = _clip(_safe_div(b, np.where(pos, g, 1.0)), -Z_CLIP, Z_CLIP)
     k = (g * g + b * b) * ndtr(t) + b * g * _phi(t)
     k = np.where(pos, k, np.maximum(b, 0.0) ** 2)
     return np.maximum(k, 0.0)
@@ -102,7 +103,7 @@ def relu_mean(gamma, beta):
     b = _f64(beta)
     g, b = np.broadcast_arrays(g, b)
     pos = g > 0
-    t = _clip(_safe_div(b, np.where(pos, g, 1.0)), -_Z_CLIP, _Z_CLIP)
+    t = _clip(_safe_div(b, np.where(pos, g, 1.0)), -Z_CLIP, Z_CLIP)
     m = b * ndtr(t) + g * _phi(t)
     return np.maximum(np.where(pos, m, np.maximum(b, 0.0)), 0.0)
 
@@ -131,7 +132,7 @@ def warped_correlation(rho_eff, gamma_i, wnorm_i, gamma_j, wnorm_j):
         >>> bool(warped_correlation(0.999999, 1.0, 1.0, 1.0, 1.0) > 0.9999)
         True
     """
-    rho = _clip(_f64(rho_eff), -_RHO_CLIP, _RHO_CLIP)
+    rho = _clip(_f64(rho_eff), -RHO_CLIP, RHO_CLIP)
     ni, nj = _f64(wnorm_i), _f64(wnorm_j)
     # Each side's |γ|/‖w‖ in its own shape (a row, a column: not n × n divisions),
     # the same value for every active pair; inactive pairs are 0 below.
@@ -214,8 +215,8 @@ def bivariate_normal_cdf(h, k, rho):
         >>> round(float(bivariate_normal_cdf(1.0, -0.5, 0.3)), 6)
         0.283138
     """
-    h = _clip(_f64(h), -_Z_CLIP, _Z_CLIP)
-    k = _clip(_f64(k), -_Z_CLIP, _Z_CLIP)
+    h = _clip(_f64(h), -Z_CLIP, Z_CLIP)
+    k = _clip(_f64(k), -Z_CLIP, Z_CLIP)
     r = _clip(_f64(rho), -1.0, 1.0)
     h, k, r = np.broadcast_arrays(h, k, r)
     s = np.sqrt(np.maximum((1.0 - r) * (1.0 + r), 0.0))
@@ -308,13 +309,13 @@ def cross_kernel_exact(gamma_i, beta_i, gamma_j, beta_j, rho_tilde):
     pi_, pj_ = gi > 0, gj > 0
     raw_i = _safe_div(bi, np.where(pi_, gi, 1.0))
     raw_j = _safe_div(bj, np.where(pj_, gj, 1.0))
-    a_i = _clip(raw_i, -_Z_CLIP, _Z_CLIP)
-    a_j = _clip(raw_j, -_Z_CLIP, _Z_CLIP)
+    a_i = _clip(raw_i, -Z_CLIP, Z_CLIP)
+    a_j = _clip(raw_j, -Z_CLIP, Z_CLIP)
     both = gi * gj * _standard_cross(a_i, a_j, r)
     # Beyond |β/γ| = 50 a ReLU is linear (or dead) almost surely: the linear limit,
     # E[y_i relu(y_j)] = β_i E[relu(y_j)] + ρ|γ_i γ_j| Φ(a_j) (Stein's lemma).
-    lin_i, lin_j = pi_ & (raw_i > _Z_CLIP), pj_ & (raw_j > _Z_CLIP)
-    dead = (pi_ & (raw_i < -_Z_CLIP)) | (pj_ & (raw_j < -_Z_CLIP))
+    lin_i, lin_j = pi_ & (raw_i > Z_CLIP), pj_ & (raw_j > Z_CLIP)
+    dead = (pi_ & (raw_i < -Z_CLIP)) | (pj_ & (raw_j < -Z_CLIP))
     cov = r * gi * gj
     lin_both = bi * bj + cov
     lin_first = bi * relu_mean(gj, bj) + cov * ndtr(a_j)

@@ -32,8 +32,7 @@ __all__ = [
 
 #: Floor applied to capacities used as denominators.
 FLOOR = 1e-12
-# Relative threshold (times trace) below which a Gram eigenvalue counts as 0.
-_EIG_RTOL = 1e-12
+_EIG_RTOL = pair_kernels.EIG_RTOL
 
 
 def _f64(x):

@@ -20,16 +20,15 @@ import numba
 import numpy as np
 
 from hope_keras._jit import jit_options
+from hope_keras.activations.kernels import RHO_CLIP, Z_CLIP
 
 __all__ = ["merge_one", "pair_values_approx", "pair_grid_approx"]
 
 _JIT = jit_options(__file__)
 
-# The constants of the vectorised forms: cost_formulas._EIG_RTOL,
-# kernels._RHO_CLIP and kernels._Z_CLIP.
-_EIG_RTOL = 1e-12
-_RHO_CLIP = 1.0 - 1e-12
-_Z_CLIP = 50.0
+#: Relative threshold (times the trace) below which an eigenvalue of a merge's 2 × 2
+#: Gram counts as 0 (duplicated or collinear children); `cost_formulas` uses it too.
+EIG_RTOL = 1e-12
 _SQRT_2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
@@ -70,7 +69,7 @@ def _self_kernel(g, b):
     """``K = E[relu(y)²]``, ``y ~ N(b, g²)``, ``g = |γ| ≥ 0`` (eq. 3)."""
     if not g > 0.0:
         return _pos(b) ** 2
-    t = _clip(b / g, -_Z_CLIP, _Z_CLIP)
+    t = _clip(b / g, -Z_CLIP, Z_CLIP)
     cdf = 0.5 * math.erfc(-t / _SQRT_2)
     pdf = _INV_SQRT_2PI * math.exp(-0.5 * t * t)
     return _pos((g * g + b * b) * cdf + b * g * pdf)
@@ -90,7 +89,7 @@ def _warped(rho_eff, gi, ni, gj, nj):
     either weight norm is 0."""
     if not (ni > 0.0 and nj > 0.0):
         return 0.0
-    rho = _clip(rho_eff, -_RHO_CLIP, _RHO_CLIP)
+    rho = _clip(rho_eff, -RHO_CLIP, RHO_CLIP)
     x = 2.0 * rho / ((1.0 - rho) * (1.0 + rho)) * ((abs(gi) / ni) * (abs(gj) / nj))
     if math.isnan(x):
         x = 0.0
@@ -125,7 +124,7 @@ def merge_one(gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij, gamma_i, beta_i, gamma_j
     gi, gj = abs(gamma_i), abs(gamma_j)
     rt = _clip(rho_tilde, -1.0, 1.0)
     l1, l2, c, s = _eig2(gv_ii, gv_jj, gv_ij)
-    tol = _EIG_RTOL * _pos(gv_ii + gv_jj)
+    tol = EIG_RTOL * _pos(gv_ii + gv_jj)
     d1 = math.sqrt(l1) if l1 > tol else 0.0
     d2 = math.sqrt(l2) if l2 > tol else 0.0
     h11 = c * c * gu_ii + 2.0 * c * s * gu_ij + s * s * gu_jj
