@@ -101,14 +101,18 @@ def _scan_rows(key, bits, floor, rows, cut_keys, inf_key, dead):
         if count == 0:
             continue
         # Pass 2: the positions, from the blocks that hold some.
+        # Element loops, not slice assignments: numba compiles a slice assignment's
+        # broadcasting checks and their messages, 1.5 of a fresh compile's 2.4 s.
         if found + count > r_out.shape[0]:
             size = 2 * (found + count)
             r_new = np.empty(size, dtype=np.intp)
             l_new = np.empty(size, dtype=np.intp)
-            r_new[:found] = r_out[:found]
-            l_new[:found] = l_out[:found]
+            for t in range(found):
+                r_new[t] = r_out[t]
+                l_new[t] = l_out[t]
             r_out, l_out = r_new, l_new
-        r_out[found:found + count] = r
+        for t in range(found, found + count):
+            r_out[t] = r
         for blk in range(nb):
             left = per_block[blk]
             x = blk * _BLOCK
