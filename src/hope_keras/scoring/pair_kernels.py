@@ -33,19 +33,19 @@ _SQRT_2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _pos(x):
     """``max(x, 0)`` with NaN kept (``np.maximum(x, 0.0)``)."""
     return 0.0 if x < 0.0 else x
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _div(num, den):
     """``num / den``, 0 where ``den == 0``."""
     return 0.0 if den == 0.0 else num / den
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _clip(x, lo, hi):
     """``np.clip`` of one float (NaN kept)."""
     if x < lo:
@@ -55,7 +55,7 @@ def _clip(x, lo, hi):
     return x
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _eig2(a, c, b):
     """Eigen-decomposition of ``[[a, b], [b, c]]``: ``(l1, l2, cos, sin)``, l1 ≥ l2."""
     m = 0.5 * (a + c)
@@ -64,7 +64,7 @@ def _eig2(a, c, b):
     return m + d, m - d, math.cos(th), math.sin(th)
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _self_kernel(g, b):
     """``K = E[relu(y)²]``, ``y ~ N(b, g²)``, ``g = |γ| ≥ 0`` (eq. 3)."""
     if not g > 0.0:
@@ -75,7 +75,7 @@ def _self_kernel(g, b):
     return _pos((g * g + b * b) * cdf + b * g * pdf)
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _arccos_i(r):
     """``I(ρ) = (sqrt(1 − ρ²) + (π − arccos ρ) ρ) / π`` (eq. 5)."""
     r = _clip(r, -1.0, 1.0)
@@ -83,7 +83,7 @@ def _arccos_i(r):
     return _clip(v, 0.0, 1.0)
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _warped(rho_eff, gi, ni, gj, nj):
     """ρ̃ from the cosine of the effective input weights (eqs. 4, 80, 81); 0 where
     either weight norm is 0."""
@@ -97,7 +97,7 @@ def _warped(rho_eff, gi, ni, gj, nj):
     return _clip(x / (1.0 + math.hypot(1.0, x)), -1.0, 1.0)
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _rho_kc(gw, i, j, gamma, wnorm, k_self):
     """ρ̃ and K(i,j) of the pair (i, j) from ⟨w_i, w_j⟩."""
     den = wnorm[i] * wnorm[j]
