@@ -12,7 +12,7 @@ One model per process (peak RSS is per process):
 Targets (2 shared CPU cores): ResNet-50 analyze ≤ 1.5 s, compress ≤ 3 s;
 VGG16 analyze ≤ 5 s, compress ≤ 60 s, ≤ 3 GB; MLP compress ≤ 60 s, ≤ 3 GB.
 
-Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K]
+Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K] [--reference-time]
 (``mlp --width W``: W-wide layers; ``--init numpy``: kernels drawn by NumPy, see
 `mlp`; ``--output-error``: the compressed model's output error relative to the
 original's output spread, on 512 standard normal inputs; ``--bn-stats``: BN
@@ -34,7 +34,7 @@ import functools
 import os
 import time
 
-from _common import add_quick, calibrated_resnet50, peak_rss_gb
+from _common import add_quick, calibrated_resnet50, forward_time, peak_rss_gb
 
 import keras
 import numpy as np
@@ -127,6 +127,10 @@ def main():
     p.add_argument("--analyze-twice", action="store_true",
                    help="also time a second analyze in the same process (TensorFlow warm)")
     p.add_argument("--profile", action="store_true", help="cProfile analyze and compress")
+    p.add_argument("--reference-time", action="store_true",
+                   help="also report analyze + compress in T, one batch-8 forward pass of "
+                        "the model measured first in the same process (after the timed "
+                        "run: the first call's compile is not warmed by it)")
     p.add_argument("--correct-statistics", default=None,
                    help="also time compress's BN-statistics correction with this mode "
                         "(auto: synthetic inputs for the stream readers, made before the "
@@ -227,6 +231,12 @@ def main():
     print(f"  encoder init {t_init:.2f} s + run {t_run:.2f} s ({1e3 * t_run / n:.2f} ms/step)"
           f"; analyze + compress {t_an + t_init + t_run:.2f} s wall, "
           f"{c_an + c_comp:.2f} s CPU (compress alone {c_comp:.2f} s CPU)")
+    if args.reference_time:
+        x8 = np.random.default_rng(1).uniform(0, 255, (8,) + model.input_shape[1:])
+        T = forward_time(model, x8.astype("float32"))
+        total = t_an + t_init + t_run
+        print(f"  T (batch-8 forward pass, same process, after the run) {T:.3f} s: "
+              f"analyze + compress = {total / T:.1f} T")
     print(f"largest J of a step: {max((s.J for s in traj.steps), default=0.0):.3g}; "
           f"sum of J {sum(s.J for s in traj.steps):.6g}")
     coefs = [abs(c) for s in traj.steps if s.kind == "merge" for c in s.coef]
