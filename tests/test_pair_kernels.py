@@ -161,3 +161,32 @@ def test_a_grid_of_pairs_is_priced_as_the_pairs_one_by_one():
         np.testing.assert_array_equal(rho.ravel(), pv.rho)
         np.testing.assert_array_equal(kc.ravel(), pv.k_cross)
         np.testing.assert_array_equal(gu.ravel(), pv.gram_u)
+
+
+def test_sketched_groups_price_exact_pairs_as_the_vectorised_formulas(monkeypatch):
+    """A sketched group re-prices its selected pairs from exact Gram entries
+    (`SketchCache.exact_pairs`, `exact_pair_values`) with the compiled kernels: ρ̃,
+    K(i,j) and B as the NumPy formulas give them from the same entries."""
+    from hope_keras.scoring import cache as cache_lib
+
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+    enc = hope_keras.Encoder(clustered_mlp(3), search=dict(merge_search="top_k"),
+                             correction=False, verbose=False)
+    c = enc.groups["fc0"].cache
+    assert isinstance(c, cache_lib.SketchCache)
+    ii, jj = np.array([0, 2, 5, 1, 8]), np.array([3, 7, 9, 4, 9])
+    for p, (i, j) in enumerate(zip(ii, jj)):
+        gv_ii, gv_jj, gv_ij, gw_ij, gu_ii, gu_jj, gu_ij = c.merge_terms(int(i), int(j))
+        g, be, wn, ks = c.gamma, c.beta, c.wnorm, c.k_self
+        den = wn[i] * wn[j]
+        rho = kernels.warped_correlation(gw_ij / den if den > 0 else 0.0, g[i], wn[i],
+                                         g[j], wn[j])
+        kc = kernels.cross_kernel_approx(rho, ks[i], ks[j])
+        B = cost_formulas.merge_solution(gv_ii, gv_jj, gv_ij, gu_ii, gu_jj, gu_ij, g[i],
+                                         be[i], g[j], be[j], rho, k_ii=ks[i], k_jj=ks[j]).B
+        got = c.exact_pair_values(int(i), int(j))
+        for x, y in ((got.rho, rho), (got.k_cross, kc), (got.B, B), (got.gram_u, gu_ij)):
+            assert x.shape == (1,)
+            np.testing.assert_allclose(x[0], float(y), rtol=1e-11, atol=1e-13)
+    batch = c.exact_pairs(ii, jj)
+    assert all(x.shape == (ii.size,) and np.all(np.isfinite(x)) for x in batch)

@@ -608,8 +608,23 @@ class SketchCache(GroupCache):
         """PairValues of pairs (scalars or arrays) from their `_terms_of`."""
         gv_ii, gv_jj, gv_ij, gw_ij, gu_ii, gu_jj, gu_ij = terms
         a, b = np.atleast_1d(i), np.atleast_1d(j)
-        rho = self._rho(a, b, np.atleast_1d(gw_ij))
         g, be = self.gamma, self.beta
+        if self.kernel == "approx":  # compiled, as `pair_values`: pair p's first neuron
+            # at p, its second at P + p of the per-neuron arrays (the diagonals exact).
+            p = a.size
+
+            def both(x_i, x_j):
+                return np.ascontiguousarray(np.concatenate(
+                    [np.broadcast_to(x_i, (p,)), np.broadcast_to(x_j, (p,))]), np.float64)
+
+            rho, kc, B = pair_kernels.pair_values_approx(
+                np.arange(p), np.arange(p, 2 * p), both(gw_ij, gw_ij)[:p],
+                both(gv_ij, gv_ij)[:p], both(gu_ij, gu_ij)[:p], both(g[a], g[b]),
+                both(be[a], be[b]), both(self.wnorm[a], self.wnorm[b]),
+                both(self.k_self[a], self.k_self[b]), both(gv_ii, gv_jj),
+                both(gu_ii, gu_jj), True)
+            return PairValues(rho, kc, B, np.atleast_1d(np.asarray(gu_ij, np.float64)))
+        rho = self._rho(a, b, np.atleast_1d(gw_ij))
         if self.kernel == "exact":
             kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
         else:
