@@ -270,7 +270,9 @@ class GroupCache:
         b = np.ascontiguousarray(b, dtype=np.intp)
         g, be = self.gamma, self.beta
         gw, gv, gu = self._gram_pair(a, b)
-        dv, du = self.gram_diag("v"), self.gram_diag("u")
+        # The Gram diagonals only where the merge is solved (the bounds' calls skip them).
+        dv, du = ((self.gram_diag("v"), self.gram_diag("u")) if with_B
+                  else (np.zeros(0), np.zeros(0)))
         if self.kernel == "approx":  # the engine's: one compiled pass over the pairs
             rho, kc, B = pair_kernels.pair_values_approx(
                 a, b, *(np.ascontiguousarray(x, dtype=np.float64) for x in (
@@ -613,17 +615,18 @@ class SketchCache(GroupCache):
             # at p, its second at P + p of the per-neuron arrays (the diagonals exact).
             p = a.size
 
+            def per_pair(x):
+                return np.ascontiguousarray(np.broadcast_to(x, (p,)), np.float64)
+
             def both(x_i, x_j):
-                return np.ascontiguousarray(np.concatenate(
-                    [np.broadcast_to(x_i, (p,)), np.broadcast_to(x_j, (p,))]), np.float64)
+                return np.concatenate([per_pair(x_i), per_pair(x_j)])
 
             rho, kc, B = pair_kernels.pair_values_approx(
-                np.arange(p), np.arange(p, 2 * p), both(gw_ij, gw_ij)[:p],
-                both(gv_ij, gv_ij)[:p], both(gu_ij, gu_ij)[:p], both(g[a], g[b]),
-                both(be[a], be[b]), both(self.wnorm[a], self.wnorm[b]),
-                both(self.k_self[a], self.k_self[b]), both(gv_ii, gv_jj),
-                both(gu_ii, gu_jj), True)
-            return PairValues(rho, kc, B, np.atleast_1d(np.asarray(gu_ij, np.float64)))
+                np.arange(p), np.arange(p, 2 * p), per_pair(gw_ij), per_pair(gv_ij),
+                per_pair(gu_ij), both(g[a], g[b]), both(be[a], be[b]),
+                both(self.wnorm[a], self.wnorm[b]), both(self.k_self[a], self.k_self[b]),
+                both(gv_ii, gv_jj), both(gu_ii, gu_jj), True)
+            return PairValues(rho, kc, B, per_pair(gu_ij))
         rho = self._rho(a, b, np.atleast_1d(gw_ij))
         if self.kernel == "exact":
             kc = kernels.cross_kernel_exact(g[a], be[a], g[b], be[b], rho)
