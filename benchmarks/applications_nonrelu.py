@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 13 benchmark: keras.applications networks beyond ReLU.
+"""keras.applications networks beyond ReLU: analyze time, coverage and exactness.
 
 1. ``analyze(EfficientNetB0 @ 224×224)`` wall time (target < 10 s on the 2 cores of
    the development machine), best of ``--repeats``.

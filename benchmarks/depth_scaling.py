@@ -1,6 +1,6 @@
 """analyze + compress time against model size: ResNet50, ResNet101, ResNet152 at 224×224.
 
-Issue 16's target: the time grows about linearly in model size (ResNet152 ≤ 3.5 ×
+The target: the time grows about linearly in model size (ResNet152 ≤ 3.5 ×
 ResNet50). Each model is `weights=None` with non-trivial BN statistics (one
 calibration pass on random images, random γ/β, as `_common.calibrated_resnet50`), then
 timed: `analyze`, and `compress(density=0.5)` (which re-analyzes; its time includes

@@ -18,7 +18,7 @@ on two disjoint splits of the Fashion-MNIST test set (the model was trained on t
 
 * ``sel`` — the 2000 test images bundled with the package
   (`hope_keras.data.load_demo_data`; their indices are the .npz ``test_indices``);
-* ``heldout`` — the 8000 other test images, which chose nothing. Issue 13's
+* ``heldout`` — the 8000 other test images, which chose nothing. The
   target (default ≥ best baseline − 1 point at densities 0.9 … 0.6) is checked on it.
 
 Methods:
@@ -432,7 +432,7 @@ def report(model_name):
                     cells.append(f"{100 * p['acc'][split]:.1f} ({extra:.2f})")
                 name = f"**{m}**" if m == "hope" else m
                 lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        # Issue 13's target on the held-out split; then every BN corrected, like for like.
+        # The target on the held-out split; then every BN corrected, like for like.
         for hope_name, pool, what in (
                 ("hope", BASELINES, "HOPE default minus the best baseline"),
                 ("hope_sc", [m for m in EXPERIMENTS if m != "hope_sc"],

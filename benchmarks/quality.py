@@ -842,7 +842,7 @@ def table(r, methods, axis, split, mark_reached=False):
 
 
 def targets_check(r, model):
-    """Issue 15's targets on the held-out split, against the plain and the
+    """The quality targets on the held-out split, against the plain and the
     mean-compensated best baseline."""
     lines = []
     ds = [0.9, 0.8, 0.7, 0.6, 0.5] if model != "lenet300" else [0.8, 0.7, 0.6, 0.5,
@@ -939,7 +939,7 @@ def decisions(results):
               "0.9…0.3 every listed method reached on that model.",
               needs=["hope_neurons"])
     for axis in AXES:
-        block(f"Decision 7: every reader counted, one reader, or streams whole ({axis} axis)",
+        block(f"Residual streams: every reader counted, one reader, or streams whole ({axis} axis)",
               ["hope", "hope_one_reader", "hope_nostreams", "hope_paper"], axis,
               dens if axis == "density" else f"Mean accuracy % over the {axis} ratios "
               "0.9…0.3 every listed method reached.", needs=["hope_nostreams"])
@@ -1079,7 +1079,7 @@ def report(models=MODELS, plots=True):
                          f"held-out split (`@x`: the {axis} actually reached when a step "
                          f"overshot):\n")
             lines += table(r, ms, axis, "heldout", mark_reached=True)
-        lines.append("\nIssue 15 targets (held-out split):\n")
+        lines.append("\nTargets: the default against the best baseline (held-out split):\n")
         tl, misses = targets_check(r, model)
         lines += tl
         cl = cliffs(r) + cliffs(r, "flops")

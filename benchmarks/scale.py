@@ -1,4 +1,4 @@
-"""Issue 12 benchmark: analyze and compress on wide layers and big models.
+"""Scale: analyze and compress on wide layers and big models.
 
 One model per process (peak RSS is per process):
 

@@ -1,4 +1,4 @@
-"""Issue 3 benchmark: greedy step time against the number of layers (should be flat).
+"""Greedy step time against the number of layers (should be flat).
 
 The same conv net (width 128, 3×3 convs, BN, ReLU) at several depths; times the
 greedy steps only (cache built before timing).
