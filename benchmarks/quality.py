@@ -30,7 +30,7 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
   ``hope_topk_auto`` (``hope_topk`` with the default's statistics correction: the
   default but for the merge search),
   ``hope_alpha_merge`` (merges priced with the paper's α*-scaled parent, ``J_merge``
-  without ``n``: the default before commit 2d3a04b), ``hope_prev`` (the same on every
+  without ``n``: an earlier default), ``hope_prev`` (the same on every
   axis, ranked per neuron under every budget), ``hope_paper`` (``cost="paper"``; it
   prices only the paper's neuron layers, so its own density counts fewer neurons:
   the benchmark converts, see `Bench.run_hope`), ``hope_neurons`` (the default cost
