@@ -445,7 +445,12 @@ class ModelEditor:
         cache = self._columns.get((layer, attr))
         if self._undo is not None:
             old = cache.peek(index) if cache is not None else None
-            self._undo.append((arr, index, np.array(arr[index]) if old is None else old))
+            if old is None:
+                # A gather or a scalar is already a copy; only a view needs one.
+                old = arr[index]
+                if isinstance(old, np.ndarray) and np.may_share_memory(old, arr):
+                    old = old.copy()
+            self._undo.append((arr, index, old))
         arr[index] = values
         self._dirty.add((layer, attr))
         if cache is not None:
@@ -674,18 +679,20 @@ class ModelEditor:
             return
         kernel = self.array(g.producer, "kernel")  # columns i, j are read in float64
         has_bias = getattr(producer, "use_bias", False) and producer.bias is not None
-        bias = self.array(g.producer, "bias").astype(np.float64) if has_bias else None
-        gam = self.array(g.bn, "gamma").astype(np.float64) if bn.scale else None
-        bet = self.array(g.bn, "beta").astype(np.float64) if bn.center else None
-        mean = self.array(g.bn, "moving_mean").astype(np.float64)
-        var = self.array(g.bn, "moving_variance").astype(np.float64)
+        # The two channels' entries only, read as float64 (no whole-vector copies).
+        bias = self.array(g.producer, "bias") if has_bias else None
+        gam = self.array(g.bn, "gamma") if bn.scale else None
+        bet = self.array(g.bn, "beta") if bn.center else None
+        mean = self.array(g.bn, "moving_mean")
+        var = self.array(g.bn, "moving_variance")
 
         def folded(c):
-            s = (gam[c] if gam is not None else 1.0) / np.sqrt(var[c] + bn.epsilon)
+            s = ((float(gam[c]) if gam is not None else 1.0)
+                 / np.sqrt(float(var[c]) + bn.epsilon))
             w = s * self.columns(g.producer, "kernel", c).reshape(kernel.shape[:-1]).astype(
                 np.float64)
-            b = (bet[c] if bet is not None else 0.0) - s * (
-                mean[c] - (bias[c] if bias is not None else 0.0)
+            b = (float(bet[c]) if bet is not None else 0.0) - s * (
+                float(mean[c]) - (float(bias[c]) if bias is not None else 0.0)
             )
             return w, b
 

@@ -90,15 +90,17 @@ class DenseTable(MergeTable):
         a, b = np.ravel(a).astype(np.intp), np.ravel(b).astype(np.intp)
 
         def flat(x, dtype=np.float64):
-            return np.ascontiguousarray(np.broadcast_to(np.asarray(x, dtype=dtype), a.shape))
+            x = np.asarray(x, dtype=dtype)
+            return np.ascontiguousarray(x if x.shape == a.shape else np.broadcast_to(x, a.shape))
 
         R = flat(self._stored(np.broadcast_to(R, a.shape)), self.lo.dtype)
-        kernels.put_symmetric(self.lo, a, b, R)
-        kernels.put_symmetric(self.B, a, b, flat(B))
-        if not self.compact:
-            kernels.put_symmetric(self.kc, a, b, flat(kc))
-            kernels.put_symmetric(self.gu, a, b, flat(gu))
-        kernels.mark_symmetric(self.exact, a, b)
+        if self.compact:
+            kernels.put_symmetric(self.lo, a, b, R)
+            kernels.put_symmetric(self.B, a, b, flat(B))
+            kernels.mark_symmetric(self.exact, a, b)
+        else:  # one compiled call for the five tables
+            kernels.store_exact(self.lo, self.B, self.kc, self.gu, self.exact, a, b, R,
+                                flat(B), flat(kc), flat(gu))
         return R
 
     def _price_held(self, r, l, C, price):

@@ -211,6 +211,19 @@ def mark_symmetric(flags, a, b):
 
 
 @numba.njit(**_JIT)
+def store_exact(lo, B, kc, gu, exact, a, b, R, Bv, kcv, guv):
+    """A float64 dense table's exact values of the distinct pairs (a, b), both ways:
+    `put_symmetric` into `lo`, `B`, `kc` and `gu`, `mark_symmetric` into `exact`."""
+    for p in range(a.shape[0]):
+        i, j = a[p], b[p]
+        lo[i, j] = lo[j, i] = R[p]
+        B[i, j] = B[j, i] = Bv[p]
+        kc[i, j] = kc[j, i] = kcv[p]
+        gu[i, j] = gu[j, i] = guv[p]
+        exact[i, j] = exact[j, i] = True
+
+
+@numba.njit(**_JIT)
 def reset_cross(lo, exact, rowlo, i, D):
     """Neuron `i` of a dense table changed: its row and column of `lo` become `D`
     (float64 values the table's dtype holds exactly, no NaN), none exact;
