@@ -14,7 +14,8 @@ bundled 2000; ``--heldout N``: N of them, up to 8000) and selection split (the f
 1000 bundled ones); ``--reestimated``: each ``data=`` model also with every BN
 re-estimated on the data, at densities 0.9 …
 0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 1024
-Fashion-MNIST training images (``--data-inputs``). ``--quick``: density 0.9 only.
+Fashion-MNIST training images (``--data-inputs N``: N of them, the results file named
+``..._inputsN``). ``--quick``: density 0.9 only.
 
 Run: .venv/bin/python benchmarks/first_run.py [--time] [--quality] [--quick]
 Writes benchmarks/results/first_run_<time|quality>.json (not with --quick).
@@ -226,6 +227,8 @@ def main():
         if not args.quick:
             if args.heldout != 1000:
                 suffix += f"_heldout{args.heldout}"
+            if args.data_inputs != 1024:
+                suffix += f"_inputs{args.data_inputs}"
             if args.reestimated:
                 suffix += "_reestimated"
             name = f"first_run_quality{suffix}{'_' + args.only if args.only else ''}.json"
