@@ -15,7 +15,8 @@ bundled 2000; ``--heldout N``: N of them, up to 8000) and selection split (the f
 re-estimated on the data, at densities 0.9 …
 0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 1024
 Fashion-MNIST training images (``--data-inputs N``: N of them, the results file named
-``..._inputsN``). ``--quick``: density 0.9 only.
+``..._inputsN``; ``--data-correction trusted|readers``: which BNs ``data=`` measures,
+`use_data_correction`). ``--quick``: density 0.9 only.
 
 Run: .venv/bin/python benchmarks/first_run.py [--time] [--quality] [--quick]
 Writes benchmarks/results/first_run_<time|quality>.json (not with --quick).
@@ -167,6 +168,34 @@ def quality(quick, data_inputs, only=None, heldout=1000, reestimated=False):
     return out
 
 
+def use_data_correction(name):
+    """``--data-correction``: which BNs ``data=`` measures on the data (the library
+    measures every stale one: ``"stale"``). ``"trusted"``: the surrogate's prediction
+    where the data-free correction trusts it, every other stale BN measured on the
+    data; ``"readers"``: as the data-free correction, with the stream readers measured
+    on the data instead of synthetic inputs (the other untrusted BNs left as the run
+    leaves them)."""
+    if name == "stale":
+        return
+    from hope_keras.scoring import moments as moments_lib
+    from hope_keras.stats import bn_stats, correction, synthetic
+
+    def from_data(self, steps):
+        flat = self.graph.flat
+        untrusted = bn_stats.untrusted_tensors(self.graph, steps, "auto")
+        out = bn_stats.apply_correction(flat, self.moments, moments_lib.propagate(flat),
+                                        untrusted)
+        stale = bn_stats.downstream_of(self.graph, {s.unit for s in steps})
+        readers = {n.index for n in synthetic.stream_readers(self.graph)}
+        out.update(self._correct_on_data(
+            {n.index for n in flat.nodes if n.index in self._before
+             and n.inputs[0] in stale and n.inputs[0] in untrusted
+             and (name == "trusted" or n.index in readers)}))
+        return out
+
+    correction.StatisticsCorrection._from_data = from_data
+
+
 def _training_images(n):
     """The first `n` Fashion-MNIST training images as the fixture sees them (in
     [0, 1], zero-padded to 32 × 32, repeated on 3 channels, as `quality.load_splits`)."""
@@ -191,6 +220,9 @@ def main():
     p.add_argument("--reestimated", action="store_true",
                    help="--quality: after each data= run, also every BN re-estimated on "
                         "the data (`reestimate_batchnorm_statistics`), evaluated again")
+    p.add_argument("--data-correction", choices=("stale", "trusted", "readers"),
+                   default="stale", help="--quality: which BNs data= measures on the "
+                   "data (see use_data_correction; the library: stale)")
     p.add_argument("--only", choices=("data-free", "data"),
                    help="--quality: only the data-free runs or only those with data=")
     p.add_argument("--synthetic-inputs", type=int,
@@ -222,6 +254,7 @@ def main():
                       "w") as f:
                 json.dump(out, f, indent=1)
     if args.quality:
+        use_data_correction(args.data_correction)
         out = quality(args.quick, 256 if args.quick else args.data_inputs, args.only,
                       args.heldout, args.reestimated)
         if not args.quick:
@@ -229,6 +262,8 @@ def main():
                 suffix += f"_heldout{args.heldout}"
             if args.data_inputs != 1024:
                 suffix += f"_inputs{args.data_inputs}"
+            if args.data_correction != "stale":
+                suffix += f"_{args.data_correction}"
             if args.reestimated:
                 suffix += "_reestimated"
             name = f"first_run_quality{suffix}{'_' + args.only if args.only else ''}.json"

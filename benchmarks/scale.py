@@ -25,7 +25,8 @@ re-price B pairs a round, whatever their width: `search.REFINE_BATCH`,
 ``--compare``: afterwards, rerun with the exhaustive scan on a fresh copy of the model
 and report whether the trajectories are identical: kinds, units, indices, J and DR;
 ``--correct-statistics auto``: also time the BN-statistics correction `compress` runs
-by default, before the run and after it).
+by default, before the run and after it; ``data``: the correction of
+``compress(data=x)``, x 256 random images).
 """
 
 import argparse
@@ -133,8 +134,8 @@ def main():
                         "run: the first call's compile is not warmed by it)")
     p.add_argument("--correct-statistics", default=None,
                    help="also time compress's BN-statistics correction with this mode "
-                        "(auto: synthetic inputs for the stream readers, made before the "
-                        "run; surrogate), as compress(correct_statistics=...) runs it")
+                        "(auto: synthetic inputs for the stream readers, made after the "
+                        "run; surrogate; data: on 256 random images, as compress(data=x))")
     p.add_argument("--compare", action="store_true",
                    help="rerun with the exhaustive scan and compare the trajectories")
     add_quick(p)
@@ -200,7 +201,12 @@ def main():
         from hope_keras.stats.correction import StatisticsCorrection
 
         mode = {"true": True, "false": False}.get(mode.lower(), mode)
-        correction = StatisticsCorrection(mode, verbose=False)
+        data = None
+        if mode == "data":  # 256 random images, as benchmarks/first_run.py
+            data = np.random.default_rng(2).uniform(
+                0, 255, (256,) + model.input_shape[1:]).astype("float32")
+            mode = "auto"
+        correction = StatisticsCorrection(mode, data=data, verbose=False)
         t_prep = time.perf_counter()
         correction.start(model, analysis.graph, analysis.moments)  # before any edit
         t_prep = time.perf_counter() - t_prep

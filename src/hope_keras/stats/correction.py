@@ -189,12 +189,17 @@ class StatisticsCorrection:
         the change on the same inputs cancels their sampling noise, and the
         statistics keep the population the model was calibrated on."""
         stale = bn_stats.downstream_of(self.graph, {s.unit for s in steps})
-        flat = self.graph.flat
-        todo = {node.index: node for node in flat.nodes
-                if layer_rules.get(node.op).normalization == "batch"
-                and node.inputs and node.inputs[0] in stale}
+        return self._correct_on_data(
+            {node.index for node in self.graph.flat.nodes
+             if layer_rules.get(node.op).normalization == "batch"
+             and node.inputs and node.inputs[0] in stale})
+
+    def _correct_on_data(self, todo) -> dict:
+        """`_from_data`'s correction of the BN nodes (indices) `todo`, one pass over
+        the sample; returns ``{BN name: (mean, variance)}`` written."""
         if not todo:
             return {}
+        flat = self.graph.flat
         x = self._x
         if resolve_verbose(self.verbose):
             print(f"Correcting {len(todo)} BatchNormalization layers on {len(x)} of the "
