@@ -217,9 +217,10 @@ def main():
         t_fin = time.perf_counter()
         written = correction.finish(enc.trajectory.steps)
         t_fin = time.perf_counter() - t_fin
-        print(f"correction {mode!r}: before the run {t_prep:.2f} s, after it {t_fin:.2f} s "
-              f"(synthetic inputs made after the run when a stream moved); {len(written)} "
-              f"BNs written; peak RSS {peak_rss_gb():.2f} GB")
+        print(f"correction {args.correct_statistics!r}: before the run {t_prep:.2f} s, "
+              f"after it {t_fin:.2f} s (data-free: synthetic inputs made after the run "
+              f"when a stream moved); {len(written)} BNs written; peak RSS "
+              f"{peak_rss_gb():.2f} GB")
     c_comp = time.process_time() - c
     load = os.getloadavg()
     if prof is not None:
