@@ -297,11 +297,19 @@ class GroupCache:
         # cols=None reaches gram_rows: every column without a copy of them.
         picked = None if cols is None else np.asarray(cols, dtype=np.intp)
         cols = np.arange(self.size) if cols is None else picked
-        if self.kernel == "approx":  # the values `pair_values` computes, bit for bit
-            rho, kc = pair_kernels.pair_grid_approx(
-                rows, np.ascontiguousarray(cols, dtype=np.intp),
-                self._gram_block("w", rows, picked), self.gamma, self.wnorm, self.k_self)
-            return rho, kc, self.gram_rows("u", rows, picked)
+        if self.kernel == "approx":
+            # `pair_values`' compiled kernel over the grid's pairs, without B: the
+            # same values bit for bit, and one kernel fewer to compile (a fresh
+            # environment's first run compiles each).
+            shape = (rows.size, cols.size)
+            gw = np.ascontiguousarray(self._gram_block("w", rows, picked),
+                                      dtype=np.float64).reshape(-1)
+            none = np.zeros(0)
+            rho, kc, _ = pair_kernels.pair_values_approx(
+                np.repeat(rows, shape[1]), np.tile(np.asarray(cols, dtype=np.intp), shape[0]),
+                gw, none, none, self.gamma, self.beta, self.wnorm, self.k_self, none, none,
+                False)
+            return rho.reshape(shape), kc.reshape(shape), self.gram_rows("u", rows, picked)
         a, b = rows[:, None], cols[None, :]
         rho = self._rho(a, b, self.gram_rows("w", rows, picked))
         g, be = self.gamma, self.beta

@@ -22,7 +22,7 @@ import numpy as np
 from hope_keras._jit import jit_options
 from hope_keras.activations.kernels import RHO_CLIP, Z_CLIP
 
-__all__ = ["merge_one", "pair_values_approx", "pair_grid_approx"]
+__all__ = ["merge_one", "pair_values_approx"]
 
 _JIT = jit_options(__file__)
 
@@ -198,31 +198,3 @@ def pair_values_approx(a, b, gw, gv, gu, gamma, beta, wnorm, k_self, dv, du, wit
             out_b[p] = merge_one(dv[i], dv[j], gv[p], du[i], du[j], gu[p], gamma[i],
                                  beta[i], gamma[j], beta[j], rt, k_self[i], k_self[j])[2]
     return rho, kc, out_b
-
-
-@numba.njit(**_JIT)
-def pair_grid_approx(rows, cols, gw, gamma, wnorm, k_self):
-    """ρ̃ and K(i,j) of every pair ``(rows[r], cols[c])`` from the Gram block
-    ``gw[r, c] = ⟨w_rows[r], w_cols[c]⟩`` (float32 or float64, read as float64):
-    the values `pair_values_approx` gives for the same pairs, bit for bit.
-
-    Returns:
-        ``(rho, k_cross)``, float64 arrays of shape ``(len(rows), len(cols))``.
-
-    Example:
-        >>> import numpy as np
-        >>> ones = np.ones(2)
-        >>> rho, kc = pair_grid_approx(np.array([0]), np.array([0, 1]),
-        ...                            np.array([[1.0, 0.0]]), ones, ones, 0.5 * ones)
-        >>> [round(float(x), 6) for x in kc[0]]
-        [0.5, 0.159155]
-    """
-    nr, nc = rows.shape[0], cols.shape[0]
-    rho = np.empty((nr, nc))
-    kc = np.empty((nr, nc))
-    for r in range(nr):
-        i = rows[r]
-        for c in range(nc):
-            rho[r, c], kc[r, c] = _rho_kc(np.float64(gw[r, c]), i, cols[c], gamma, wnorm,
-                                          k_self)
-    return rho, kc
