@@ -15,7 +15,8 @@ bundled 2000; ``--heldout N``: N of them, up to 8000) and selection split (the f
 re-estimated on the data, at densities 0.9 …
 0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 1024
 Fashion-MNIST training images (``--data-inputs N``: N of them, the results file named
-``..._inputsN``; ``--data-correction trusted|readers``: which BNs ``data=`` measures,
+``..._inputsN``; ``--values-per-channel V``: the sample's rule, default the library's
+1024; ``--data-correction trusted|readers``: which BNs ``data=`` measures,
 `use_data_correction`). ``--quick``: density 0.9 only.
 
 Run: .venv/bin/python benchmarks/first_run.py [--time] [--quality] [--quick]
@@ -220,6 +221,9 @@ def main():
     p.add_argument("--reestimated", action="store_true",
                    help="--quality: after each data= run, also every BN re-estimated on "
                         "the data (`reestimate_batchnorm_statistics`), evaluated again")
+    p.add_argument("--values-per-channel", type=int,
+                   help="--quality: the data= sample's rule "
+                        "(`stats.correction.DATA_VALUES_PER_CHANNEL`, default the library's)")
     p.add_argument("--data-correction", choices=("stale", "trusted", "readers"),
                    default="stale", help="--quality: which BNs data= measures on the "
                    "data (see use_data_correction; the library: stale)")
@@ -255,6 +259,10 @@ def main():
                 json.dump(out, f, indent=1)
     if args.quality:
         use_data_correction(args.data_correction)
+        if args.values_per_channel:
+            from hope_keras.stats import correction
+
+            correction.DATA_VALUES_PER_CHANNEL = args.values_per_channel
         out = quality(args.quick, 256 if args.quick else args.data_inputs, args.only,
                       args.heldout, args.reestimated)
         if not args.quick:
