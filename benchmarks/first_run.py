@@ -17,7 +17,9 @@ re-estimated on the data, at densities 0.9 …
 Fashion-MNIST training images (``--data-inputs N``: N of them, the results file named
 ``..._inputsN``; ``--values-per-channel V``: the sample's rule, default the library's
 1024; ``--data-correction trusted|readers``: which BNs ``data=`` measures,
-`use_data_correction`). ``--quick``: density 0.9 only.
+`use_data_correction`). ``--quick``: density 0.9 only. ``--moments backend``: the
+corrections measure the BN inputs' moments with the backend's float32 reductions
+instead of the compiled kernel (results files ``..._backend_moments``).
 
 Run: .venv/bin/python benchmarks/first_run.py [--time] [--quality] [--quick]
 Writes benchmarks/results/first_run_<time|quality>.json (not with --quick).
@@ -235,6 +237,10 @@ def main():
     p.add_argument("--variants", help="comma-separated names of VARIANTS: time the first "
                    "data-free run under each, alternated (--repeats rounds)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--moments", choices=("compiled", "backend"), default="compiled",
+                   help="how the corrections measure the BN inputs' moments: the library's "
+                        "compiled kernel, or the backend's float32 reductions (its path "
+                        "for tensors in an accelerator's memory)")
     args = p.parse_args()
     if args.variants:
         names = [n.strip() for n in args.variants.split(",")]
@@ -248,6 +254,11 @@ def main():
 
         synthetic.SYNTHETIC_INPUTS = args.synthetic_inputs
         suffix = f"_synthetic{args.synthetic_inputs}"
+    if args.moments == "backend":
+        from hope_keras.stats import synthetic
+
+        synthetic._host_view = lambda x: None
+        suffix += "_backend_moments"
     if not args.quality:
         args.time = True
     if args.time:
