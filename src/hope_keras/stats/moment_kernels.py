@@ -1,11 +1,11 @@
 """Per-channel mean and variance of an activation in one read, compiled with numba.
 
-The statistics corrections measure every BatchNormalization's input on a sample:
-on ResNet-50 @224 the backend's float32 reductions (the mean, then the centred
-squares: four passes over each tensor with their temporaries) took half as long as
-the forward pass they rode on. These kernels read the tensor once, in place, and
-accumulate in float64 around a per-channel shift (the first row's value), so the
-variance ``Σ(x − s)²/n − (Σ(x − s)/n)²`` loses no digits that matter.
+The statistics corrections measure every BatchNormalization's input on a sample.
+The backend's float32 reductions (the mean, then the centred squares) pass over each
+tensor four times and write temporaries as large as it. These kernels read the
+tensor once, in place, and accumulate in float64 around a per-channel shift (the
+first row's value), so the variance ``Σ(x − s)²/n − (Σ(x − s)/n)²`` loses no digits
+that matter.
 
 Compiled functions are cached on disk where numba can (`hope_keras._jit`).
 """

@@ -120,9 +120,10 @@ def _reduced_axes(bn, rank: int) -> list:
 def batch_moments(x, bn):
     """Per-channel mean and variance of `x`, as the BN layer `bn` counts channels, as
     float64 numpy. A tensor in host memory is read in place, once, by a compiled
-    kernel accumulating in float64 (`hope_keras.stats.moment_kernels`): on ResNet-50
-    @224 the measurement's share of a pass fell from half the forward's time to a
-    tenth. Elsewhere (an accelerator's memory, several channel axes) the backend
+    kernel accumulating in float64 (`hope_keras.stats.moment_kernels`): one read
+    where the backend's reductions make four, which shortens ``compress(data=)`` of a
+    ResNet-50 @224 by about a second (docs/benchmarks.md, "The first compress").
+    Elsewhere (an accelerator's memory, several channel axes) the backend
     reduces it in float32, two passes: about 1e-5 relative, far below the sampling
     noise of the statistics."""
     axes = tuple(_reduced_axes(bn, len(x.shape)))
