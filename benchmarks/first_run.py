@@ -20,6 +20,9 @@ Fashion-MNIST training images (``--data-inputs N``: N of them, the results file 
 `use_data_correction`). ``--quick``: density 0.9 only. ``--moments backend``: the
 corrections measure the BN inputs' moments with the backend's float32 reductions
 instead of the compiled kernel (results files ``..._backend_moments``).
+``--original-pass in-turn``: ``data=`` measures the original model before the first
+edit instead of on a thread beside the run (`correction.MEASURE_ALONGSIDE`; results
+files ``..._in_turn``).
 
 Run: .venv/bin/python benchmarks/first_run.py [--time] [--quality] [--quick]
 Writes benchmarks/results/first_run_<time|quality>.json (not with --quick).
@@ -241,6 +244,9 @@ def main():
                    help="how the corrections measure the BN inputs' moments: the library's "
                         "compiled kernel, or the backend's float32 reductions (its path "
                         "for tensors in an accelerator's memory)")
+    p.add_argument("--original-pass", choices=("alongside", "in-turn"), default="alongside",
+                   help="data=: the original model's pass on a thread beside the run (the "
+                        "library's), or before the first edit")
     args = p.parse_args()
     if args.variants:
         names = [n.strip() for n in args.variants.split(",")]
@@ -259,6 +265,11 @@ def main():
 
         synthetic._host_view = lambda x: None
         suffix += "_backend_moments"
+    if args.original_pass == "in-turn":
+        from hope_keras.stats import correction
+
+        correction.MEASURE_ALONGSIDE = False
+        suffix += "_in_turn"
     if not args.quality:
         args.time = True
     if args.time:

@@ -4,6 +4,8 @@ data-free (synthetic inputs only when a residual stream moved, made from the ori
 weights after the run, equal to making them before), undone and redone by a run that
 goes on, announced under ``verbose=True`` and silent under ``verbose=False``."""
 
+import threading
+
 import keras
 import numpy as np
 import pytest
@@ -86,6 +88,74 @@ def test_data_moves_each_stale_batchnorm_by_the_change_of_its_input(synthesis_ca
         np.testing.assert_allclose((var1 / v1)[live], (var0 / v0)[live], rtol=2e-3)
         # Dead channels keep what the edits wrote.
         np.testing.assert_array_equal(mu1[~live], uncorrected[name][0][~live])
+
+
+def test_the_originals_pass_beside_the_run_writes_what_it_writes_in_turn(monkeypatch):
+    """`MEASURE_ALONGSIDE`: the original model measured on a thread while the run
+    edits it (from a copy of the weights) writes the same statistics, bit for bit,
+    as measured before the first edit in turn."""
+    x = _images(96)
+    written = []
+    for alongside in (True, False):
+        monkeypatch.setattr(correction, "MEASURE_ALONGSIDE", alongside)
+        model = small_resnet(seed=3)
+        result = hope_keras.compress(model, density=0.5, data=x, verbose=False)
+        written.append((result.corrected, model.get_weights()))
+    assert written[0][0] == written[1][0] and written[0][0]
+    for a, b in zip(written[0][1], written[1][1]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_originals_pass_reads_the_weights_as_they_were_at_the_start(monkeypatch):
+    """Weights changed while the original's pass waits to start (as a run's edits
+    change them beside it) do not reach it: its moments are those of Keras' forward
+    pass of an unedited copy."""
+    x = _images(96)
+    model, original = small_resnet(seed=3), small_resnet(seed=3)
+    go = threading.Event()
+    real = correction._input_moments
+
+    def waiting(*args, **kwargs):
+        assert go.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(correction, "_input_moments", waiting)
+    enc = hope_keras.Encoder(model, data=x, verbose=False)
+    enc.correction.start(model, enc.graph, enc.analysis.moments)
+    for w in model.weights:  # every weight moved while the pass waits
+        w.assign(w * 0.5 + 0.25)
+    go.set()
+    measured = enc.correction._original_moments()
+    expected = _bn_inputs(original, x[:len(enc.correction._x)])
+    names = {n.index: n.op.name for n in enc.graph.flat.nodes}
+    assert len(measured) == len(expected)
+    for index, (m, v) in measured.items():
+        np.testing.assert_allclose(m, expected[names[index]][0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(v, expected[names[index]][1], rtol=1e-4, atol=1e-6)
+
+
+def test_a_pass_that_cannot_read_the_copy_measures_the_original_weights_put_back(monkeypatch):
+    """Should the pass from the copied values fail, the original weights are put back
+    for a pass of their own and the edited ones after it: the same model as when
+    it does not fail."""
+    x = _images(96)
+    expected = small_resnet(seed=3)
+    hope_keras.compress(expected, density=0.5, data=x, verbose=False)
+    real = synthetic.run_graph
+    failed = []
+
+    def no_copies(flat, x, hook=None, plan=None, values=None):
+        if values is not None:
+            failed.append(True)
+            raise RuntimeError("a layer that reads its variables elsewhere")
+        return real(flat, x, hook, plan)
+
+    monkeypatch.setattr(synthetic, "run_graph", no_copies)
+    model = small_resnet(seed=3)
+    hope_keras.compress(model, density=0.5, data=x, verbose=False)
+    assert failed
+    for a, b in zip(model.get_weights(), expected.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("kind", ["tuple", "dataset", "generator"])

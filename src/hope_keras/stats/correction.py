@@ -6,8 +6,9 @@ is gone. `StatisticsCorrection` puts them right after a run, one of three ways:
 
 * **with data** (``data=``, any unlabeled inputs): the stale BatchNormalizations are
   moved by the change their inputs show on a sample of the data between the
-  original model (measured before the first edit) and the edited one: one forward
-  pass each; nothing synthetic is made.
+  original model and the edited one: one forward pass each; nothing synthetic is
+  made. The original is measured on a thread while the run edits the model, from
+  a copy of its weights taken before the first edit (`MEASURE_ALONGSIDE`).
 * **data-free** (``"auto"``, the default): the Gaussian surrogate predicts the new
   statistics where its independence assumptions hold (`hope_keras.scoring.moments`), and
   the readers of a residual stream the run moved are measured on synthetic inputs
@@ -25,6 +26,8 @@ correction always starts from the model's own statistics (docs/theory.md,
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import math
 import numbers
 
@@ -51,6 +54,11 @@ MODES = (False, True, "auto", "surrogate")
 DATA_VALUES_PER_CHANNEL = 1024
 #: ... and never fewer than this many inputs, nor more than the data holds.
 DATA_MIN_INPUTS = 16
+#: With ``data=``: the original model's pass runs on a thread beside the run (the
+#: run's steps are single-threaded Python; the pass is mostly the backend's
+#: kernels), reading a copy of the weights; False: before the first edit, in turn.
+#: The statistics written are the same (docs/hope.md, "Compressing with data").
+MEASURE_ALONGSIDE = True
 
 
 def _check_mode(mode):
@@ -96,6 +104,8 @@ class StatisticsCorrection:
         self.verbose = verbose
         self._original = None  # the weights before the first edit
         self._x = None  # the inputs drawn from `data`
+        self._measuring = None  # the original's pass (`_measure_original`): a Future
+        self._before = None  # ... its result: {BN node index: (mean, variance)}
         self._written = {}  # BN layer → (moving_mean, moving_variance) before the writes
         self.last = {}
 
@@ -119,8 +129,10 @@ class StatisticsCorrection:
 
     def _measure_original(self, model, graph) -> None:
         """With data, before any edit: a sample drawn and checked, enough for the BN
-        that sees the fewest values per input (whichever the run leaves stale), and
-        every BN's moving statistics and input moments on it (one forward pass)."""
+        that sees the fewest values per input (whichever the run leaves stale), every
+        BN's moving statistics, and a copy of the weights; every BN's input moments
+        on the sample are then measured from that copy (one forward pass), on a
+        thread beside the run (`MEASURE_ALONGSIDE`) or here."""
         flat = graph.flat
         nodes = [node for node in flat.nodes
                  if layer_rules.get(node.op).normalization == "batch" and node.inputs]
@@ -131,21 +143,53 @@ class StatisticsCorrection:
         _check_data(model, x)
         if resolve_verbose(self.verbose):
             print(f"Measuring the inputs of {len(nodes)} BatchNormalization layers on "
-                  f"{len(x)} of the inputs given as data=, before the first edit.")
-        wanted = {node.index for node in nodes}
-        before = {}
-
-        def measure(node, args, kwargs):
-            if node.index in wanted:
-                before[node.index] = synthetic.batch_moments(args[0], node.op)
-            return None
-
-        synthetic.run_graph(flat, x, measure, synthetic.release_plan(flat))
-        self._before = before
+                  f"{len(x)} of the inputs given as data=, from the weights before the "
+                  f"first edit{' (beside the run)' if MEASURE_ALONGSIDE else ''}.")
         self._stats0 = {node.index: (np.asarray(node.op.moving_mean.numpy(), np.float64),
                                      np.asarray(node.op.moving_variance.numpy(), np.float64))
                         for node in nodes}
         self._x = x
+        values = synthetic.snapshot(model)
+        task = functools.partial(_input_moments, flat, x, nodes, values)
+        if MEASURE_ALONGSIDE:
+            pool = concurrent.futures.ThreadPoolExecutor(1, "hope_keras-data-pass")
+            self._measuring = pool.submit(task)
+            pool.shutdown(wait=False)  # the thread ends with the pass
+        else:
+            self._measuring = concurrent.futures.Future()
+            try:
+                self._measuring.set_result(task())
+            except Exception as e:  # noqa: BLE001 - `_original_moments` measures again
+                self._measuring.set_exception(e)
+        # The copy is kept only for a pass that failed (`_original_moments`).
+        self._measuring.values = values
+        self._measuring.add_done_callback(_drop_values_on_success)
+
+    def _original_moments(self) -> dict:
+        """The original model's BN input moments (`_measure_original`), waiting for
+        its pass. Should that pass fail (a layer that cannot compute from copied
+        values), the original weights are put back for a pass of their own."""
+        future = self._measuring
+        if future is not None:
+            try:
+                self._before = future.result()
+            except Exception:  # noqa: BLE001 - measured again below; its error stands
+                self._before = self._remeasure(future.values)
+            self._measuring = None
+        return self._before
+
+    def _remeasure(self, values) -> dict:
+        """`_input_moments` with the snapshot's values assigned to the model for the
+        pass, the edited ones after it."""
+        model, flat = self.model, self.graph.flat
+        nodes = [node for node in flat.nodes if node.index in self._stats0]
+        edited = [np.array(kg.weight_view(w)) for w in model.weights]
+        try:
+            _assign(model, [values[id(w)] for w in model.weights])
+            return _input_moments(flat, self._x, nodes)
+        finally:
+            with defer_keyboard_interrupt():
+                _assign(model, edited)
 
     def undo(self) -> None:
         """Puts back the statistics the last `finish` wrote."""
@@ -201,9 +245,10 @@ class StatisticsCorrection:
             return {}
         flat = self.graph.flat
         x = self._x
+        before = self._original_moments()
         if resolve_verbose(self.verbose):
             print(f"Correcting {len(todo)} BatchNormalization layers on {len(x)} of the "
-                  "inputs given as data= (measured before the run, and now).")
+                  "inputs given as data= (measured from the original weights, and now).")
         bar = WorkBar(len(todo), "layer", verbose=self.verbose)
         written = {}
 
@@ -211,7 +256,7 @@ class StatisticsCorrection:
             if node.index not in todo:
                 return None
             bn = node.op
-            m0, v0 = self._before[node.index]
+            m0, v0 = before[node.index]
             m1, v1 = synthetic.batch_moments(args[0], bn)
             mean0, var0 = self._stats0[node.index]
             mean = np.asarray(bn.moving_mean.numpy(), np.float64)
@@ -267,6 +312,27 @@ class StatisticsCorrection:
         finally:
             with defer_keyboard_interrupt():
                 _assign(model, edited)
+
+
+def _drop_values_on_success(future) -> None:
+    if future.exception() is None:
+        future.values = None
+
+
+def _input_moments(flat, x, nodes, values=None) -> dict:
+    """``{node index: (mean, variance)}`` of the input of each BN node of `nodes` on
+    `x`, one pass over the graph (computed from `values` when given:
+    `synthetic.run_graph`)."""
+    wanted = {node.index for node in nodes}
+    out = {}
+
+    def measure(node, args, kwargs):
+        if node.index in wanted:
+            out[node.index] = synthetic.batch_moments(args[0], node.op)
+        return None
+
+    synthetic.run_graph(flat, x, measure, synthetic.release_plan(flat), values=values)
+    return out
 
 
 def _assign(model, values) -> None:

@@ -77,11 +77,15 @@ def release_plan(flat) -> dict:
     return plan
 
 
-def run_graph(flat, x, hook=None, plan=None):
+def run_graph(flat, x, hook=None, plan=None, values=None):
     """Runs the flattened graph on `x` op by op, every layer in inference mode.
 
     ``hook(node, args, kwargs)`` may return a node's outputs instead of the call
-    (None: call it). Tensors are dropped after their last reader (`plan`)."""
+    (None: call it). Tensors are dropped after their last reader (`plan`).
+    ``values`` (`snapshot`): the layers compute with these values of their
+    variables instead of the variables (`keras.StatelessScope`, which is per
+    thread), so a pass on another thread measures the model as it was while its
+    variables are edited."""
     tensors = {}
     for (key, layer), value in zip(flat.inputs, keras.tree.flatten(x)):
         tensors[key] = keras.ops.cast(value, layer.dtype)
@@ -91,12 +95,23 @@ def run_graph(flat, x, hook=None, plan=None):
         if out is None:
             if kg.accepts_training(node.op):
                 kwargs["training"] = False
-            out = node.op(*args, **kwargs)
+            if values is None or not node.op.weights:
+                out = node.op(*args, **kwargs)
+            else:
+                with keras.StatelessScope([(v, values[id(v)]) for v in node.op.weights]):
+                    out = node.op(*args, **kwargs)
         for key, t in zip(node.outputs, keras.tree.flatten(out)):
             tensors[key] = t
         for t in (plan or {}).get(node.index, ()):
             tensors.pop(t, None)
     return tensors
+
+
+def snapshot(model) -> dict:
+    """``{id(variable): tensor}``: a copy of every weight's current value, for
+    `run_graph`'s ``values`` (the editor writes into the variables' buffers)."""
+    return {id(w): keras.ops.convert_to_tensor(np.array(kg.weight_view(w)))
+            for w in model.weights}
 
 
 def _run_error(flat, shape):
