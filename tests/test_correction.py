@@ -17,7 +17,7 @@ from hope_keras.stats import correction
 from hope_keras.scoring import moments
 from hope_keras.stats import synthetic
 
-from conftest import copy_model, mlp, small_resnet
+from conftest import copy_model, mlp, randomize_bn, small_resnet
 
 
 def _images(n, seed=0):
@@ -106,12 +106,27 @@ def test_the_originals_pass_beside_the_run_writes_what_it_writes_in_turn(monkeyp
         np.testing.assert_array_equal(a, b)
 
 
-def test_the_originals_pass_reads_the_weights_as_they_were_at_the_start(monkeypatch):
+def _separable_net(seed=3):
+    """Depthwise, separable and pointwise convolutions with BNs, a residual sum."""
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+    inputs = keras.Input((10, 10, 3), name="image")
+    x = L.ReLU()(L.BatchNormalization(name="stem_bn")(L.Conv2D(8, 3, padding="same")(inputs)))
+    y = L.ReLU()(L.BatchNormalization(name="dw_bn")(L.DepthwiseConv2D(3, padding="same")(x)))
+    y = L.BatchNormalization(name="pw_bn")(L.Conv2D(8, 1)(y))
+    x = L.Add()([x, y])
+    x = L.ReLU()(L.BatchNormalization(name="sep_bn")(L.SeparableConv2D(12, 3)(x)))
+    x = L.GlobalAveragePooling2D()(x)
+    return randomize_bn(keras.Model(inputs, L.Dense(4)(x), name="separable"), seed)
+
+
+@pytest.mark.parametrize("build", [small_resnet, _separable_net])
+def test_the_originals_pass_reads_the_weights_as_they_were_at_the_start(monkeypatch, build):
     """Weights changed while the original's pass waits to start (as a run's edits
     change them beside it) do not reach it: its moments are those of Keras' forward
-    pass of an unedited copy."""
+    pass of an unedited copy (dense, convolution, depthwise, separable and BN layers)."""
     x = _images(96)
-    model, original = small_resnet(seed=3), small_resnet(seed=3)
+    model, original = build(seed=3), build(seed=3)
     go = threading.Event()
     real = correction._input_moments
 
