@@ -173,6 +173,32 @@ def test_a_pass_that_cannot_read_the_copy_measures_the_original_weights_put_back
         np.testing.assert_array_equal(a, b)
 
 
+def test_kept_synthetic_inputs_are_measured_beside_the_run(monkeypatch, synthesis_calls):
+    """Data-free, from weights whose synthetic inputs are kept: the stream readers'
+    reference is taken beside the run from copied weights (the original weights are
+    never put back), and the model is the same, bit for bit, as when it is taken
+    after the run with the original weights put back (`MEASURE_ALONGSIDE` off)."""
+    hope_keras.compress(small_resnet(seed=3), density=0.5, verbose=False)  # makes them
+    assert len(synthesis_calls) == 1
+    assigned, kept = [], []
+    real_assign, real_kept = correction._assign, correction._kept_reference
+    monkeypatch.setattr(correction, "_assign", lambda *a: assigned.append(1) or real_assign(*a))
+    monkeypatch.setattr(correction, "_kept_reference",
+                        lambda *a: kept.append(real_kept(*a)) or kept[-1])
+    models = []
+    for alongside in (True, False):
+        monkeypatch.setattr(correction, "MEASURE_ALONGSIDE", alongside)
+        model = small_resnet(seed=3)
+        result = hope_keras.compress(model, density=0.5, verbose=False)
+        assert result.corrected
+        models.append(model)
+        if alongside:
+            assert len(kept) == 1 and kept[0] is not None and assigned == []
+    assert len(synthesis_calls) == 1 and len(kept) == 1 and assigned  # in turn: put back
+    for a, b in zip(models[0].get_weights(), models[1].get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["tuple", "dataset", "generator"])
 def test_data_may_be_labelled_a_dataset_or_a_generator(kind):
     x = _images(96)

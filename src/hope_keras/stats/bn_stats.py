@@ -549,14 +549,29 @@ def synthetic_inputs(model, verbose="auto"):
     return x
 
 
-def _weights_digest(model) -> str:
-    """sha256 of the model's input shape and all of its weights (paths and values)."""
+def kept_synthetic_inputs(model, values=None):
+    """The inputs `synthetic_inputs` returns for `model`'s weights (or for `values`,
+    copies of them in ``model.weights`` order) when they are kept, in memory or on
+    disk; None when they are not: nothing is made. Only reads the cache (safe on a
+    thread beside a run)."""
+    digest = _weights_digest(model, values)
+    x = _SYNTHETIC_INPUTS.get(digest)
+    if x is not None:
+        return x
+    return _load_synthetic(_synthetic_file(digest), model, synthetic.reduced_size(model))
+
+
+def _weights_digest(model, values=None) -> str:
+    """sha256 of the model's input shape and all of its weights (paths and values;
+    `values`: copies of them in ``model.weights`` order)."""
     import hashlib
 
     h = hashlib.sha256(repr([tuple(t.shape) for t in kg.functional_of(model).inputs]).encode())
-    for w in model.weights:
+    if values is None:
+        values = (keras.ops.convert_to_numpy(w) for w in model.weights)
+    for w, v in zip(model.weights, values):
         h.update(w.path.encode())
-        h.update(np.ascontiguousarray(keras.ops.convert_to_numpy(w)).tobytes())
+        h.update(np.ascontiguousarray(v).tobytes())
     return h.hexdigest()
 
 

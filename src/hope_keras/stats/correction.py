@@ -54,10 +54,12 @@ MODES = (False, True, "auto", "surrogate")
 DATA_VALUES_PER_CHANNEL = 1024
 #: ... and never fewer than this many inputs, nor more than the data holds.
 DATA_MIN_INPUTS = 16
-#: With ``data=``: the original model's pass runs on a thread beside the run (the
-#: run's steps are single-threaded Python; the pass is mostly the backend's
-#: kernels), reading a copy of the weights; False: before the first edit, in turn.
-#: The statistics written are the same (docs/hope.md, "Compressing with data").
+#: The original model's pass runs on a thread beside the run (the run's steps are
+#: single-threaded Python; the pass is mostly the backend's kernels), reading a copy
+#: of the weights: with ``data=``, always; data-free, when the synthetic inputs of
+#: these weights are kept. False: with ``data=`` before the first edit, data-free
+#: after the run, in turn. The statistics written are the same (docs/hope.md,
+#: "Compressing with data").
 MEASURE_ALONGSIDE = True
 
 
@@ -106,6 +108,7 @@ class StatisticsCorrection:
         self._x = None  # the inputs drawn from `data`
         self._measuring = None  # the original's pass (`_measure_original`): a Future
         self._before = None  # ... its result: {BN node index: (mean, variance)}
+        self._kept = None  # data-free: a Future of the readers' reference (or None)
         self._written = {}  # BN layer → (moving_mean, moving_variance) before the writes
         self.last = {}
 
@@ -126,6 +129,8 @@ class StatisticsCorrection:
                 and _stream_readers(graph)):
             # Copies, not views: the edits write into the variables' buffers.
             self._original = [np.array(kg.weight_view(w)) for w in model.weights]
+            if MEASURE_ALONGSIDE:  # the readers' reference, if their inputs are kept
+                self._kept = _beside(_kept_reference, model, graph, self._original)
 
     def _measure_original(self, model, graph) -> None:
         """With data, before any edit: a sample drawn and checked, enough for the BN
@@ -152,9 +157,7 @@ class StatisticsCorrection:
         values = synthetic.snapshot(model)
         task = functools.partial(_input_moments, flat, x, nodes, values)
         if MEASURE_ALONGSIDE:
-            pool = concurrent.futures.ThreadPoolExecutor(1, "hope_keras-data-pass")
-            self._measuring = pool.submit(task)
-            pool.shutdown(wait=False)  # the thread ends with the pass
+            self._measuring = _beside(task)
         else:
             self._measuring = concurrent.futures.Future()
             try:
@@ -213,6 +216,7 @@ class StatisticsCorrection:
                 out = self._from_data(steps)
             else:
                 out = self._data_free(steps)
+                self._kept = None  # unused: the run moved no stream (a later one measures)
         except BaseException:
             for name, (mean, var) in saved.items():
                 bns[name].moving_mean.assign(mean)
@@ -299,8 +303,17 @@ class StatisticsCorrection:
 
     def _reference(self):
         """The stream readers' reference on synthetic inputs of the original model:
-        its weights are put back for the measurement, then the edited ones."""
-
+        measured beside the run from the copied weights when the inputs were kept
+        (`_kept_reference`), else with the original weights put back for the
+        measurement, then the edited ones."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            try:
+                reference = kept.result()
+            except Exception:  # noqa: BLE001 - measured below, the original weights put back
+                reference = None
+            if reference is not None:
+                return reference
         model = self.model
         edited = [np.array(kg.weight_view(w)) for w in model.weights]
         try:
@@ -312,6 +325,26 @@ class StatisticsCorrection:
         finally:
             with defer_keyboard_interrupt():
                 _assign(model, edited)
+
+
+def _beside(fn, *args) -> concurrent.futures.Future:
+    """``fn(*args)`` on a thread of its own (which ends with it)."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, "hope_keras-correction")
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _kept_reference(model, graph, original):
+    """The stream readers' `synthetic.StreamReference` on the synthetic inputs kept
+    for the weights `original` (copies, in ``model.weights`` order), computed from
+    them while the model's variables may be edited; None when no inputs are kept
+    (they are made after the run, only if it moved a stream)."""
+    x = bn_stats.kept_synthetic_inputs(model, original)
+    if x is None:
+        return None
+    values = {id(w): keras.ops.convert_to_tensor(v) for w, v in zip(model.weights, original)}
+    return synthetic.StreamReference(model, graph, x, values=values)
 
 
 def _drop_values_on_success(future) -> None:

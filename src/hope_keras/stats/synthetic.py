@@ -519,6 +519,8 @@ class StreamReference:
         model: The model before compression.
         graph: ``hope_keras.analyze(model).graph`` (or `hope_keras.graph.walker.walk`).
         x: Synthetic inputs (`synthesize_inputs`).
+        values: The original weights' values, when the model's variables are
+            edited meanwhile (`snapshot`, `run_graph`).
 
     Example:
 
@@ -536,7 +538,7 @@ class StreamReference:
     ['reader']
     """
 
-    def __init__(self, model, graph, x):
+    def __init__(self, model, graph, x, values=None):
         self.graph, self.x = graph, x
         flat = graph.flat
         self.readers = stream_readers(graph)
@@ -557,7 +559,7 @@ class StreamReference:
             return None
 
         if self.readers:
-            run_graph(flat, x, hook, release_plan(flat))
+            run_graph(flat, x, hook, release_plan(flat), values=values)
 
 
 def correct_stream_readers(reference: StreamReference, tensors) -> dict:
