@@ -22,7 +22,9 @@ corrections measure the BN inputs' moments with the backend's float32 reductions
 instead of the compiled kernel (results files ``..._backend_moments``).
 ``--original-pass in-turn``: ``data=`` measures the original model before the first
 edit instead of on a thread beside the run (`correction.MEASURE_ALONGSIDE`; results
-files ``..._in_turn``).
+files ``..._in_turn``). ``--compare-original-pass``: both ways alternated in one process
+(``--repeats``), for the second data-free run and the ``data=`` run
+(``first_run_original_pass_<size>.json``).
 
 Run: .venv/bin/python benchmarks/first_run.py [--time] [--quality] [--quick]
 Writes benchmarks/results/first_run_<time|quality>.json (not with --quick).
@@ -87,6 +89,40 @@ def timing(size, quick, only=None):
               f"({len(result.trajectory)} steps, {len(result.corrected)} BNs corrected)",
               flush=True)
     return out
+
+
+def compare_original_pass(size, repeats):
+    """The second data-free run and the ``data=`` run of `timing`, each with the
+    original model's pass beside the run and in turn (`correction.MEASURE_ALONGSIDE`),
+    alternated `repeats` times in one process after a first data-free run (which
+    makes the synthetic inputs); T measured before each round."""
+    from hope_keras.stats import correction
+
+    reference = calibrated_resnet50(images=4)
+    weights = reference.get_weights()
+    shape = (size, size, 3)
+    data = np.random.default_rng(2).uniform(0, 255, (256,) + shape).astype("float32")
+    model = keras.models.clone_model(reference)
+    model.set_weights(weights)
+    hope_keras.compress(model, density=0.5, verbose=False)  # the synthetic inputs
+    rows = []
+    for rep in range(repeats):
+        T = batch_time(reference, size)
+        for x in (None, data):
+            for alongside in (True, False):
+                correction.MEASURE_ALONGSIDE = alongside
+                model = keras.models.clone_model(reference)
+                model.set_weights(weights)
+                t = time.perf_counter()
+                hope_keras.compress(model, density=0.5, data=x, verbose=False)
+                seconds = time.perf_counter() - t
+                rows.append(dict(run="data-free, inputs kept" if x is None else "data=",
+                                 original_pass="alongside" if alongside else "in turn",
+                                 repeat=rep, s=round(seconds, 2), T_s=round(T, 3),
+                                 T=round(seconds / T, 1), load=round(os.getloadavg()[0], 2)))
+                print(json.dumps(rows[-1]), flush=True)
+    correction.MEASURE_ALONGSIDE = True
+    return {"size": size, "rows": rows}
 
 
 #: ``--variants``: synthetic-input settings (constants of `hope_keras.stats.synthetic`)
@@ -247,7 +283,15 @@ def main():
     p.add_argument("--original-pass", choices=("alongside", "in-turn"), default="alongside",
                    help="data=: the original model's pass on a thread beside the run (the "
                         "library's), or before the first edit")
+    p.add_argument("--compare-original-pass", action="store_true",
+                   help="time the second data-free run and the data= run with the "
+                        "original's pass beside the run and in turn, alternated (--repeats)")
     args = p.parse_args()
+    if args.compare_original_pass:
+        out = compare_original_pass(args.size, args.repeats)
+        with open(os.path.join(RESULTS, f"first_run_original_pass_{args.size}.json"), "w") as f:
+            json.dump(out, f, indent=1)
+        return
     if args.variants:
         names = [n.strip() for n in args.variants.split(",")]
         out = variants(args.size, names, args.repeats)
