@@ -27,6 +27,7 @@ correction always starts from the model's own statistics (docs/theory.md,
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import math
 import numbers
@@ -186,13 +187,8 @@ class StatisticsCorrection:
         pass, the edited ones after it."""
         model, flat = self.model, self.graph.flat
         nodes = [node for node in flat.nodes if node.index in self._stats0]
-        edited = [np.array(kg.weight_view(w)) for w in model.weights]
-        try:
-            _assign(model, [values[id(w)] for w in model.weights])
+        with _weights_put_back(model, [values[id(w)] for w in model.weights]):
             return _input_moments(flat, self._x, nodes)
-        finally:
-            with defer_keyboard_interrupt():
-                _assign(model, edited)
 
     def undo(self) -> None:
         """Puts back the statistics the last `finish` wrote."""
@@ -315,16 +311,11 @@ class StatisticsCorrection:
             if reference is not None:
                 return reference
         model = self.model
-        edited = [np.array(kg.weight_view(w)) for w in model.weights]
-        try:
-            _assign(model, self._original)
+        with _weights_put_back(model, self._original):
             x = bn_stats.synthetic_inputs(model, verbose=self.verbose)
             if x is None:
                 return None
             return synthetic.StreamReference(model, self.graph, x)
-        finally:
-            with defer_keyboard_interrupt():
-                _assign(model, edited)
 
 
 def _beside(fn, *args) -> concurrent.futures.Future:
@@ -343,8 +334,7 @@ def _kept_reference(model, graph, original):
     x = bn_stats.kept_synthetic_inputs(model, original)
     if x is None:
         return None
-    values = {id(w): keras.ops.convert_to_tensor(v) for w, v in zip(model.weights, original)}
-    return synthetic.StreamReference(model, graph, x, values=values)
+    return synthetic.StreamReference(model, graph, x, values=synthetic.snapshot(model, original))
 
 
 def _drop_values_on_success(future) -> None:
@@ -366,6 +356,19 @@ def _input_moments(flat, x, nodes, values=None) -> dict:
 
     synthetic.run_graph(flat, x, measure, synthetic.release_plan(flat), values=values)
     return out
+
+
+@contextlib.contextmanager
+def _weights_put_back(model, original):
+    """The model holds `original` (values in ``model.weights`` order) inside, and its
+    current (edited) weights again after, whatever happens inside."""
+    edited = [np.array(kg.weight_view(w)) for w in model.weights]
+    try:
+        _assign(model, original)
+        yield
+    finally:
+        with defer_keyboard_interrupt():
+            _assign(model, edited)
 
 
 def _assign(model, values) -> None:

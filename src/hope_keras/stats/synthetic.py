@@ -107,11 +107,13 @@ def run_graph(flat, x, hook=None, plan=None, values=None):
     return tensors
 
 
-def snapshot(model) -> dict:
+def snapshot(model, copies=None) -> dict:
     """``{id(variable): tensor}``: a copy of every weight's current value, for
-    `run_graph`'s ``values`` (the editor writes into the variables' buffers)."""
-    return {id(w): keras.ops.convert_to_tensor(np.array(kg.weight_view(w)))
-            for w in model.weights}
+    `run_graph`'s ``values`` (the editor writes into the variables' buffers), or of
+    `copies` (copies already taken, in ``model.weights`` order)."""
+    if copies is None:
+        copies = [np.array(kg.weight_view(w)) for w in model.weights]
+    return {id(w): keras.ops.convert_to_tensor(v) for w, v in zip(model.weights, copies)}
 
 
 def _run_error(flat, shape):
