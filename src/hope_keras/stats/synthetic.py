@@ -138,8 +138,8 @@ def batch_moments(x, bn):
     """Per-channel mean and variance of `x`, as the BN layer `bn` counts channels, as
     float64 numpy. A tensor in host memory is read in place, once, by a compiled
     kernel accumulating in float64 (`hope_keras.stats.moment_kernels`): one read
-    where the backend's reductions make four, which shortens ``compress(data=)`` of a
-    ResNet-50 @224 by about a second (docs/benchmarks.md, "The first compress").
+    where the backend's reductions make four (``compress(data=)`` of a ResNet-50 @224
+    with each: docs/benchmarks.md, "The first compress").
     Elsewhere (an accelerator's memory, several channel axes) the backend
     reduces it in float32, two passes: about 1e-5 relative, far below the sampling
     noise of the statistics."""
