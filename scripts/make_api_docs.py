@@ -20,6 +20,7 @@ MODULES = [
     "hope_keras.plots",
     "hope_keras.deploy.profile",
     "hope_keras.deploy.export",
+    "hope_keras.deploy.fold",
     "hope_keras.baselines",
     "hope_keras.graph.tracing",
     "hope_keras.deft",

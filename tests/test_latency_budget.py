@@ -147,7 +147,8 @@ def test_bad_options_and_budget_mixes_are_refused():
     model = conv_net()
     before = [w.copy() for w in model.get_weights()]
     for kwargs, match in (({"batch_size": 0}, "batch_size"), ({"repeats": 1.5}, "repeats"),
-                          ({"timer": 3}, "timer"), ({"min_flops": 0.7}, "min_flops")):
+                          ({"timer": 3}, "timer"), ({"min_flops": 0.7}, "min_flops"),
+                          ({"fold_batchnorm": "yes"}, "fold_batchnorm")):
         with pytest.raises(ValueError, match=match):
             LatencyBudget(0.5, **kwargs)
     with pytest.raises(ValueError, match="latency= alone"):
@@ -192,3 +193,29 @@ def test_the_command_line_budget(tmp_path, capsys):
     assert "measured latency ratio" in printed.out
     meta = hope_keras.Trajectory.load(str(tmp_path / "t.npz")).meta["latency"]
     assert meta["ratio"] == 1.0 and meta["measured"] <= 1.0
+
+
+def test_fold_batchnorm_times_the_slimmed_copy_folded_against_the_model_as_is():
+    """The timer sees fold_batchnorm(slim(model)): no BN left, the same outputs as the
+    slimmed copy; the reference keeps its BNs."""
+    import keras
+
+    model, seen = conv_net(), []
+
+    def timer(small, reference):
+        seen.append((small, reference))
+        return flops_ratio(small, reference) + 0.1
+
+    budget = LatencyBudget(0.6, timer=timer, fold_batchnorm=True)
+    assert "fold_batchnorm=True" in repr(budget)
+    result = hope_keras.compress(model, latency=budget, verbose=False)
+    assert result.stopped == "budget"
+    assert result.trajectory.meta["latency"]["fold_batchnorm"] is True
+    bn = keras.layers.BatchNormalization
+    small, reference = seen[-1]
+    assert not any(isinstance(layer, bn) for layer in small.layers)
+    assert any(isinstance(layer, bn) for layer in reference.layers)
+    x = np.random.default_rng(0).normal(size=(4,) + tuple(model.inputs[0].shape[1:]))
+    y_small = np.asarray(small(x.astype("float32")))
+    y_slim = np.asarray(hope_keras.slim(model)(x.astype("float32")))
+    np.testing.assert_allclose(y_small, y_slim, rtol=1e-4, atol=1e-5 * np.abs(y_slim).max())

@@ -40,7 +40,7 @@ _EXPORTS = {
     "Coupling": "graph.walker", "ModelGraph": "graph.walker", "NeuronGroup": "graph.walker",
     "Pinned": "graph.walker", "ResidualBlock": "graph.walker", "walk": "graph.walker",
     "slim": "edit.slim",
-    "export_tflite": "deploy.export",
+    "export_tflite": "deploy.export", "fold_batchnorm": "deploy.fold",
     "Profile": "deploy.profile", "profile": "deploy.profile",
     "latency_ratio": "deploy.profile",
     "Distiller": "deploy.recover", "recover": "deploy.recover",

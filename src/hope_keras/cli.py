@@ -5,7 +5,7 @@
                                      | --latency-budget R)
                         --out SLIM.keras [--trajectory T.npz] [--cost hope|paper]
                         [--actions prune,merge,evict] [--data X.npy]
-                        [--latency] [--quiet]
+                        [--round-to N] [--fold-batchnorm] [--latency] [--quiet]
     hope-keras replay MODEL.keras T.npz (--density D | --params P | --flops F | --step K)
                       --out OUT.keras [--no-slim]
     hope-keras report T.npz --out report.png [--model MODEL.keras [--latency]]
@@ -173,7 +173,8 @@ def _compress(args):
             search={"round_to": args.round_to},
             verbose=False if args.quiet else "auto").compress(
             density=args.density, params=args.params, flops=args.flops, steps=args.steps,
-            latency=args.latency_budget)
+            latency=None if args.latency_budget is None else hope_keras.LatencyBudget(
+                args.latency_budget, fold_batchnorm=args.fold_batchnorm))
     except hope_keras.CompressionInterrupted as e:
         if args.trajectory:
             e.trajectory.save(args.trajectory)
@@ -184,6 +185,8 @@ def _compress(args):
     if args.trajectory:
         result.trajectory.save(args.trajectory)
     small = hope_keras.slim(model)
+    if args.fold_batchnorm:
+        small = hope_keras.fold_batchnorm(small)
     small.save(args.out)
     if not args.quiet:
         print(f"{len(result.trajectory)} steps, neuron density {result.density:.4f}, "
@@ -395,6 +398,10 @@ def _parser():
     c.add_argument("--round-to", type=_count(1), default=1, metavar="N",
                    help="every layer the run narrows ends at a multiple of N channels "
                         "(or whole): 8 suits CPU kernels (default: 1, any width)")
+    c.add_argument("--fold-batchnorm", action="store_true",
+                   help="fold BatchNormalization layers into the layers before them in the "
+                        "saved model (deployment: faster, no statistics left to fine-tune; "
+                        "--latency-budget then times the folded model)")
     c.add_argument("--latency", action="store_true",
                    help="also time the original and the slimmed model")
     c.set_defaults(fn=_compress)

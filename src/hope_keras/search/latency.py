@@ -38,6 +38,7 @@ import numbers
 import time
 from typing import Callable, Optional
 
+from hope_keras.deploy.fold import fold_batchnorm
 from hope_keras.deploy.profile import latency_ratio
 from hope_keras.edit.slim import slim
 from hope_keras.progress import resolve_verbose
@@ -82,6 +83,9 @@ class LatencyBudget:
             the latency ratio of ``small`` (the slimmed copy) to ``reference`` (the
             model being compressed, the original's shapes): for another runtime or
             device (a TFLite interpreter, a phone), or a deterministic test.
+        fold_batchnorm: Time the slimmed copy with its BatchNormalizations folded
+            into the layers before them (`hope_keras.fold_batchnorm`), as it would
+            be deployed, against the model as it is (default False).
 
     Example:
 
@@ -99,7 +103,8 @@ class LatencyBudget:
     """
 
     def __init__(self, ratio, *, batch_size: int = 1, repeats: int = 30, warmup: int = 3,
-                 min_flops: Optional[float] = None, timer: Optional[Callable] = None):
+                 min_flops: Optional[float] = None, timer: Optional[Callable] = None,
+                 fold_batchnorm: bool = False):
         self.ratio = _ratio(ratio)
         if min_flops is not None and (isinstance(min_flops, bool) or not isinstance(
                 min_flops, numbers.Real) or not 0.0 <= float(min_flops) <= self.ratio):
@@ -117,12 +122,17 @@ class LatencyBudget:
                              f"Received: timer={timer!r}")
         self.batch_size, self.repeats, self.warmup = int(batch_size), int(repeats), int(warmup)
         self.timer = timer
+        if not isinstance(fold_batchnorm, bool):
+            raise ValueError(f"fold_batchnorm must be True or False. "
+                             f"Received: fold_batchnorm={fold_batchnorm!r}")
+        self.fold_batchnorm = fold_batchnorm
         self.measurements = []
 
     def __repr__(self) -> str:
         how = (f"timer={self.timer!r}" if self.timer is not None else
                f"batch_size={self.batch_size}, repeats={self.repeats}")
-        return f"LatencyBudget({self.ratio}, {how})"
+        fold = ", fold_batchnorm=True" if self.fold_batchnorm else ""
+        return f"LatencyBudget({self.ratio}, {how}{fold})"
 
     @classmethod
     def get(cls, latency) -> Optional["LatencyBudget"]:
@@ -133,12 +143,16 @@ class LatencyBudget:
         if isinstance(latency, cls):
             return cls(latency.ratio, batch_size=latency.batch_size,
                        repeats=latency.repeats, warmup=latency.warmup,
-                       min_flops=latency.min_flops, timer=latency.timer)
+                       min_flops=latency.min_flops, timer=latency.timer,
+                       fold_batchnorm=latency.fold_batchnorm)
         return cls(latency)
 
     def measure(self, model) -> float:
-        """The latency ratio of ``slim(model)`` to ``model``."""
+        """The latency ratio of ``slim(model)`` (folded with ``fold_batchnorm``) to
+        ``model``."""
         small = slim(model)
+        if self.fold_batchnorm:
+            small = fold_batchnorm(small)
         if self.timer is not None:
             value = self.timer(small, model)
         else:
@@ -188,7 +202,9 @@ class LatencyBudget:
         """The budget and its rounds, as ``trajectory.meta["latency"]`` holds them."""
         last = self.measurements[-1] if self.measurements else {}
         return {"ratio": self.ratio, "batch_size": self.batch_size, "repeats": self.repeats,
-                "warmup": self.warmup, "min_flops": self.min_flops, "method": "call" if self.timer is None else "timer",
+                "warmup": self.warmup, "min_flops": self.min_flops,
+                "method": "call" if self.timer is None else "timer",
+                "fold_batchnorm": self.fold_batchnorm,
                 "measured": last.get("measured"), "step": last.get("step"),
                 "rounds": [dict(m) for m in self.measurements]}
 
