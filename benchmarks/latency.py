@@ -16,7 +16,9 @@ Run: .venv/bin/python benchmarks/latency.py [--models demo xception mobilenetv2
      efficientnetb0 resnet50] [--points 0.8 0.6 0.4] [--batches 1 32]
      [--round-to 1 8] [--repeats 9] [--seconds 3] [--tflite] [--quick]
 Writes benchmarks/results/latency_<model>.json per model; ``--report`` prints the
-table of docs/benchmarks.md from them.
+tables of docs/benchmarks.md from them. ``--fold-batchnorm``: each slimmed model also
+with its BNs folded (`hope_keras.fold_batchnorm`), timed against the original and
+against the original folded too (latency_<model>_fold.json).
 
 ``--latency-budget R [--budget-batch B]``: instead, per model one
 ``compress(latency=LatencyBudget(R, batch_size=B))`` run (`hope_keras.search.latency`:
@@ -145,6 +147,10 @@ def measure(name, args):
     methods = {b: ("call", "tflite") if args.tflite and b == 1 else ("call",)
                for b in args.batches}
     reference = {b: _runners(model, batches[b], methods[b], None)[0] for b in args.batches}
+    if args.fold_batchnorm:  # the original with its BNs folded too: like against like
+        original_folded = hope_keras.fold_batchnorm(model)
+        reference_folded = {b: _runners(original_folded, batches[b], ("call",), None)[0]
+                            for b in args.batches}
     for r in args.round_to:
         t0 = time.perf_counter()
         enc = hope_keras.Encoder(copy(model), search={"round_to": r}, correction=False, verbose=False)
@@ -167,6 +173,15 @@ def measure(name, args):
                 runners = _runners(small, batches[batch], methods[batch], None)[0]
                 timing = paired_timing(runners, reference[batch], methods[batch],
                                        args.repeats, args.seconds)
+                if args.fold_batchnorm:
+                    folded = _runners(hope_keras.fold_batchnorm(small), batches[batch],
+                                      ("call",), None)[0]
+                    timing["call_folded"] = paired_timing(
+                        folded, reference[batch], ("call",), args.repeats,
+                        args.seconds)["call"]
+                    timing["call_both_folded"] = paired_timing(
+                        folded, reference_folded[batch], ("call",), args.repeats,
+                        args.seconds)["call"]
                 row = {"round_to": r, "flops_budget": point, "batch": batch,
                        "flops_ratio": p.ratio("flops"), "params_ratio": p.ratio("params"),
                        "latency": timing, "load": os.getloadavg()[0],
@@ -183,7 +198,7 @@ def measure(name, args):
            "seconds_per_point": args.seconds,
            "load_before": load_before, "load_after": os.getloadavg(),
            "cpu_count": os.cpu_count(), "rows": rows}
-    path = RESULTS / f"latency_{name}.json"
+    path = RESULTS / f"latency_{name}{'_fold' if args.fold_batchnorm else ''}.json"
     path = quick_path(path) if args.quick else path
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"load average {load_before[0]:.2f} before, {out['load_after'][0]:.2f} after; "
@@ -280,10 +295,46 @@ def report():
                         f"{_pair(cells, ('tflite', 1))} | {min(loads):.0f}–{max(loads):.0f} |")
         short.append("| " + " | ".join(row) + " |")
     print("\n".join(short))
+    folded = _fold_report()
+    print("\n".join(folded["short"]))
     (RESULTS / "latency.md").write_text(
         "Latency ratio (slimmed / original) against FLOPs ratio, round_to 1 → 8: "
         "`benchmarks/latency.py --report` from latency_*.json (docs/benchmarks.md, "
-        "\"Latency\").\n\n" + "\n".join(full) + "\n")
+        "\"Latency\").\n\n" + "\n".join(full) + "\n\n"
+        "With `--fold-batchnorm` (latency_*_fold.json), per round_to and batch: the slimmed "
+        "model as is / folded / folded against the original folded too (FLOPs ratio).\n\n"
+        + "\n".join(folded["full"]) + "\n")
+
+
+def _fold_report():
+    """The tables of the ``--fold-batchnorm`` runs: docs/benchmarks.md's (round_to 1,
+    the largest batch) and every row for latency.md."""
+    short = ["| model (input), batch | FLOPs 0.8 | FLOPs 0.6 | FLOPs 0.4 |", "|---|---|---|---|"]
+    full = ["| model (input) | round_to | batch | FLOPs 0.8 | FLOPs 0.6 | FLOPs 0.4 |",
+            "|---|---|---|---|---|---|"]
+    for name in ("demo", "xception", "mobilenetv2", "efficientnetb0", "resnet50"):
+        path = RESULTS / f"latency_{name}_fold.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        label = f"{name} ({data['input_shape'][0]})"
+        for r in sorted({row["round_to"] for row in data["rows"]}):
+            for batch in sorted(data["batches"], reverse=True):
+                cells = []
+                for point in data["points"]:
+                    row = next((x for x in data["rows"] if x["round_to"] == r and
+                                x["flops_budget"] == point and x.get("batch") == batch), None)
+                    if row is None:
+                        cells.append("—")
+                        continue
+                    t = row["latency"]
+                    cells.append(f"{t['call']['ratio']:.2f} / {t['call_folded']['ratio']:.2f}"
+                                 f" / {t['call_both_folded']['ratio']:.2f} "
+                                 f"({row['flops_ratio']:.2f})")
+                full.append(f"| {label} | {r} | {batch} | " + " | ".join(cells) + " |")
+                if r == 1:
+                    short.append(f"| {label}, {batch} | " + " | ".join(cells) + " |")
+    return {"short": short, "full": full}
 
 
 def main():
@@ -301,6 +352,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0,
                     help="timed rounds go on until this many seconds per point")
     ap.add_argument("--tflite", action="store_true", help="also time TFLite at batch 1")
+    ap.add_argument("--fold-batchnorm", action="store_true",
+                    help="also time fold_batchnorm(slim) against the original and against "
+                         "the original folded (results latency_<model>_fold.json)")
     ap.add_argument("--latency-budget", type=float, metavar="R",
                     help="instead: one compress(latency=R) run per model, re-measured")
     ap.add_argument("--budget-batch", type=int, default=1, metavar="B",
