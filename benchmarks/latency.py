@@ -271,6 +271,16 @@ def _pair(cells, key):
                       else f"{cells[r][key]:.2f}" for r in (1, 8))
 
 
+def _results(suffix):
+    """``(label, data)`` of each model's results file ``latency_<model><suffix>.json``
+    that exists, in the tables' order."""
+    for name in ("demo", "xception", "mobilenetv2", "efficientnetb0", "resnet50"):
+        path = RESULTS / f"latency_{name}{suffix}.json"
+        if path.exists():
+            data = json.loads(path.read_text())
+            yield f"{name} ({data['input_shape'][0]})", data
+
+
 def report():
     """Prints the docs/benchmarks.md table (Keras call at the largest batch, FLOPs ratio
     in brackets) and writes every measurement to benchmarks/results/latency.md, from
@@ -278,12 +288,7 @@ def report():
     short = ["| model (input) | FLOPs 0.8 | FLOPs 0.6 | FLOPs 0.4 |", "|---|---|---|---|"]
     full = ["| model (input) | budget | FLOPs | call, batch 32 (8) | call, batch 1 | "
             "TFLite, batch 1 | load |", "|---|---|---|---|---|---|---|"]
-    for name in ("demo", "xception", "mobilenetv2", "efficientnetb0", "resnet50"):
-        path = RESULTS / f"latency_{name}.json"
-        if not path.exists():
-            continue
-        data = json.loads(path.read_text())
-        label = f"{name} ({data['input_shape'][0]})"
+    for label, data in _results(""):
         batch = max(data["batches"])
         row = [label]
         for point in data["points"]:
@@ -312,12 +317,7 @@ def _fold_report():
     short = ["| model (input), batch | FLOPs 0.8 | FLOPs 0.6 | FLOPs 0.4 |", "|---|---|---|---|"]
     full = ["| model (input) | round_to | batch | FLOPs 0.8 | FLOPs 0.6 | FLOPs 0.4 |",
             "|---|---|---|---|---|---|"]
-    for name in ("demo", "xception", "mobilenetv2", "efficientnetb0", "resnet50"):
-        path = RESULTS / f"latency_{name}_fold.json"
-        if not path.exists():
-            continue
-        data = json.loads(path.read_text())
-        label = f"{name} ({data['input_shape'][0]})"
+    for label, data in _results("_fold"):
         for r in sorted({row["round_to"] for row in data["rows"]}):
             for batch in sorted(data["batches"], reverse=True):
                 cells = []
