@@ -184,3 +184,25 @@ def test_cli_compress_fold_batchnorm(tmp_path):
     assert _bn_names(plain) and _bn_names(folded) == []
     x = np.random.default_rng(11).uniform(0, 1, (4,) + tuple(plain.inputs[0].shape[1:]))
     _same_outputs(plain, folded, x.astype("float32"))
+
+
+def test_a_subclassed_model_is_traced_and_folded():
+    """As `slim` does, a subclassed model's `call` is traced into a Functional model."""
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.conv = L.Conv2D(4, 3, name="conv")
+            self.bn = L.BatchNormalization(name="bn")
+            self.head = L.Dense(2, name="head")
+
+        def call(self, x):
+            return self.head(L.Flatten()(keras.ops.relu(self.bn(self.conv(x)))))
+
+    model = Net()
+    x = np.random.default_rng(12).uniform(0, 1, (2, 8, 8, 3)).astype("float32")
+    model(x)
+    _randomize_bns(model, seed=13)
+    folded = hope_keras.fold_batchnorm(model)
+    assert isinstance(folded, keras.Model) and _bn_names(folded) == []
+    _same_outputs(model, folded, x)

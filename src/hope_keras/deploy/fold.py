@@ -130,7 +130,9 @@ def fold_batchnorm(model, name: Optional[str] = None) -> keras.Model:
     same up to float rounding (the folding is computed in float64).
 
     Args:
-        model: A Functional or Sequential model, typically ``hope_keras.slim(model)``.
+        model: A Functional or Sequential model, typically ``hope_keras.slim(model)``
+            (a subclassed model's ``call`` is traced first, as `hope_keras.slim`
+            traces it).
         name: Name of the new model (default: ``"<name>_folded"``).
 
     Returns:
