@@ -202,7 +202,10 @@ def _costs():
         as `cost="paper"`): residual streams and other coupled groups stay whole."""
 
         name = "hope_neurons_only"
-        groups = "neurons"
+
+        def __init__(self):
+            # An argument, not a class attribute: HopeCost.__init__ sets the scope.
+            super().__init__(groups="neurons")
 
     class OneReaderCost(costs.HopeCost):
         """The default cost with every group ranked as if one layer read it (no

@@ -70,3 +70,23 @@ def test_sizes_is_stateless(quality):
     assert sizes(full) == (1.0, 1.0)  # the counter was copied, not consumed
     assert sizes(half) == first
     assert np.isfinite(sizes.mean_params) and sizes.mean_flops > 0
+
+
+def test_variant_costs_price_the_scope_their_names_claim(quality):
+    # A scope set as a class attribute is overwritten by HopeCost.__init__: the
+    # "neuron layers only" variant then priced every group, the default itself.
+    ctx = {"mean_params": 1.0, "mean_flops": 1.0, "mean_n0": 1.0}
+    methods = quality.hope_methods(ctx)
+    scope = {name: opts["cost"].groups for name, (opts, _) in methods.items()
+             if hasattr(opts.get("cost"), "groups")}
+    assert scope["hope_neurons"] == "neurons"
+    assert scope["hope_nostreams"] == "no_streams"
+    assert scope["order_param"] == "no_streams"
+    assert scope["hope_one_reader"] == "all"
+    model = small_resnet(seed=5)
+    analysis = hope_keras.analyze(model)
+    enc = hope_keras.Encoder(model, cost=methods["hope_neurons"][0]["cost"],
+                             analysis=analysis, verbose=False)
+    streams = sum(g.size for g in analysis.graph.groups.values() if g.kind != "neurons")
+    assert streams > 0
+    assert enc.num_neurons == analysis.num_neurons - streams
