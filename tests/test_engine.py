@@ -562,6 +562,43 @@ def test_default_cost_prices_residual_streams_and_no_streams_leaves_them_whole()
         hope_keras.costs.HopeCost(groups="streams")
 
 
+def test_cost_subclass_settings_declared_on_the_class_are_kept():
+    """A subclass of a built-in cost may declare its scope and options as class
+    attributes, as `Cost` documents them: the built-in ``__init__`` keeps them
+    (it used to overwrite them with its own defaults, silently pricing the
+    streams), an argument still overrides them, and a bad class value is
+    rejected as an argument is."""
+    costs = hope_keras.costs
+
+    class StreamsWhole(costs.HopeCost):
+        name = "streams_whole"
+        groups = "no_streams"
+        mean_compensation = True
+        kernel = "exact"
+
+    c = StreamsWhole()
+    assert (c.groups, c.mean_compensation, c.kernel, c.merge_scale) == (
+        "no_streams", True, "exact", "sum")
+    assert StreamsWhole(groups="all", kernel="approx").get_config() == {
+        "name": "streams_whole", "groups": "all", "merge_scale": "sum",
+        "kernel": "approx", "mean_compensation": True}
+
+    class PaperExact(costs.PaperCost):
+        kernel = "exact"
+
+    assert PaperExact().kernel == "exact" and PaperExact(kernel="approx").kernel == "approx"
+
+    class Bad(costs.HopeCost):
+        groups = "streams"
+
+    with pytest.raises(ValueError, match="groups must be one of .* Received: groups='streams'"):
+        Bad()
+    model = small_resnet(seed=3)
+    result = hope_keras.compress(model, density=0.3, cost=StreamsWhole(), verbose=False)
+    assert "stem" not in {s.unit for s in result.trajectory.steps if s.kind != "evict"}
+    assert result.trajectory.meta["options"]["cost"]["groups"] == "no_streams"
+
+
 def test_dead_neurons_are_pruned_not_merged_into_an_overflowing_parent():
     """Neurons that never fire under the BN surrogate (beta/gamma from -15 to -35,
     as an untrained VGG16's calibrated fc layers have) have self-kernels that

@@ -196,8 +196,14 @@ class Cost:
         """The key the engine minimises (``DR``) for actions of cost ``J``."""
         raise NotImplementedError
 
-    def _set_options(self, merge_scale, kernel, mean_compensation) -> None:
-        """Validates and sets the settings every built-in cost takes."""
+    def _set_options(self, merge_scale=None, kernel=None, mean_compensation=None) -> None:
+        """Validates and sets the settings every built-in cost takes; ``None`` keeps
+        the class's (so a subclass may declare them as class attributes)."""
+        cls = type(self)
+        merge_scale = cls.merge_scale if merge_scale is None else merge_scale
+        kernel = cls.kernel if kernel is None else kernel
+        if mean_compensation is None:
+            mean_compensation = cls.mean_compensation
         if merge_scale not in MERGE_SCALES:
             raise ValueError(f"merge_scale must be one of {MERGE_SCALES}. "
                              f"Received: merge_scale={merge_scale!r}")
@@ -257,8 +263,8 @@ class PaperCost(Cost):
     name = "paper"
     groups = "neurons"
 
-    def __init__(self, merge_scale: str = "sum", kernel: str = "approx",
-                 mean_compensation: bool = False):
+    def __init__(self, merge_scale: Optional[str] = None, kernel: Optional[str] = None,
+                 mean_compensation: Optional[bool] = None):
         self._set_options(merge_scale, kernel, mean_compensation)
 
     def prune(self, c):
@@ -312,7 +318,9 @@ class HopeCost(Cost):
       before every reader was counted; docs/quality.md, "Every layer that reads a group counts").
 
     Args:
-        groups: The scope, see `Cost` (``"no_streams"``, ``"all"``, ``"neurons"``).
+        groups: The scope, see `Cost` (``"all"``, ``"no_streams"``, ``"neurons"``).
+            Each argument left at None keeps the class's setting (``"all"``,
+            ``"sum"``, ``"approx"``, False here; a subclass may declare its own).
         merge_scale: How an executed merge scales its parent: ``"sum"`` (default,
             capacity ``B``: the pair's summed output is kept) or ``"paper"`` (the
             paper's α*). Measured on the quality benchmark, ``"paper"`` loses up to
@@ -334,8 +342,10 @@ class HopeCost(Cost):
 
     name = "hope"
 
-    def __init__(self, groups: str = "all", merge_scale: str = "sum",
-                 kernel: str = "approx", mean_compensation: bool = False):
+    def __init__(self, groups: Optional[str] = None, merge_scale: Optional[str] = None,
+                 kernel: Optional[str] = None, mean_compensation: Optional[bool] = None):
+        # None keeps the class's setting: a subclass may declare `groups = ...`.
+        groups = type(self).groups if groups is None else groups
         if groups not in SCOPES:
             raise ValueError(f"groups must be one of {SCOPES}. Received: groups={groups!r}")
         self.groups = groups
