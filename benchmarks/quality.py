@@ -341,7 +341,6 @@ def load_splits(model_name: str, n_sel: int, n_heldout: int):
         # (not in MODELS: synthetic_settings.py only) each pixel repeated 2 / 4 times
         # along both axes, 64×64×3 / 128×128×3.
         k = 1 if model_name == "resnet50" else int(model_name.split("_")[1]) // 32
-        path = REPO / ".cache" / f"resnet50_fmnist{'' if k == 1 else 32 * k}.keras"
 
         def rgb(a):
             a = np.repeat(np.repeat(a[..., 0], k, axis=1), k, axis=2)
@@ -350,9 +349,15 @@ def load_splits(model_name: str, n_sel: int, n_heldout: int):
 
         splits = {k: (rgb(x), y) for k, (x, y) in splits.items()}
         xc = rgb(xc)
-    else:
-        path = REPO / "benchmarks" / "fixtures" / f"{model_name}.keras"
-    return keras.models.load_model(path, compile=False), splits, xc
+    return keras.models.load_model(model_path(model_name), compile=False), splits, xc
+
+
+def model_path(model_name: str) -> Path:
+    """The saved benchmark model (not the demo, which ships in the package)."""
+    if model_name in ("resnet50", "resnet50_64", "resnet50_128"):
+        k = 1 if model_name == "resnet50" else int(model_name.split("_")[1]) // 32
+        return REPO / ".cache" / f"resnet50_fmnist{'' if k == 1 else 32 * k}.keras"
+    return REPO / "benchmarks" / "fixtures" / f"{model_name}.keras"
 
 
 class Evaluator:
@@ -442,7 +447,7 @@ class Bench:
         info["analyze_s"] = round(time.perf_counter() - t0, 2)
         a = self.analysis
         info.update(neurons=a.num_neurons, groups={g.name: g.size for g in a.groups},
-                    blocks=sum(b.evictable for b in a.blocks))
+                    streams=stream_groups(a), blocks=sum(b.evictable for b in a.blocks))
         self.model, self.info, self.densities = model, info, tuple(densities)
         self.original = [w.numpy().copy() for w in model.weights]
         self.ev = Evaluator(model, splits)
@@ -1025,6 +1030,46 @@ def summary(results):
     return lines
 
 
+def stream_groups(analysis) -> list:
+    """Names of the groups whose channels flow through an ``Add`` (residual streams)."""
+    return sorted(name for name, g in analysis.graph.groups.items() if g.stream)
+
+
+def kept(model, methods, axis="density"):
+    """Prints, per stored point of each method, the residual stream channels and the
+    other neurons kept, and the accuracy (selection / held-out): where a cost spends
+    its budget. The stream groups are read from the results, or (results stored
+    before they were recorded) from an analysis of the saved model."""
+    r = load_results(model)
+    if r is None:
+        raise SystemExit(f"no stored results for {model!r} in {RESULTS}")
+    streams = r["info"].get("streams")
+    if streams is None:
+        import keras
+
+        if model == "demo":
+            from hope_keras.data import load_demo_model
+
+            m = load_demo_model()
+        else:
+            m = keras.models.load_model(model_path(model), compile=False)
+        import hope_keras
+
+        streams = stream_groups(hope_keras.analyze(m))
+    sizes = r["info"]["groups"]
+    s0 = sum(sizes[g] for g in streams)
+    o0 = sum(sizes.values()) - s0
+    print(f"| method | {axis} | stream channels kept (of {s0}) | other neurons kept "
+          f"(of {o0}) | accuracy sel / held-out |")
+    print("|---|---|---|---|---|")
+    for method in methods:
+        for p in r["results"].get(method, {}).get(axis, []):
+            s = sum(p["alive"][g] for g in streams)
+            o = sum(p["alive"].values()) - s
+            print(f"| {method} | {p['target']} | {s} | {o} | "
+                  f"{100 * p['acc']['sel']:.1f} / {100 * p['acc']['heldout']:.1f} |")
+
+
 def compare(first, second, models=MODELS):
     """Prints, per model (every axis pooled), how method `second` scores against
     `first` at the same targets: points scored the same on both splits, and the
@@ -1162,6 +1207,9 @@ def main(argv=None):
     p.add_argument("--report", action="store_true", help="print tables, write the PNGs")
     p.add_argument("--compare", nargs=2, metavar=("FIRST", "SECOND"),
                    help="print how method SECOND scores against FIRST, per model")
+    p.add_argument("--kept", nargs="+", metavar="METHOD",
+                   help="print the stream channels and other neurons each stored point of "
+                        "the methods keeps (the --model's results, default resnet50)")
     p.add_argument("--results", type=Path,
                    help="the folder of quality_<model>.json (default benchmarks/results/)")
     add_quick(p)  # the demo CNN, 200 + 200 images, density 0.8, HOPE and one baseline
@@ -1174,7 +1222,7 @@ def main(argv=None):
         run("demo", 200, 200, methods=["hope", "bn_scale_layer"], densities=(0.8,),
             axes=("density", "flops"))
         return 0
-    if args.model:
+    if args.model and not args.kept:
         resnet = args.model == "resnet50"
         densities = DENSITIES + ((0.2,) if args.model == "lenet300" else ())
         path = RESULTS / f"quality_{args.model}.json"
@@ -1188,6 +1236,8 @@ def main(argv=None):
         report()
     if args.compare:
         compare(*args.compare)
+    if args.kept:
+        kept(args.model or "resnet50", args.kept)
     return 0
 
 

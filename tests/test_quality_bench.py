@@ -90,3 +90,30 @@ def test_variant_costs_price_the_scope_their_names_claim(quality):
     streams = sum(g.size for g in analysis.graph.groups.values() if g.kind != "neurons")
     assert streams > 0
     assert enc.num_neurons == analysis.num_neurons - streams
+
+
+def test_kept_counts_stream_channels_and_other_neurons(quality, tmp_path, monkeypatch, capsys):
+    """`quality.py --kept` splits each stored point's live channels into the residual
+    streams and the rest, with the stream groups taken from an analysis of the model
+    when the results predate their recording (the demo: one stream group, `conv2`)."""
+    import json
+
+    streams = quality.stream_groups(hope_keras.analyze(
+        hope_keras.data.load_demo_model()))
+    assert streams == ["conv2"]
+    groups = {"conv1": 32, "conv2": 64, "res_conv1": 64, "conv3": 64, "fc1": 128}
+    alive = {"conv1": 30, "conv2": 50, "res_conv1": 60, "conv3": 64, "fc1": 100}
+    point = {"target": 0.9, "acc": {"sel": 0.9123, "heldout": 0.8876}, "alive": alive}
+    info = {"groups": groups}
+    (tmp_path / "quality_demo.json").write_text(json.dumps(
+        {"info": info, "results": {"hope": {"density": [point]}}}))
+    monkeypatch.setattr(quality, "RESULTS", tmp_path)
+    quality.kept("demo", ["hope"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert "of 64" in rows[0] and "of 288" in rows[0]
+    assert rows[-1] == "| hope | 0.9 | 50 | 254 | 91.2 / 88.8 |"
+    info["streams"] = ["fc1"]  # recorded with the results: read, not re-derived
+    (tmp_path / "quality_demo.json").write_text(json.dumps(
+        {"info": info, "results": {"hope": {"density": [point]}}}))
+    quality.kept("demo", ["hope"])
+    assert capsys.readouterr().out.splitlines()[-1] == "| hope | 0.9 | 100 | 204 | 91.2 / 88.8 |"
