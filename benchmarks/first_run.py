@@ -16,7 +16,7 @@ re-estimated on the data, at densities 0.9 …
 0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 1024
 Fashion-MNIST training images (``--data-inputs N``: N of them, the results file named
 ``..._inputsN``; ``--values-per-channel V``: the sample's rule, default the library's
-1024; ``--data-correction trusted|readers``: which BNs ``data=`` measures,
+1024; ``--data-correction trusted|readers|parents-moved``: which BNs ``data=`` measures,
 `use_data_correction`). ``--quick``: density 0.9 only. ``--moments backend``: the
 corrections measure the BN inputs' moments with the backend's float32 reductions
 instead of the compiled kernel (results files ``..._backend_moments``).
@@ -216,8 +216,15 @@ def use_data_correction(name):
     where the data-free correction trusts it, every other stale BN measured on the
     data; ``"readers"``: as the data-free correction, with the stream readers measured
     on the data instead of synthetic inputs (the other untrusted BNs left as the run
-    leaves them)."""
+    leaves them); ``"parents-moved"``: every stale BN, a merged parent's channel moved
+    by the change from the channel whose slot it took, like every other channel (the
+    library keeps the statistics its merge wrote)."""
     if name == "stale":
+        return
+    if name == "parents-moved":
+        from hope_keras.stats import bn_stats
+
+        bn_stats.merged_parents = lambda graph, steps: {}
         return
     from hope_keras.scoring import moments as moments_lib
     from hope_keras.stats import bn_stats, correction, synthetic
@@ -229,10 +236,12 @@ def use_data_correction(name):
                                         untrusted)
         stale = bn_stats.downstream_of(self.graph, {s.unit for s in steps})
         readers = {n.index for n in synthetic.stream_readers(self.graph)}
+        before = self._original_moments()  # the original's pass, waited for
         out.update(self._correct_on_data(
-            {n.index for n in flat.nodes if n.index in self._before
+            {n.index for n in flat.nodes if n.index in before
              and n.inputs[0] in stale and n.inputs[0] in untrusted
-             and (name == "trusted" or n.index in readers)}))
+             and (name == "trusted" or n.index in readers)},
+            bn_stats.merged_parents(self.graph, steps)))
         return out
 
     correction.StatisticsCorrection._from_data = from_data
@@ -265,7 +274,8 @@ def main():
     p.add_argument("--values-per-channel", type=int,
                    help="--quality: the data= sample's rule "
                         "(`stats.correction.DATA_VALUES_PER_CHANNEL`, default the library's)")
-    p.add_argument("--data-correction", choices=("stale", "trusted", "readers"),
+    p.add_argument("--data-correction", choices=("stale", "trusted", "readers",
+                                                    "parents-moved"),
                    default="stale", help="--quality: which BNs data= measures on the "
                    "data (see use_data_correction; the library: stale)")
     p.add_argument("--only", choices=("data-free", "data"),

@@ -67,8 +67,10 @@ Methods (``--methods``; default: ``DEFAULT_METHODS``, ResNet-50 ``RESNET_METHODS
 * Statistics correction: ``hope_sc``, ``hope_prune_sc`` and every baseline name with ``_sc``
   (``bn_scale_layer_sc``, ``nm_layer_sc`` …): the method, then, at every point, on
   the model edited in place (after each replay or direct run),
-  ``hope_keras.correct_statistics(model, analysis)`` with the analysis of the
-  uncompressed model, before evaluating.
+  ``hope_keras.correct_statistics(model, analysis, trajectory=steps)`` with the analysis
+  of the uncompressed model (and, for HOPE, the steps to that point: merged parents
+  keep their statistics), before evaluating; ``hope_sc_moved``: the same without the
+  steps (every live channel moved, parents too).
 * BN re-estimation (uses data; a diagnostic, not a data-free method): ``hope_re`` and
   every baseline name with ``_re``: the method, then, at every point,
   ``hope_keras.reestimate_batchnorm_statistics(model, x_calib)`` on the 512
@@ -234,6 +236,8 @@ def hope_methods(ctx):
         "hope_round8": (dict(round_to=8, correct_statistics="auto"), AXES),
         "hope_topk_auto": (dict(merge_search="top_k", correct_statistics="auto"), AXES),
         "hope_sc": (dict(), AXES),  # + correct_statistics at every point (Bench.point)
+        # ... without the run's trajectory: merged parents moved like every channel
+        "hope_sc_moved": (dict(), AXES),
         "hope_re": (dict(), AXES),  # + BN statistics re-estimated on data (Bench.point)
         "hope_auto": (dict(correct_statistics="auto"), AXES),
         "hope_nocorr": (dict(correct_statistics=False), AXES),
@@ -271,7 +275,7 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_sc", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
+HOPE_NAMES = ("hope", "hope_sc", "hope_sc_moved", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
               "hope_one_reader", "hope_topk", "hope_round8", "hope_topk_auto",
               "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc",
               "hope_neighbors", "hope_prune", "hope_noevict", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
@@ -463,6 +467,7 @@ class Bench:
         self.direct = info["blocks"] > 0
         info["hope_densities"] = "direct runs" if self.direct else "replays of one run"
         self.correct = False  # `point` corrects the BN statistics first (methods *_sc)
+        self.keep_parents = True  # ... given HOPE's steps (not hope_sc_moved)
         self.reestimate = False  # or re-estimates them on `xc` (methods *_re; uses data)
         self.synthetic = False  # or corrects the stream readers (methods *_syn)
         self.stream_reference = None
@@ -478,13 +483,15 @@ class Bench:
     def targets(self, axis):
         return self.densities if axis == "density" else RATIOS
 
-    def point(self, target, density, alive, evicted, extra=None):
+    def point(self, target, density, alive, evicted, extra=None, steps=None):
         """Evaluates the model as edited in place (after the `_sc` methods' correction
-        or the `_re` methods' re-estimation)."""
+        or the `_re` methods' re-estimation). `steps`: HOPE's steps to this point (the
+        correction keeps their merged parents' statistics)."""
         import hope_keras
 
         if self.correct:  # the analysis of the uncompressed model: the reference
-            hope_keras.correct_statistics(self.model, self.analysis)
+            hope_keras.correct_statistics(self.model, self.analysis,
+                                          trajectory=steps if self.keep_parents else None)
         if self.reestimate:
             hope_keras.reestimate_batchnorm_statistics(self.model, self.xc)
         if self.synthetic and self.stream_reference is not None:
@@ -570,7 +577,7 @@ class Bench:
                 tr.replay(self.model, step=n, check=False)
             alive, evicted = alive_after(tr, n, self.sizes.sizes, self.block_groups)
             density = sum(alive.values()) / N
-            p = self.point(t, density, alive, evicted)
+            p = self.point(t, density, alive, evicted, steps=tr.steps[:n])
             if n:  # the engine's own count, which `point` recomputed independently
                 s = tr.steps[n - 1]
                 assert abs(p["params"] - s.params_after) < 1e-9, (p["params"], s)
@@ -699,7 +706,8 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
             method_axes = list(axes)
         else:
             raise SystemExit(f"unknown method {name!r}; known: {ALL_METHODS}")
-        bench.correct = name.endswith("_sc")
+        bench.correct = name.endswith(("_sc", "_sc_moved"))
+        bench.keep_parents = not name.endswith("_moved")
         bench.reestimate = name.endswith("_re")
         bench.synthetic = name.endswith("_syn")
         if bench.synthetic and bench.stream_reference is None:
@@ -748,6 +756,7 @@ LABELS = {
     "hope_round8": "HOPE `round_to=8` (every touched layer a multiple of 8 channels)",
     "hope_topk_auto": "HOPE `merge_search=\"top_k\"`, the default's correction",
     "hope_sc": "HOPE + `correct_statistics`",
+    "hope_sc_moved": "HOPE + `correct_statistics` without the trajectory (parents moved)",
     "hope_re": "HOPE + BN re-estimated (uses data)",
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
     "hope_prune_auto": "HOPE prune-only, `correct_statistics=\"auto\"`",
@@ -967,7 +976,7 @@ def decisions(results):
     for axis in ("density", "flops"):
         sc_pairs = [x for b in BASELINES_SC if ran(b, axis) for x in (b[:-3], b)]
         block(f"BN statistics correction, `correct_statistics` ({axis} axis)",
-              ["hope", "hope_sc"] + sc_pairs, axis,
+              ["hope", "hope_sc", "hope_sc_moved"] + sc_pairs, axis,
               dens if axis == "density" else "Mean accuracy % over the FLOPs ratios "
               "0.9…0.3 every listed method reached.", needs=["hope_sc"] + sc_pairs[1::2])
     for axis in AXES:

@@ -220,3 +220,69 @@ def test_correction_keeps_an_evicted_branch_without_gamma_beta_at_zero(mode):
     assert small.count_params() == round(result.params_ratio * count0)
     x = rng.normal(size=(8, 5)).astype("float32")
     np.testing.assert_allclose(small(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def _duplicate_pair_model(seed=0):
+    """x → Dense(6) → BN → ReLU → Dense(3), neurons 0 and 1 identical (weights, bias,
+    BN parameters and statistics; moving variance 2–6, so the BN's fold factor is not
+    1): their merge is exact."""
+    keras.utils.set_random_seed(seed)
+    rng = np.random.default_rng(seed)
+    inputs = keras.Input((5,))
+    h = L.Dense(6, name="fc0")(inputs)
+    h = L.ReLU()(L.BatchNormalization(name="bn0")(h))
+    model = keras.Model(inputs, L.Dense(3, name="head")(h))
+    fc0, bn0 = model.get_layer("fc0"), model.get_layer("bn0")
+    k = rng.normal(size=(5, 6))
+    k[:, 1] = k[:, 0]
+    b = rng.normal(size=6)
+    b[1] = b[0]
+    fc0.kernel.assign(k.astype("float32"))
+    fc0.bias.assign(b.astype("float32"))
+    for attr, values in (("gamma", rng.uniform(0.5, 1.5, 6)), ("beta", rng.normal(0.2, 0.3, 6)),
+                         ("moving_mean", rng.normal(0, 0.5, 6)),
+                         ("moving_variance", rng.uniform(2.0, 6.0, 6))):
+        values[1] = values[0]
+        getattr(bn0, attr).assign(values.astype("float32"))
+    return model
+
+
+def test_a_merged_parent_keeps_the_statistics_its_merge_wrote():
+    """A merge of two identical neurons is exact; the BN statistics it writes for the
+    parent are not its input's (they make the BN compute the parent exactly). Given
+    the trajectory, `correct_statistics` keeps them and the model computes what it
+    computed before; without it the parent is moved by the change from the channel
+    whose slot it took, and the output changes. `Encoder(correction=True)` keeps
+    them too."""
+    x = np.random.default_rng(1).normal(size=(256, 5)).astype("float32")
+    y0 = _duplicate_pair_model().predict(x, verbose=0)
+    outputs = {}
+    for how in ("trajectory", "none", "encoder"):
+        model = _duplicate_pair_model()
+        analysis = hope_keras.analyze(model)
+        result = hope_keras.Encoder(model, analysis=analysis, actions=("merge",),
+                                    correction=True if how == "encoder" else False,
+                                    verbose=False).compress(steps=1)
+        (step,) = result.trajectory.steps
+        assert (step.kind, step.unit, {step.i, step.j}) == ("merge", "fc0", {0, 1})
+        if how != "encoder":
+            np.testing.assert_allclose(model.predict(x, verbose=0), y0, rtol=1e-4, atol=1e-4)
+            hope_keras.correct_statistics(
+                model, analysis, trajectory=result.trajectory if how == "trajectory" else None)
+        outputs[how] = model.predict(x, verbose=0)
+    np.testing.assert_allclose(outputs["trajectory"], y0, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(outputs["encoder"], y0, rtol=1e-4, atol=1e-4)
+    assert np.max(np.abs(outputs["none"] - y0)) > 1e-2
+
+
+def test_correct_statistics_refuses_a_trajectory_of_another_model():
+    model = _duplicate_pair_model()
+    analysis = hope_keras.analyze(model)
+    inputs = keras.Input((5,))
+    h = L.ReLU()(L.BatchNormalization()(L.Dense(6, name="other_fc")(inputs)))
+    other = keras.Model(inputs, L.Dense(3)(h))
+    result = hope_keras.Encoder(other, actions=("merge",), correction=False,
+                                verbose=False).compress(steps=1)
+    assert result.trajectory.steps[0].unit == "other_fc"
+    with pytest.raises(ValueError, match="trajectory merges groups the analysis does not have"):
+        hope_keras.correct_statistics(model, analysis, trajectory=result.trajectory)

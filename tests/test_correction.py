@@ -58,9 +58,11 @@ def test_data_moves_each_stale_batchnorm_by_the_change_of_its_input(synthesis_ca
     """``compress(data=x)``: on x, each stale BN's moving mean keeps its offset from
     its input's mean (``μ − m`` after = ``μ₀ − m₀`` before) and its moving variance
     its ratio to the input's variance, measured by Keras' forward pass of the
-    original and of the corrected model; the BNs upstream of every edit keep their
-    statistics; nothing synthetic is made; the steps are those of a run without
-    correction."""
+    original and of the corrected model; a merged parent's channel keeps the
+    statistics its merge wrote (they make the BN compute ``a1·y_i + a2·y_j``; the
+    original channel ``i`` is no reference for it); the BNs upstream of every edit
+    keep their statistics; nothing synthetic is made; the steps are those of a run
+    without correction."""
     x = _images(96)
     model, ref = small_resnet(seed=3), small_resnet(seed=3)
     before, inputs0 = _bn_stats(model), _bn_inputs(model, x)
@@ -76,6 +78,11 @@ def test_data_moves_each_stale_batchnorm_by_the_change_of_its_input(synthesis_ca
     assert names and result.corrected == names
     after, inputs1 = _bn_stats(model), _bn_inputs(model, x)
     uncorrected = _bn_stats(ref)
+    parents = {}
+    for s in enc.trajectory.steps:
+        if s.kind == "merge":
+            parents.setdefault(enc.graph.groups[s.unit].bn, set()).add(s.i)
+    assert parents and set(parents) <= set(names)
     for name in before:
         if name not in names:
             np.testing.assert_array_equal(after[name][0], before[name][0])
@@ -83,6 +90,11 @@ def test_data_moves_each_stale_batchnorm_by_the_change_of_its_input(synthesis_ca
         (mu0, var0), (mu1, var1) = before[name], after[name]
         (m0, v0), (m1, v1) = inputs0[name], inputs1[name]
         live = (v0 > 1e-6 * v0.mean()) & (v1 > 1e-6 * v0.mean())
+        kept = np.zeros(live.shape, bool)
+        kept[sorted(parents.get(name, ()))] = True
+        np.testing.assert_array_equal(mu1[kept], uncorrected[name][0][kept])
+        np.testing.assert_array_equal(var1[kept], uncorrected[name][1][kept])
+        live &= ~kept
         assert live.any()
         np.testing.assert_allclose((mu1 - m1)[live], (mu0 - m0)[live], atol=2e-4)
         np.testing.assert_allclose((var1 / v1)[live], (var0 / v0)[live], rtol=2e-3)

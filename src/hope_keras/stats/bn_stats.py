@@ -343,7 +343,7 @@ def reestimate_batchnorm_statistics(
     return result
 
 
-def correct_statistics(model, analysis, exclude=()) -> dict:
+def correct_statistics(model, analysis, exclude=(), trajectory=None) -> dict:
     """Data-free correction of BatchNormalization moving statistics after compression.
 
     Every BatchNormalization layer's moving mean and variance describe its input in
@@ -361,18 +361,24 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
     `reestimate_batchnorm_statistics` (or `hope_keras.recover`) measures them
     instead, and does better.
 
+    A merged parent's channel must keep the statistics its merge wrote (they encode
+    the parent exactly, docs/theory.md §6): pass the run's ``trajectory``. Without
+    it the parent is moved by the change from the channel whose slot it took, which
+    costs accuracy after merges (ResNet-50 fixture at density 0.9, selection split:
+    81.1 % with ``compress``'s own correction, 33.5 % after this one without the
+    trajectory, 81.1 % with it; `Encoder(correction=True)` passes it).
+
     Correcting every BN is not what `compress` does, by measurement (docs/benchmarks.md,
     "BN statistics correction"): after magnitude pruning (`hope_keras.baselines`) of
     the demo CNN and VGG-8 it adds 11–17 points on average, and 14–28 points at
-    densities 0.8–0.7 to HOPE on a swish CNN (prunes only), but after HOPE's merges
-    it loses accuracy on every model we measured (ResNet-50 at density 0.9: 81.1 %
-    → 33.5 % on the selection split): the variance it predicts after merges
-    (parents fold correlated neurons, the surrogate assumes independent channels) is
-    off by factors of 10 and more. ``compress``'s data-free correction (the
-    default without ``data=``) applies it only where the prediction's independence assumptions
-    survive the edits: not downstream of a merged group, an evicted block, or a sum
-    (a residual ``Add``) whose input moved (`untrusted_tensors`). ``exclude`` names
-    groups and blocks to leave out here.
+    densities 0.8–0.7 to HOPE on a swish CNN (prunes only); the BNs that read a
+    residual stream are where its independent channels fail (ResNet-50 fixture at
+    density 0.5: 52.4 % with the trajectory against 75.4 % with `compress`'s
+    correction, which measures them on synthetic inputs). ``compress``'s data-free
+    correction (the default without ``data=``) applies it only where the prediction's
+    independence assumptions survive the edits: not downstream of a merged group, an
+    evicted block, or a sum (a residual ``Add``) whose input moved
+    (`untrusted_tensors`). ``exclude`` names groups and blocks to leave out here.
 
     Args:
         model: The model compressed in place.
@@ -383,6 +389,9 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
             the prediction should not be trusted for (merged groups, evicted
             blocks): BatchNormalization layers downstream of them are left as they
             are.
+        trajectory: The compression's `hope_keras.Trajectory`
+            (``CompressionResult.trajectory``): its merged parents keep their
+            statistics. None: every live channel is moved.
 
     Returns:
         dict: Maps each corrected BatchNormalization layer's name to its new
@@ -421,7 +430,16 @@ def correct_statistics(model, analysis, exclude=()) -> dict:
             f"{model.name!r}; pass hope_keras.analyze(model) taken before compressing "
             f"this model (or CompressionResult.analysis).")
     skip = downstream_of(analysis.graph, exclude)
-    return apply_correction(flat, analysis.moments, moments_lib.propagate(flat), skip)
+    keep = None
+    if trajectory is not None:
+        steps = getattr(trajectory, "steps", trajectory)
+        unknown = sorted({s.unit for s in steps if s.kind == "merge"}
+                         - set(analysis.graph.groups))
+        if unknown:
+            raise ValueError(f"correct_statistics: the trajectory merges groups the "
+                             f"analysis does not have: {unknown}")
+        keep = merged_parents(analysis.graph, steps)
+    return apply_correction(flat, analysis.moments, moments_lib.propagate(flat), skip, keep)
 
 
 # Synthetic inputs of the last few models (weights digest → inputs): several runs from
@@ -615,15 +633,30 @@ def downstream_of(graph, names, nodes=()) -> set:
     return bad
 
 
-def apply_correction(flat, before, after, skip=frozenset()) -> dict:
+def merged_parents(graph, steps) -> dict:
+    """``{BN name: channel indices}`` of the merged parents of `steps`, in their own
+    group's BatchNormalization. A parent's statistics are not its input's: the merge
+    writes them so that the BN computes ``a1·y_i + a2·y_j`` exactly (docs/theory.md
+    §4), and the original channel ``i`` they replace is no reference for it."""
+    out = {}
+    for s in steps:
+        if s.kind == "merge":
+            bn = graph.groups[s.unit].bn
+            if bn is not None:
+                out.setdefault(bn, set()).add(int(s.i))
+    return {bn: np.array(sorted(c), dtype=np.intp) for bn, c in out.items()}
+
+
+def apply_correction(flat, before, after, skip=frozenset(), keep=None) -> dict:
     """Shifts each BatchNormalization's moving mean by the predicted change of its
     input's mean and scales its moving variance by the predicted ratio of variances
     (`before`, `after`: `hope_keras.scoring.moments.propagate` results), except where the
     input tensor is in `skip`. Channels whose input the edits made constant (predicted
     variance 0: a pruned channel, an evicted branch's end) keep the statistics the
     edit wrote: for a BN without γ and β the edit zeroes the moving mean to make the
-    channel output zero, and re-normalising it would bring the channel back. Returns
-    ``{name: (mean, variance)}`` of those changed."""
+    channel output zero, and re-normalising it would bring the channel back; so do
+    the channels `keep` lists (``{BN name: channel indices}``, `merged_parents`).
+    Returns ``{name: (mean, variance)}`` of those changed."""
     out = {}
     for node in flat.nodes:
         bn = node.op
@@ -636,6 +669,9 @@ def apply_correction(flat, before, after, skip=frozenset()) -> dict:
         if np.shape(m0) != tuple(bn.moving_mean.shape):
             continue
         live = np.asarray(v1) > 0
+        if keep and bn.name in keep:  # merged parents: their merge's statistics
+            live = live.copy()
+            live[keep[bn.name]] = False
         ratio = np.where(live & (v0 > 0), v1 / np.where(v0 > 0, v0, 1.0), 1.0)
         mean = np.asarray(bn.moving_mean.numpy(), dtype=np.float64)
         mean = np.where(live, mean + (m1 - m0), mean)

@@ -231,16 +231,20 @@ class StatisticsCorrection:
         in topological order, so each BN sees those before it corrected (``m₀, v₀``
         and ``μ₀, σ₀²`` were taken by `start`, before the first edit). Measuring
         the change on the same inputs cancels their sampling noise, and the
-        statistics keep the population the model was calibrated on."""
+        statistics keep the population the model was calibrated on. A merged
+        parent's channel keeps what its merge wrote (`bn_stats.merged_parents`)."""
         stale = bn_stats.downstream_of(self.graph, {s.unit for s in steps})
         return self._correct_on_data(
             {node.index for node in self.graph.flat.nodes
              if layer_rules.get(node.op).normalization == "batch"
-             and node.inputs and node.inputs[0] in stale})
+             and node.inputs and node.inputs[0] in stale},
+            bn_stats.merged_parents(self.graph, steps))
 
-    def _correct_on_data(self, todo) -> dict:
+    def _correct_on_data(self, todo, keep=None) -> dict:
         """`_from_data`'s correction of the BN nodes (indices) `todo`, one pass over
-        the sample; returns ``{BN name: (mean, variance)}`` written."""
+        the sample; returns ``{BN name: (mean, variance)}`` written. ``keep``:
+        ``{BN name: channels}`` whose statistics stay as the run wrote them."""
+        keep = keep or {}
         if not todo:
             return {}
         flat = self.graph.flat
@@ -264,6 +268,8 @@ class StatisticsCorrection:
             finite = np.isfinite(m0) & np.isfinite(v0) & np.isfinite(m1) & np.isfinite(v1)
             scale = max(float(np.mean(v0[finite])) if finite.any() else 0.0, 1e-30)
             live = finite & (v0 > 1e-6 * scale) & (v1 > 1e-6 * scale)
+            if bn.name in keep:
+                live[keep[bn.name]] = False
             mean = np.where(live, mean0 + (m1 - m0), mean)
             var = np.where(live, var0 * v1 / np.where(live, v0, 1.0), var)
             bn.moving_mean.assign(mean.astype(bn.moving_mean.dtype))
@@ -282,7 +288,8 @@ class StatisticsCorrection:
     def _data_free(self, steps) -> dict:
         untrusted = bn_stats.untrusted_tensors(self.graph, steps, self.mode)
         out = bn_stats.apply_correction(self.graph.flat, self.moments,
-                                        moments_lib.propagate(self.graph.flat), untrusted)
+                                        moments_lib.propagate(self.graph.flat), untrusted,
+                                        bn_stats.merged_parents(self.graph, steps))
         if self.mode != "auto" or self._original is None:
             return out
         readers = [n for n in _stream_readers(self.graph) if n.inputs[0] in untrusted]
