@@ -18,6 +18,13 @@ is gone. `StatisticsCorrection` puts them right after a run, one of three ways:
 * ``"surrogate"`` (the prediction only, where trusted), True (the prediction for
   every BatchNormalization) or False (none).
 
+A merged parent's channel is never moved by the change from the channel whose slot
+it took: its statistics make its BatchNormalization compute the parent exactly and
+are not its input's. With data and under the surrogate it keeps them
+(`hope_keras.stats.bn_stats.merged_parents`); the stream readers' measurement on
+synthetic inputs shifts them by the stream's own move (the edited layer applied to
+both inputs).
+
 The `hope_keras.Encoder` owns one and applies it at the end of each ``run``; a
 second ``run`` first puts back the statistics the first one wrote, so the
 correction always starts from the model's own statistics (docs/theory.md,
