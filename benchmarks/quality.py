@@ -105,6 +105,7 @@ updates only those methods).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -240,6 +241,9 @@ def hope_methods(ctx):
         "hope_sc_moved": (dict(), AXES),
         "hope_re": (dict(), AXES),  # + BN statistics re-estimated on data (Bench.point)
         "hope_auto": (dict(correct_statistics="auto"), AXES),
+        # the default's correction with the surrogate trusted behind merges too
+        # (`surrogate_behind_merges`)
+        "hope_trust_merges": (dict(correct_statistics="auto"), AXES),
         "hope_nocorr": (dict(correct_statistics=False), AXES),
         # the previous default (streams whole), and streams priced as one
         # reader's channel
@@ -275,7 +279,7 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_sc", "hope_sc_moved", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
+HOPE_NAMES = ("hope", "hope_sc", "hope_sc_moved", "hope_trust_merges", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
               "hope_one_reader", "hope_topk", "hope_round8", "hope_topk_auto",
               "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc",
               "hope_neighbors", "hope_prune", "hope_noevict", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
@@ -720,7 +724,8 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
                 bench.model, bench.analysis.graph, x)
         for axis in method_axes:
             fn = bench.run_hope if name in bench.hope else bench.run_baseline
-            points, note = fn(name, axis)
+            with surrogate_behind_merges(name == "hope_trust_merges"):
+                points, note = fn(name, axis)
             row = " ".join(f"{p['target']:g}:{100 * p['acc']['sel']:.1f}/"
                            f"{100 * p['acc']['heldout']:.1f}" for p in points)
             print(f"  {name:18s} {axis:7s} {row}  {note}", flush=True)
@@ -728,6 +733,34 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
                  extra)
     bench.correct = bench.reestimate = bench.synthetic = False
     bench.reset()
+
+
+@contextlib.contextmanager
+def surrogate_behind_merges(on: bool):
+    """While `on`: the data-free correction trusts the surrogate behind merged groups
+    (`bn_stats.untrusted_tensors` without them; evicted blocks and moved residual sums
+    still untrusted), which merged parents keeping their statistics may allow."""
+    from hope_keras.graph import layers as layer_rules
+    from hope_keras.stats import bn_stats
+
+    original = bn_stats.untrusted_tensors
+
+    def untrusted(graph, steps, mode):
+        if mode is True:
+            return set()
+        moved = bn_stats.downstream_of(graph, {s.unit for s in steps})
+        sums = {node.key for node in graph.flat.nodes
+                if layer_rules.role_of(node.op, node) == "merge"
+                and any(t in moved for t in node.inputs)}
+        evicted = {s.unit for s in steps if s.kind == "evict"}
+        return bn_stats.downstream_of(graph, evicted, nodes=sums)
+
+    if on:
+        bn_stats.untrusted_tensors = untrusted
+    try:
+        yield
+    finally:
+        bn_stats.untrusted_tensors = original
 
 
 def save(model_name, info, results, notes, extra):
@@ -757,6 +790,7 @@ LABELS = {
     "hope_topk_auto": "HOPE `merge_search=\"top_k\"`, the default's correction",
     "hope_sc": "HOPE + `correct_statistics`",
     "hope_sc_moved": "HOPE + `correct_statistics` without the trajectory (parents moved)",
+    "hope_trust_merges": "exp: the default's correction, the surrogate trusted behind merges",
     "hope_re": "HOPE + BN re-estimated (uses data)",
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
     "hope_prune_auto": "HOPE prune-only, `correct_statistics=\"auto\"`",

@@ -117,3 +117,31 @@ def test_kept_counts_stream_channels_and_other_neurons(quality, tmp_path, monkey
         {"info": info, "results": {"hope": {"density": [point]}}}))
     quality.kept("demo", ["hope"])
     assert capsys.readouterr().out.splitlines()[-1] == "| hope | 0.9 | 100 | 204 | 91.2 / 88.8 |"
+
+
+def test_surrogate_behind_merges_trusts_merged_groups_only_inside(quality):
+    """`hope_trust_merges`' switch: inside it the data-free correction's untrusted
+    tensors leave out what only a merge reaches (an eviction or a moved residual sum
+    still counts); outside, and after an error, the library's rule is back."""
+    from hope_keras.search.encoder import Action
+    from hope_keras.stats import bn_stats
+
+    model = small_resnet(seed=3)
+    enc = hope_keras.Encoder(model, correction=False, verbose=False)
+    merged = next(n for n, g in enc.graph.groups.items() if g.kind == "neurons" and not g.stream)
+    enc.execute(Action("merge", merged, 0, 1, 0.0, 0.0, 1.0, 1))
+    steps = enc.trajectory.steps
+    library = bn_stats.untrusted_tensors
+    behind = bn_stats.downstream_of(enc.graph, {merged})
+    assert behind and behind <= library(enc.graph, steps, "auto")
+    with quality.surrogate_behind_merges(True):
+        inside = bn_stats.untrusted_tensors(enc.graph, steps, "auto")
+        assert bn_stats.untrusted_tensors(enc.graph, steps, True) == set()
+    rule = library(enc.graph, steps, "auto")
+    assert inside < rule and (rule - inside) <= behind
+    with pytest.raises(RuntimeError):
+        with quality.surrogate_behind_merges(True):
+            raise RuntimeError("restored after an error")
+    assert bn_stats.untrusted_tensors is library
+    with quality.surrogate_behind_merges(False):
+        assert bn_stats.untrusted_tensors is library
