@@ -738,25 +738,16 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
 @contextlib.contextmanager
 def surrogate_behind_merges(on: bool):
     """While `on`: the data-free correction trusts the surrogate behind merged groups
-    (`bn_stats.untrusted_tensors` without them; evicted blocks and moved residual sums
-    still untrusted), which merged parents keeping their statistics may allow."""
-    from hope_keras.graph import layers as layer_rules
+    (`bn_stats.untrusted_tensors(..., trust_merges=True)`; evicted blocks and moved
+    residual sums still untrusted), which merged parents keeping their statistics may
+    allow."""
+    import functools
+
     from hope_keras.stats import bn_stats
 
     original = bn_stats.untrusted_tensors
-
-    def untrusted(graph, steps, mode):
-        if mode is True:
-            return set()
-        moved = bn_stats.downstream_of(graph, {s.unit for s in steps})
-        sums = {node.key for node in graph.flat.nodes
-                if layer_rules.role_of(node.op, node) == "merge"
-                and any(t in moved for t in node.inputs)}
-        evicted = {s.unit for s in steps if s.kind == "evict"}
-        return bn_stats.downstream_of(graph, evicted, nodes=sums)
-
     if on:
-        bn_stats.untrusted_tensors = untrusted
+        bn_stats.untrusted_tensors = functools.partial(original, trust_merges=True)
     try:
         yield
     finally:

@@ -593,7 +593,7 @@ def _weights_digest(model, values=None) -> str:
     return h.hexdigest()
 
 
-def untrusted_tensors(graph, steps, mode) -> set:
+def untrusted_tensors(graph, steps, mode, trust_merges: bool = False) -> set:
     """Tensor keys whose predicted moments the correction ``mode`` (`hope_keras.stats.correction`) does
     not trust after `steps` (a trajectory's): none for True; for ``"auto"`` and
     ``"surrogate"``
@@ -601,14 +601,16 @@ def untrusted_tensors(graph, steps, mode) -> set:
     product of tensors (``Add``, ``Multiply``, …) one of whose inputs the edits
     moved. The propagation treats a merged parent's children, and a sum's inputs
     (a residual branch and its shortcut), as independent; after prunes elsewhere
-    its predictions are what the correction was measured on."""
+    its predictions are what the correction was measured on. ``trust_merges``: what
+    only a merge reaches is trusted too (an experiment of the quality benchmark)."""
     if mode is True:
         return set()
     moved = downstream_of(graph, {s.unit for s in steps})
     sums = {node.key for node in graph.flat.nodes
             if layer_rules.role_of(node.op, node) == "merge"
             and any(t in moved for t in node.inputs)}
-    folded = {s.unit for s in steps if s.kind in ("merge", "evict")}
+    folded = {s.unit for s in steps
+              if s.kind == "evict" or (s.kind == "merge" and not trust_merges)}
     return downstream_of(graph, folded, nodes=sums)
 
 
