@@ -336,3 +336,46 @@ def test_bad_data_is_refused_before_any_edit():
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="correction must be.*Received: correction='yes'"):
         hope_keras.Encoder(model, correction="yes")
+
+
+@pytest.mark.parametrize("where", ["making the synthetic inputs", "stream readers written",
+                                   "data pass written"])
+def test_ctrl_c_in_the_correction_leaves_the_steps_uncorrected_and_the_run_can_go_on(
+        where, monkeypatch, synthesis_calls):
+    """Ctrl-C while the statistics are corrected (the longest stage of a first
+    data-free run): `CompressionInterrupted`, and the model holds every step of the
+    trajectory with the statistics the steps left, bit for bit its replay (which
+    the trajectory records as uncorrected), never the original weights the
+    synthetic inputs are made from nor a half-written correction; the encoder then
+    goes on to the uninterrupted result."""
+    x = _images(96) if where == "data pass written" else None
+    reference = small_resnet(seed=3)
+    hope_keras.compress(reference, density=0.5, data=x, verbose=False)
+    bn_stats._SYNTHETIC_INPUTS.clear()
+    synthesis_calls.clear()
+
+    def interrupt(real, write_first):
+        def wrapper(*args, **kwargs):
+            if write_first:
+                real(*args, **kwargs)
+            raise KeyboardInterrupt("interrupted")
+        return wrapper
+
+    owner, name, write_first = {
+        "making the synthetic inputs": (synthetic, "synthesize_inputs", False),
+        "stream readers written": (synthetic, "correct_stream_readers", True),
+        "data pass written": (correction.StatisticsCorrection, "_correct_on_data", True),
+    }[where]
+    monkeypatch.setattr(owner, name, interrupt(getattr(owner, name), write_first))
+    model = small_resnet(seed=3)
+    with pytest.raises(hope_keras.CompressionInterrupted) as e:
+        hope_keras.compress(model, density=0.5, data=x, verbose=False)
+    monkeypatch.undo()
+    trajectory = e.value.trajectory
+    assert len(trajectory) > 0 and not trajectory.meta["options"]["correct_statistics"]
+    replayed = trajectory.replay(small_resnet(seed=3), step=len(trajectory))
+    for a, b in zip(model.get_weights(), replayed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    e.value.encoder.run(density=0.5, verbose=False)  # the budget is met: corrects only
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_array_equal(a, b)
