@@ -180,6 +180,51 @@ def test_diverging_training_is_reported_and_the_weights_put_back():
         np.testing.assert_array_equal(a, b)
 
 
+def _agreement(model, teacher, x):
+    """How often the model's top class is the teacher's on x, by hand."""
+    return float(np.mean(np.argmax(model.predict(x, verbose=0), axis=-1)
+                         == np.argmax(teacher.predict(x, verbose=0), axis=-1)))
+
+
+def test_revert_if_worse_puts_back_a_model_that_training_made_worse():
+    """A student equal to its teacher (agreement 1), trained at a learning rate far
+    too high (finite weights, other top classes): with ``revert_if_worse`` the
+    weights come back bit for bit, with a warning and both agreements (the second
+    checked by hand against the same training without it, which keeps them)."""
+    teacher = small_resnet(seed=4)
+    x = _images(256)
+    kwargs = dict(teacher=teacher, epochs=1, verbose=0, reestimate="after",
+                  learning_rate=0.5, shuffle=False)
+    trained = copy_model(teacher)
+    history = hope_keras.recover(trained, x, **kwargs)
+    assert not hasattr(history, "revert")
+    lowered = _agreement(trained, teacher, x)
+    assert lowered < 1.0
+    model = copy_model(teacher)
+    with pytest.warns(UserWarning, match="lowered the agreement with the teacher.*put back"):
+        history = hope_keras.recover(model, x, revert_if_worse=True, **kwargs)
+    for a, b in zip(model.get_weights(), teacher.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    r = history.revert
+    assert r["reverted"] and r["agreement_before"] == 1.0
+    assert r["agreement_after"] == pytest.approx(lowered, abs=0.02)  # 5 of 256 inputs
+
+
+def test_revert_if_worse_keeps_a_model_that_training_improved():
+    teacher, model = _compressed()
+    x = _images(256)
+    untrained = copy_model(model)
+    hope_keras.reestimate_batchnorm_statistics(untrained, x)  # recover's first step
+    history = hope_keras.recover(model, x, teacher=teacher, epochs=3, verbose=0,
+                                 learning_rate=1e-2, revert_if_worse=True)
+    r = history.revert
+    assert not r["reverted"] and r["agreement_after"] > r["agreement_before"]
+    assert r["agreement_before"] == _agreement(untrained, teacher, x)
+    assert r["agreement_after"] == _agreement(model, teacher, x)
+    with pytest.raises(ValueError, match="revert_if_worse=.*'yes'"):
+        hope_keras.recover(model, x, teacher=teacher, revert_if_worse="yes")
+
+
 _MIRRORED = textwrap.dedent("""
     import tensorflow as tf
     import keras, numpy as np

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from typing import Optional
 
 import keras
@@ -43,6 +44,10 @@ from hope_keras.activations.lookup import activation_name, layer_activation
 __all__ = ["Distiller", "recover"]
 
 _BN_MODES = ("train", "frozen")
+#: ``revert_if_worse``: the objective is measured on at most this many of the inputs
+#: (array data) or this many batches (a dataset).
+CHECK_INPUTS = 1024
+CHECK_BATCHES = 16
 
 
 # ----------------------------------------------------------------- output kinds
@@ -438,7 +443,7 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             temperature: float = 4.0, label_weight: Optional[float] = None,
             optimizer=None, learning_rate: float = 1e-3, batch_size: int = 64,
             batchnorm: str = "train", dropout: bool = False, reestimate: bool = True,
-            freeze_zeros: bool = True,
+            freeze_zeros: bool = True, revert_if_worse: bool = False,
             steps_per_epoch: Optional[int] = None, **fit_kwargs):
     """Recovers a compressed model's accuracy: BN re-estimation, then distillation.
 
@@ -494,6 +499,16 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             data's, e.g. after ``compress(data=...)``).
         freeze_zeros: Keep exactly-zero trainable entries at zero (default True;
             needed for the in-place model).
+        revert_if_worse: Measure, in inference mode, how often the model's top
+            class agrees with the teacher's (no teacher: with the labels) on the
+            first `CHECK_INPUTS` inputs of ``data`` (a dataset: its first
+            `CHECK_BATCHES` batches), before training and after the final
+            re-estimation, and put back the weights from before training, with a
+            warning, when training lowered it (default False: keep the trained
+            model). Agreement, not the distillation loss: on a ResNet-50 close to
+            its teacher, one epoch lowered the loss and cost 7 points of accuracy
+            (docs/deploy.md, "Measure before and after"). The two values are in the
+            returned History's ``revert`` attribute.
         steps_per_epoch: Passed to ``fit``; needed for an infinite dataset.
         **fit_kwargs: More ``fit`` arguments: ``callbacks``, ``validation_data``
             (labelled), ``shuffle``, ...
@@ -501,7 +516,9 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
     Returns:
         The ``keras.callbacks.History`` of ``fit`` (``loss``, and per epoch
         ``distillation_loss`` with a teacher, ``label_loss`` with labels); an empty
-        one when ``epochs=0``.
+        one when ``epochs=0``. With ``revert_if_worse`` and ``epochs > 0`` its
+        ``revert`` attribute is ``{"agreement_before", "agreement_after",
+        "reverted"}``.
 
     Raises:
         ValueError: on a bad argument, no teacher and no labels, or output shapes
@@ -562,6 +579,9 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
     if reestimate not in (True, False, "after"):
         raise ValueError(f"reestimate must be True, False or 'after'. Received: "
                          f"reestimate={reestimate!r}")
+    if not isinstance(revert_if_worse, bool):
+        raise ValueError(f"revert_if_worse must be True or False. Received: "
+                         f"revert_if_worse={revert_if_worse!r}")
 
     def reestimate_bn():
         if reestimate:
@@ -572,8 +592,23 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
     try:
         if reestimate is True:
             reestimate_bn()
+        check = _check_sample(fit_data) if revert_if_worse and epochs > 0 else None
+        if check is not None:
+            untrained = model.get_weights()
+            start = _agreement(model, teacher, check, batch_size)
         history = _train(model, distiller, strategy, optimizer, fit_data, epochs,
                          verbose, batch_size, steps_per_epoch, fit_kwargs, reestimate_bn)
+        if check is not None:
+            end = _agreement(model, teacher, check, batch_size)
+            history.revert = {"agreement_before": start, "agreement_after": end,
+                              "reverted": end < start}
+            if end < start:
+                model.set_weights(untrained)
+                warnings.warn(
+                    f"recover: training lowered the agreement with the "
+                    f"{'teacher' if teacher is not None else 'labels'} on the check "
+                    f"inputs from {start:.4f} to {end:.4f}; the weights from before "
+                    "training were put back (revert_if_worse=True).", stacklevel=2)
     except Exception:
         model.set_weights(before)
         raise
@@ -620,6 +655,41 @@ def _train(model, distiller, strategy, optimizer, fit_data, epochs, verbose, bat
                 f"Lower the learning rate (learning_rate=, or your optimizer's).")
         reestimate_bn()
     return history
+
+
+def _check_sample(fit_data) -> dict:
+    """`revert_if_worse`'s inputs: ``fit``'s data cut to its first `CHECK_INPUTS`
+    examples (a dataset: its first `CHECK_BATCHES` batches)."""
+    if _is_dataset(fit_data["x"]):
+        return {"x": fit_data["x"].take(CHECK_BATCHES)}
+    return {k: keras.tree.map_structure(lambda a: a[:CHECK_INPUTS], v)
+            for k, v in fit_data.items() if v is not None}
+
+
+def _agreement(model, teacher, check, batch_size) -> float:
+    """The fraction of the check outputs whose top class (last axis) is the
+    teacher's (no teacher: the label), both models in inference mode; one pass
+    over a dataset's batches, so that a reshuffling dataset pairs them right."""
+    x = check["x"]
+    if _is_dataset(x):
+        batches = (e if isinstance(e, tuple) else (e,) for e in x)
+    else:
+        n = len(keras.tree.flatten(x)[0])
+        y = check.get("y")
+        batches = ((keras.tree.map_structure(lambda a: a[k:k + batch_size], x),
+                    None if y is None else y[k:k + batch_size])
+                   for k in range(0, n, batch_size))
+    same = total = 0
+    for batch in batches:
+        xb = batch[0]
+        top = np.argmax(ops.convert_to_numpy(model(xb, training=False)), axis=-1)
+        if teacher is not None:
+            want = np.argmax(ops.convert_to_numpy(teacher(xb, training=False)), axis=-1)
+        else:
+            want = np.reshape(np.asarray(batch[1]), top.shape)
+        same += int(np.sum(top == want))
+        total += top.size
+    return same / max(total, 1)
 
 
 def _is_dataset(x) -> bool:
