@@ -505,10 +505,10 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             `CHECK_BATCHES` batches), before training and after the final
             re-estimation, and put back the weights from before training, with a
             warning, when training lowered it (default False: keep the trained
-            model). Agreement, not the distillation loss: on a ResNet-50 close to
-            its teacher, one epoch lowered the loss and cost 7 points of accuracy
-            (docs/deploy.md, "Measure before and after"). The two values are in the
-            returned History's ``revert`` attribute.
+            model). The top class, not the distillation loss: the loss also
+            weighs the softened outputs, which training can match better while
+            the top class moves (docs/deploy.md, "Measure before and after"). The
+            two values are in the returned History's ``revert`` attribute.
         steps_per_epoch: Passed to ``fit``; needed for an infinite dataset.
         **fit_kwargs: More ``fit`` arguments: ``callbacks``, ``validation_data``
             (labelled), ``shuffle``, ...
