@@ -136,8 +136,12 @@ def test_dataset_input_and_bn_only():
     teacher, model = _compressed()
     x = _images(128)
     ds = tf.data.Dataset.from_tensor_slices(x).batch(32)
-    history = hope_keras.recover(model, ds, teacher=teacher, epochs=1, verbose=0)
+    history = hope_keras.recover(model, ds, teacher=teacher, epochs=1, verbose=0,
+                                 revert_if_worse=True)
     assert len(history.history["distillation_loss"]) == 1
+    r = history.revert  # measured over the dataset's batches: the model kept, by hand
+    kept = r["agreement_before"] if r["reverted"] else r["agreement_after"]
+    assert kept == _agreement(model, teacher, x)
     history = hope_keras.recover(model, x, epochs=0)
     assert history.history == {}
     assert model.compiled

@@ -44,7 +44,7 @@ from hope_keras.activations.lookup import activation_name, layer_activation
 __all__ = ["Distiller", "recover"]
 
 _BN_MODES = ("train", "frozen")
-#: ``revert_if_worse``: the objective is measured on at most this many of the inputs
+#: ``revert_if_worse``: the agreement is measured on at most this many of the inputs
 #: (array data) or this many batches (a dataset).
 CHECK_INPUTS = 1024
 CHECK_BATCHES = 16
