@@ -594,7 +594,8 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             reestimate_bn()
         check = _check_sample(fit_data) if revert_if_worse and epochs > 0 else None
         if check is not None:
-            untrained = model.get_weights()
+            # What training would be undone to: `before` unless re-estimated since.
+            untrained = model.get_weights() if reestimate is True else before
             start = _agreement(model, teacher, check, batch_size)
         history = _train(model, distiller, strategy, optimizer, fit_data, epochs,
                          verbose, batch_size, steps_per_epoch, fit_kwargs, reestimate_bn)
