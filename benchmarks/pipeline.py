@@ -140,9 +140,11 @@ def point(model_name, method, density, x_train, x_test, y_test, args, hope_kw,
     p = hope_keras.profile(small, reference=teacher, latency=False)
     rec.update(params_ratio=p.ratio("params"), flops_ratio=p.ratio("flops"))
     t0 = time.perf_counter()
-    hope_keras.recover(small, x_train, teacher=teacher, epochs=args.epochs, verbose=0,
-                       **recover_kw)
+    history = hope_keras.recover(small, x_train, teacher=teacher, epochs=args.epochs,
+                                 verbose=0, **recover_kw)
     rec["recover_s"] = time.perf_counter() - t0
+    if hasattr(history, "revert"):  # revert_if_worse: the agreements, and whether put back
+        rec["revert"] = history.revert
     rec["acc_recovered"] = accuracy(small, x_test, y_test)
     return rec
 
@@ -235,7 +237,8 @@ def table():
             budget = p.get(axis, p.get("density"))
             print(f"| {p['method']} | {budget:.2f} | {p['flops_ratio']:.3f} "
                   f"| {p['params_ratio']:.3f} | {100 * p['acc_compressed']:.2f}% "
-                  f"| {100 * p['acc_recovered']:.2f}% |")
+                  f"| {100 * p['acc_recovered']:.2f}%"
+                  f"{' (put back)' if p.get('revert', {}).get('reverted') else ''} |")
 
 
 def main(argv=None):

@@ -100,6 +100,8 @@ def run(path: str, seed: int, x_train, x_test, y_test, density, compress_kw, rec
                                  **recover_kw)
     rec["recover_s"] = time.perf_counter() - t1
     rec["distillation_loss"] = history.history.get("distillation_loss", [])
+    if hasattr(history, "revert"):  # revert_if_worse: the agreements, and whether put back
+        rec["revert"] = history.revert
     rec["acc_recovered"] = accuracy(model, x_test, y_test)
     if path == "inplace":
         t1 = time.perf_counter()

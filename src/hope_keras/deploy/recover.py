@@ -443,7 +443,7 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             temperature: float = 4.0, label_weight: Optional[float] = None,
             optimizer=None, learning_rate: float = 1e-3, batch_size: int = 64,
             batchnorm: str = "train", dropout: bool = False, reestimate: bool = True,
-            freeze_zeros: bool = True, revert_if_worse: bool = False,
+            freeze_zeros: bool = True, revert_if_worse: bool = True,
             steps_per_epoch: Optional[int] = None, **fit_kwargs):
     """Recovers a compressed model's accuracy: BN re-estimation, then distillation.
 
@@ -504,10 +504,11 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             first `CHECK_INPUTS` inputs of ``data`` (a dataset: its first
             `CHECK_BATCHES` batches), before training and after the final
             re-estimation, and put back the weights from before training, with a
-            warning, when training lowered it (default False: keep the trained
-            model). The top class, not the distillation loss: the loss also
-            weighs the softened outputs, which training can match better while
-            the top class moves (docs/deploy.md, "Measure before and after"). The
+            warning, when training lowered it (default True; False keeps the
+            trained model whatever it scores). The top class, not the
+            distillation loss: the loss also weighs the softened outputs, which
+            training can match better while the top class moves (docs/deploy.md,
+            "Training that makes the model worse is undone"). The
             two values are in the returned History's ``revert`` attribute.
         steps_per_epoch: Passed to ``fit``; needed for an infinite dataset.
         **fit_kwargs: More ``fit`` arguments: ``callbacks``, ``validation_data``
@@ -541,6 +542,8 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
     >>> history = hope_keras.recover(model, x, teacher=teacher, epochs=2, verbose=0)
     >>> len(history.history["distillation_loss"])
     2
+    >>> sorted(history.revert)  # kept, or put back if training lowered the agreement
+    ['agreement_after', 'agreement_before', 'reverted']
     >>> hope_keras.slim(model).count_params() < teacher.count_params()
     True
     """
