@@ -131,6 +131,12 @@ def test_labels_and_teacherless_training():
     history = hope_keras.recover(model, (x, y), epochs=2, verbose=0)
     assert "distillation_loss" not in history.history
     assert len(history.history["label_loss"]) == 2
+    # No teacher: revert_if_worse measures label accuracy (batches of 48: the last
+    # one partial); the model kept, checked by hand.
+    history = hope_keras.recover(model, (x, y), epochs=1, verbose=0, batch_size=48)
+    r = history.revert
+    kept = r["agreement_before"] if r["reverted"] else r["agreement_after"]
+    assert kept == np.mean(np.argmax(model.predict(x, verbose=0), -1) == y)
 
 
 def test_dataset_input_and_bn_only():
