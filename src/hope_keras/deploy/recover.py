@@ -711,14 +711,11 @@ class _AgreementCheck:
         return np.reshape(np.asarray(batch[1]), top.shape)
 
     def __call__(self) -> float:
-        reuse = self.want is not None
-        wants = self.want if reuse else []
-        same = total = 0
+        wants, same, total = [], 0, 0
         for k, batch in enumerate(self._batches()):
             top = np.argmax(ops.convert_to_numpy(self.model_fn(batch[0])), axis=-1)
-            want = wants[k] if reuse else self._wanted(batch, top)
-            if not reuse:
-                wants.append(want)
+            want = self._wanted(batch, top) if self.want is None else self.want[k]
+            wants.append(want)
             same += int(np.sum(top == want))
             total += top.size
         if not _is_dataset(self.sample["x"]):
