@@ -286,6 +286,9 @@ def main():
     p.add_argument("--synthetic-inputs", type=int,
                    help="synthetic inputs of the data-free correction (default: the "
                         "library's)")
+    p.add_argument("--synthetic-seed", type=int,
+                   help="seed of the data-free correction's synthetic inputs "
+                        "(`stats.synthetic.SYNTHETIC_SEED`, default the library's)")
     p.add_argument("--variants", help="comma-separated names of VARIANTS: time the first "
                    "data-free run under each, alternated (--repeats rounds)")
     p.add_argument("--repeats", type=int, default=2)
@@ -317,6 +320,11 @@ def main():
 
         synthetic.SYNTHETIC_INPUTS = args.synthetic_inputs
         suffix = f"_synthetic{args.synthetic_inputs}"
+    if args.synthetic_seed is not None:
+        from hope_keras.stats import synthetic
+
+        synthetic.SYNTHETIC_SEED = args.synthetic_seed
+        suffix += f"_seed{args.synthetic_seed}"
     if args.moments == "backend":
         from hope_keras.stats import synthetic
 

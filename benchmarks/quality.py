@@ -1246,11 +1246,19 @@ def main(argv=None):
                         "the methods keeps (the --model's results, default resnet50)")
     p.add_argument("--results", type=Path,
                    help="the folder of quality_<model>.json (default benchmarks/results/)")
+    p.add_argument("--synthetic-seed", type=int,
+                   help="seed of the data-free correction's synthetic inputs "
+                        "(`stats.synthetic.SYNTHETIC_SEED`, default the library's); the "
+                        "results file does not record it: give each seed its own --results")
     add_quick(p)  # the demo CNN, 200 + 200 images, density 0.8, HOPE and one baseline
     args = p.parse_args(argv)
     global RESULTS, IMG
     if args.results:
         RESULTS = args.results
+    if args.synthetic_seed is not None:
+        from hope_keras.stats import synthetic
+
+        synthetic.SYNTHETIC_SEED = args.synthetic_seed
     if args.quick:
         RESULTS = IMG = quick_dir()
         run("demo", 200, 200, methods=["hope", "bn_scale_layer"], densities=(0.8,),

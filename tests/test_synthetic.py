@@ -452,6 +452,33 @@ def test_synthetic_inputs_are_kept_on_disk_between_sessions(monkeypatch, tmp_pat
     assert len(list(tmp_path.glob("synthetic-*.npy"))) == 1
 
 
+def test_the_synthetic_seed_makes_other_inputs_kept_apart(monkeypatch, tmp_path):
+    """`SYNTHETIC_SEED` reaches the synthesis and the disk cache's key: another seed
+    makes its own inputs (other values) in a file of its own, and does not read the
+    default seed's."""
+    from hope_keras.stats import synthetic
+
+    monkeypatch.setenv("HOPE_KERAS_CACHE", str(tmp_path))
+    seeds = []
+    real = synthetic.synthesize_inputs
+
+    def recording(model, **kwargs):
+        seeds.append(kwargs["seed"])
+        return real(model, **kwargs)
+
+    monkeypatch.setattr(synthetic, "synthesize_inputs", recording)
+    made = {}
+    for seed in (0, 1):
+        monkeypatch.setattr(synthetic, "SYNTHETIC_SEED", seed)
+        bn_stats._SYNTHETIC_INPUTS.clear()
+        hope_keras.compress(small_resnet(seed=10), density=0.6, verbose=False)
+        new = set(tmp_path.glob("synthetic-*.npy")) - set(made.values())
+        assert len(new) == 1
+        made[seed] = new.pop()
+    assert seeds == [0, 1]
+    assert not np.array_equal(np.load(made[0]), np.load(made[1]))
+
+
 def _gap_resnet_with_reader(side, seed=0):
     """Stem → two identity blocks (the second block's first BN reads the stream) →
     global average pooling → head, at `side` × `side`: runs at any size."""

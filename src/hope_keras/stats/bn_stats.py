@@ -485,8 +485,8 @@ def _synthetic_file(digest):
     if folder is None:
         return None
     settings = repr((3, synthetic.SYNTHETIC_INPUTS, synthetic.SYNTHETIC_STEPS,
-                     synthetic.LEARNING_RATE, 0, synthetic.PRIOR, synthetic.COARSE_MIN_SIDE,
-                     synthetic.COARSE_FRACTION, synthetic.COARSE_SCALE,
+                     synthetic.LEARNING_RATE, synthetic.SYNTHETIC_SEED, synthetic.PRIOR,
+                     synthetic.COARSE_MIN_SIDE, synthetic.COARSE_FRACTION, synthetic.COARSE_SCALE,
                      synthetic.MEASURE_SCALE, synthetic.MEASURE_STEPS)).encode()
     return folder / f"synthetic-{digest[:40]}-{hashlib.sha256(settings).hexdigest()[:12]}.npy"
 
@@ -552,7 +552,8 @@ def synthetic_inputs(model, verbose="auto"):
             if size is not None and synthetic.MEASURE_STEPS is not None:
                 steps = synthetic.MEASURE_STEPS
             x = synthetic.synthesize_inputs(model, num=synthetic.SYNTHETIC_INPUTS,
-                                            steps=steps, size=size, verbose=verbose)
+                                            steps=steps, size=size,
+                                            seed=synthetic.SYNTHETIC_SEED, verbose=verbose)
         except ValueError as e:
             import warnings
 

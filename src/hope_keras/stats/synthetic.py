@@ -36,6 +36,9 @@ __all__ = ["synthesize_inputs", "stream_readers", "StreamReference",
 SYNTHETIC_INPUTS = 16
 SYNTHETIC_STEPS = 100
 LEARNING_RATE = 0.1
+#: Seed of the data-free correction's initial noise (another seed gives other inputs:
+#: how much the accuracy moves with it, docs/quality.md, "Compressing with data").
+SYNTHETIC_SEED = 0
 #: How image inputs are parameterised (``"spectrum"``: 1/f Fourier amplitudes; see
 #: `synthesize_inputs`).
 PRIOR = "spectrum"
