@@ -12,7 +12,8 @@ One model per process (peak RSS is per process):
 Targets (2 shared CPU cores): ResNet-50 analyze ≤ 1.5 s, compress ≤ 3 s;
 VGG16 analyze ≤ 5 s, compress ≤ 60 s, ≤ 3 GB; MLP compress ≤ 60 s, ≤ 3 GB.
 
-Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--candidates K] [--reference-time]
+Run: .venv/bin/python benchmarks/scale.py resnet50 [--profile] [--breakdown] [--candidates K]
+[--reference-time]
 (``mlp --width W``: W-wide layers; ``--init numpy``: kernels drawn by NumPy, see
 `mlp`; ``--output-error``: the compressed model's output error relative to the
 original's output spread, on 512 standard normal inputs; ``--bn-stats``: BN
@@ -31,6 +32,7 @@ by default, before the run and after it; ``data``: the correction of
 
 import argparse
 import collections
+import contextlib
 import functools
 import os
 import time
@@ -96,6 +98,67 @@ def mlp(width=8192, depth=4, d_in=1024, seed=0, init="keras", bn_stats=False):
     return model
 
 
+# `--breakdown`: the parts of a greedy run timed, as (label, module, class, method); a
+# label's calls from inside the same label count once (a merge prunes its second
+# neuron). The first four parts do not call one another; the last is inside the third.
+BREAKDOWN = (
+    ("selection (merge tables)", "hope_keras.search.candidates", "MergeTable", "select"),
+    ("exact re-pricing (sketched groups)", "hope_keras.scoring.cache", "SketchCache",
+     "exact_pairs"),
+    ("a merged parent's pairs", "hope_keras.search.candidates", "MergeTable", "on_merge"),
+    ("model edits", "hope_keras.edit.editor", "ModelEditor", "merge"),
+    ("model edits", "hope_keras.edit.editor", "ModelEditor", "prune"),
+    ("  of which waiting for sketch products", "hope_keras.scoring.cache", "SketchCache",
+     "_prefetched"),
+)
+
+
+@contextlib.contextmanager
+def breakdown_timers():
+    """Wall time and calls of each `BREAKDOWN` part while inside (the methods wrapped,
+    put back on exit): yields ``{label: [seconds, calls]}``."""
+    import importlib
+
+    spent, depth, saved = {}, {}, []
+    for label, module, cls_name, name in BREAKDOWN:
+        cls = getattr(importlib.import_module(module), cls_name)
+        original = cls.__dict__[name]
+        acc = spent.setdefault(label, [0.0, 0])
+        depth[label] = 0
+
+        def timed(*a, _f=original, _acc=acc, _label=label, **k):
+            depth[_label] += 1
+            t = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                depth[_label] -= 1
+                if not depth[_label]:
+                    _acc[0] += time.perf_counter() - t
+                    _acc[1] += 1
+
+        saved.append((cls, name, original))
+        setattr(cls, name, timed)
+    try:
+        yield spent
+    finally:
+        for cls, name, original in saved:
+            setattr(cls, name, original)
+
+
+def print_breakdown(spent, t_run, steps):
+    """The `breakdown_timers` parts against the run's wall time."""
+    n = max(steps, 1)
+    print(f"  the run's {steps} steps, {1e3 * t_run / n:.2f} ms a step:")
+    top = 0.0
+    for label, (seconds, calls) in spent.items():
+        if not label.startswith(" "):
+            top += seconds
+        print(f"    {label}: {seconds:.2f} s, {1e3 * seconds / n:.2f} ms a step "
+              f"({calls} calls)")
+    print(f"    everything else: {t_run - top:.2f} s, {1e3 * (t_run - top) / n:.2f} ms a step")
+
+
 MODELS = {
     "resnet50": (calibrated_resnet50, 0.5),
     "vgg16": (vgg16, 0.8),
@@ -128,6 +191,9 @@ def main():
     p.add_argument("--analyze-twice", action="store_true",
                    help="also time a second analyze in the same process (TensorFlow warm)")
     p.add_argument("--profile", action="store_true", help="cProfile analyze and compress")
+    p.add_argument("--breakdown", action="store_true",
+                   help="time the run's parts (BREAKDOWN: selection, exact re-pricing, a "
+                        "merged parent's pairs, model edits) against its wall time")
     p.add_argument("--reference-time", action="store_true",
                    help="also report analyze + compress in T, one batch-8 forward pass of "
                         "the model measured first in the same process (after the timed "
@@ -144,7 +210,7 @@ def main():
         args.model = args.model or "mlp"
         if args.model != "mlp":
             p.error("--quick runs the mlp (4 × 128)")
-        args.width, args.output_error = args.width or 128, True
+        args.width, args.output_error, args.breakdown = args.width or 128, True, True
     elif args.model is None:
         p.error("the model is required (one of %s)" % ", ".join(sorted(MODELS)))
     build, density = MODELS[args.model]
@@ -210,9 +276,11 @@ def main():
         t_prep = time.perf_counter()
         correction.start(model, analysis.graph, analysis.moments)  # before any edit
         t_prep = time.perf_counter() - t_prep
-    t = time.perf_counter()
-    stopped = enc.run(density=density, steps=args.steps, verbose=False)
-    t_run = time.perf_counter() - t
+    timers = breakdown_timers() if args.breakdown else contextlib.nullcontext()
+    with timers as spent:
+        t = time.perf_counter()
+        stopped = enc.run(density=density, steps=args.steps, verbose=False)
+        t_run = time.perf_counter() - t
     if mode is not None:
         t_fin = time.perf_counter()
         written = correction.finish(enc.trajectory.steps)
@@ -238,6 +306,8 @@ def main():
     print(f"  encoder init {t_init:.2f} s + run {t_run:.2f} s ({1e3 * t_run / n:.2f} ms/step)"
           f"; analyze + compress {t_an + t_init + t_run:.2f} s wall, "
           f"{c_an + c_comp:.2f} s CPU (compress alone {c_comp:.2f} s CPU)")
+    if args.breakdown:
+        print_breakdown(spent, t_run, len(traj))
     if args.reference_time:
         x8 = np.random.default_rng(1).uniform(0, 255, (8,) + model.input_shape[1:])
         T = forward_time(model, x8.astype("float32"))
