@@ -453,9 +453,9 @@ def test_synthetic_inputs_are_kept_on_disk_between_sessions(monkeypatch, tmp_pat
 
 
 def test_the_synthetic_seed_makes_other_inputs_kept_apart(monkeypatch, tmp_path):
-    """`SYNTHETIC_SEED` reaches the synthesis and the disk cache's key: another seed
-    makes its own inputs (other values) in a file of its own, and does not read the
-    default seed's."""
+    """`SYNTHETIC_SEED` reaches the synthesis and the caches' keys: in one session,
+    another seed makes its own inputs (other values) in a file of its own, and reads
+    neither the default seed's file nor its inputs kept in memory."""
     from hope_keras.stats import synthetic
 
     monkeypatch.setenv("HOPE_KERAS_CACHE", str(tmp_path))
@@ -468,9 +468,9 @@ def test_the_synthetic_seed_makes_other_inputs_kept_apart(monkeypatch, tmp_path)
 
     monkeypatch.setattr(synthetic, "synthesize_inputs", recording)
     made = {}
+    bn_stats._SYNTHETIC_INPUTS.clear()
     for seed in (0, 1):
         monkeypatch.setattr(synthetic, "SYNTHETIC_SEED", seed)
-        bn_stats._SYNTHETIC_INPUTS.clear()
         hope_keras.compress(small_resnet(seed=10), density=0.6, verbose=False)
         new = set(tmp_path.glob("synthetic-*.npy")) - set(made.values())
         assert len(new) == 1

@@ -442,8 +442,8 @@ def correct_statistics(model, analysis, exclude=(), trajectory=None) -> dict:
     return apply_correction(flat, analysis.moments, moments_lib.propagate(flat), skip, keep)
 
 
-# Synthetic inputs of the last few models (weights digest → inputs): several runs from
-# the same weights (a density sweep, a replay) make them once. ~10 MB each at 224².
+# Synthetic inputs of the last few models (weights digest and settings → inputs): several
+# runs from the same weights (a density sweep, a replay) make them once. ~10 MB each at 224².
 _SYNTHETIC_INPUTS: "collections.OrderedDict[str, np.ndarray]" = collections.OrderedDict()
 _SYNTHETIC_KEEP = 4
 _OFF = ("", "0", "off", "false", "no")
@@ -477,18 +477,24 @@ def synthetic_cache_dir():
     return pathlib.Path(base) / "hope_keras"
 
 
-def _synthetic_file(digest):
-    """The cache file of a weights digest under the current synthesis settings."""
+def _settings_key() -> str:
+    """A short hash of the synthesis settings: inputs made under other settings (or
+    another seed) are other inputs, in memory and on disk."""
     import hashlib
 
-    folder = synthetic_cache_dir()
-    if folder is None:
-        return None
     settings = repr((3, synthetic.SYNTHETIC_INPUTS, synthetic.SYNTHETIC_STEPS,
                      synthetic.LEARNING_RATE, synthetic.SYNTHETIC_SEED, synthetic.PRIOR,
                      synthetic.COARSE_MIN_SIDE, synthetic.COARSE_FRACTION, synthetic.COARSE_SCALE,
                      synthetic.MEASURE_SCALE, synthetic.MEASURE_STEPS)).encode()
-    return folder / f"synthetic-{digest[:40]}-{hashlib.sha256(settings).hexdigest()[:12]}.npy"
+    return hashlib.sha256(settings).hexdigest()[:12]
+
+
+def _synthetic_file(digest):
+    """The cache file of a weights digest under the current synthesis settings."""
+    folder = synthetic_cache_dir()
+    if folder is None:
+        return None
+    return folder / f"synthetic-{digest[:40]}-{_settings_key()}.npy"
 
 
 def _load_synthetic(path, model, size=None):
@@ -539,9 +545,10 @@ def synthetic_inputs(model, verbose="auto"):
     (`synthetic_cache_dir`). None, with a warning, when they cannot be made for
     this model."""
     digest = _weights_digest(model)
-    x = _SYNTHETIC_INPUTS.get(digest)
+    key = f"{digest}-{_settings_key()}"
+    x = _SYNTHETIC_INPUTS.get(key)
     if x is not None:
-        _SYNTHETIC_INPUTS.move_to_end(digest)
+        _SYNTHETIC_INPUTS.move_to_end(key)
         return x
     path = _synthetic_file(digest)
     size = synthetic.reduced_size(model)
@@ -562,7 +569,7 @@ def synthetic_inputs(model, verbose="auto"):
                           stacklevel=3)
             return None
         _save_synthetic(path, x)
-    _SYNTHETIC_INPUTS[digest] = x
+    _SYNTHETIC_INPUTS[key] = x
     while len(_SYNTHETIC_INPUTS) > _SYNTHETIC_KEEP:
         _SYNTHETIC_INPUTS.popitem(last=False)
     return x
@@ -574,7 +581,7 @@ def kept_synthetic_inputs(model, values=None):
     disk; None when they are not: nothing is made. Only reads the cache (safe on a
     thread beside a run)."""
     digest = _weights_digest(model, values)
-    x = _SYNTHETIC_INPUTS.get(digest)
+    x = _SYNTHETIC_INPUTS.get(f"{digest}-{_settings_key()}")
     if x is not None:
         return x
     return _load_synthetic(_synthetic_file(digest), model, synthetic.reduced_size(model))
