@@ -540,10 +540,10 @@ def _save_synthetic(path, x) -> None:
 
 
 def synthetic_inputs(model, verbose="auto"):
-    """`hope_keras.synthesize_inputs` of `model` with the default settings, made once
-    per weights: kept in memory for the last few models and on disk
-    (`synthetic_cache_dir`). None, with a warning, when they cannot be made for
-    this model."""
+    """`hope_keras.synthesize_inputs` of `model` with the module settings of
+    `hope_keras.stats.synthetic` (inputs, steps, seed, ...), made once per weights and
+    settings: kept in memory for the last few and on disk (`synthetic_cache_dir`).
+    None, with a warning, when they cannot be made for this model."""
     digest = _weights_digest(model)
     key = f"{digest}-{_settings_key()}"
     x = _SYNTHETIC_INPUTS.get(key)
