@@ -6,7 +6,8 @@ statistics and random γ/β (`_common.calibrated_resnet50`) at 224 × 224 (``--s
 (``model(x, training=False)``) after a warm-up; then, each on a fresh model with the
 same weights, the first data-free ``compress(density=0.5)`` (synthetic inputs made:
 `HOPE_KERAS_CACHE` is off), a second one (the inputs are kept in memory), and
-``compress(density=0.5, data=x)`` with 256 random images. Each in seconds and in T.
+``compress(density=0.5, data=x)`` with 256 random images (``--values-per-channel V``:
+the sample's rule, the file named ``..._valuesV``). Each in seconds and in T.
 
 ``--quality``: the ResNet-50 fixture (`.cache/resnet50_fmnist.keras`, 32 × 32,
 scripts/make_benchmark_fixtures.py), held-out split (the 1000 test images after the
@@ -16,15 +17,17 @@ re-estimated on the data, at densities 0.9 …
 0.5 and FLOPs 0.8 / 0.6 / 0.5: the data-free default, and ``data=`` with 1024
 Fashion-MNIST training images (``--data-inputs N``: N of them, the results file named
 ``..._inputsN``; ``--values-per-channel V``: the sample's rule, default the library's
-1024; ``--data-correction trusted|readers|parents-moved``: which BNs ``data=`` measures,
-`use_data_correction`). ``--quick``: density 0.9 only. ``--moments backend``: the
-corrections measure the BN inputs' moments with the backend's float32 reductions
-instead of the compiled kernel (results files ``..._backend_moments``).
-``--original-pass in-turn``: ``data=`` measures the original model before the first
-edit instead of on a thread beside the run (`correction.MEASURE_ALONGSIDE`; results
-files ``..._in_turn``). ``--compare-original-pass``: both ways alternated in one process
-(``--repeats``), for the second data-free run and the ``data=`` run
-(``first_run_original_pass_<size>.json``).
+`DATA_VALUES_PER_CHANNEL`, the file named ``..._valuesV``; ``--data-correction
+trusted|readers|parents-moved``: which BNs ``data=`` measures, `use_data_correction`).
+``--quick``: density 0.9 only. ``--moments backend``: the corrections measure the BN
+inputs' moments with the backend's float32 reductions instead of the compiled kernel
+(results files ``..._backend_moments``). ``--original-pass in-turn``: ``data=`` measures
+the original model before the first edit instead of on a thread beside the run
+(`correction.MEASURE_ALONGSIDE`; results files ``..._in_turn``).
+``--compare-original-pass``: both ways alternated in one process (``--repeats``), for
+the second data-free run and the ``data=`` run
+(``first_run_original_pass_<size>.json``). ``--compare-values V …``: the ``data=`` run
+with each sample rule, alternated (``--repeats``; ``first_run_values_<size>.json``).
 
 Run: .venv/bin/python benchmarks/first_run.py [--time] [--quality] [--quick]
 Writes benchmarks/results/first_run_<time|quality>.json (not with --quick).
@@ -111,18 +114,48 @@ def compare_original_pass(size, repeats):
         for x in (None, data):
             for alongside in (True, False):
                 correction.MEASURE_ALONGSIDE = alongside
-                model = keras.models.clone_model(reference)
-                model.set_weights(weights)
-                t = time.perf_counter()
-                hope_keras.compress(model, density=0.5, data=x, verbose=False)
-                seconds = time.perf_counter() - t
                 rows.append(dict(run="data-free, inputs kept" if x is None else "data=",
                                  original_pass="alongside" if alongside else "in turn",
-                                 repeat=rep, s=round(seconds, 2), T_s=round(T, 3),
-                                 T=round(seconds / T, 1), load=round(os.getloadavg()[0], 2)))
+                                 repeat=rep, **_timed(reference, weights, x, T)))
                 print(json.dumps(rows[-1]), flush=True)
     correction.MEASURE_ALONGSIDE = True
     return {"size": size, "rows": rows}
+
+
+def compare_values(size, values, repeats):
+    """The ``data=`` run of `timing` with each sample rule of `values` (values per
+    channel, `correction.DATA_VALUES_PER_CHANNEL`), alternated `repeats` times in one
+    process; T measured before each round."""
+    from hope_keras.stats import correction
+
+    default = correction.DATA_VALUES_PER_CHANNEL
+    reference = calibrated_resnet50(images=4, size=size)
+    weights = reference.get_weights()
+    data = np.random.default_rng(2).uniform(0, 255, (256, size, size, 3)).astype("float32")
+    rows = []
+    try:
+        for rep in range(repeats):
+            T = batch_time(reference, size)
+            for v in values:
+                correction.DATA_VALUES_PER_CHANNEL = v
+                rows.append(dict(values_per_channel=v, repeat=rep,
+                                 **_timed(reference, weights, data, T)))
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        correction.DATA_VALUES_PER_CHANNEL = default
+    return {"size": size, "rows": rows}
+
+
+def _timed(reference, weights, x, T):
+    """`compress(density=0.5, data=x)` of a fresh copy of `reference` holding
+    `weights`: its seconds, in T too, and the load."""
+    model = keras.models.clone_model(reference)
+    model.set_weights(weights)
+    t = time.perf_counter()
+    result = hope_keras.compress(model, density=0.5, data=x, verbose=False)
+    seconds = time.perf_counter() - t
+    return dict(s=round(seconds, 2), T_s=round(T, 3), T=round(seconds / T, 1),
+                steps=len(result.trajectory), load=round(os.getloadavg()[0], 2))
 
 
 #: ``--variants``: synthetic-input settings (constants of `hope_keras.stats.synthetic`)
@@ -275,7 +308,7 @@ def main():
                    help="--quality: after each data= run, also every BN re-estimated on "
                         "the data (`reestimate_batchnorm_statistics`), evaluated again")
     p.add_argument("--values-per-channel", type=int,
-                   help="--quality: the data= sample's rule "
+                   help="the data= sample's rule "
                         "(`stats.correction.DATA_VALUES_PER_CHANNEL`, default the library's)")
     p.add_argument("--data-correction", choices=("stale", "trusted", "readers",
                                                     "parents-moved"),
@@ -299,6 +332,9 @@ def main():
     p.add_argument("--original-pass", choices=("alongside", "in-turn"), default="alongside",
                    help="data=: the original model's pass on a thread beside the run (the "
                         "library's), or before the first edit")
+    p.add_argument("--compare-values", type=int, nargs="+", metavar="V",
+                   help="the data= run with each sample rule V (values per channel), "
+                        "alternated --repeats times in one process")
     p.add_argument("--compare-original-pass", action="store_true",
                    help="time the second data-free run and the data= run with the "
                         "original's pass beside the run and in turn, alternated (--repeats)")
@@ -306,6 +342,11 @@ def main():
     if args.compare_original_pass:
         out = compare_original_pass(args.size, args.repeats)
         with open(os.path.join(RESULTS, f"first_run_original_pass_{args.size}.json"), "w") as f:
+            json.dump(out, f, indent=1)
+        return
+    if args.compare_values:
+        out = compare_values(args.size, args.compare_values, args.repeats)
+        with open(os.path.join(RESULTS, f"first_run_values_{args.size}.json"), "w") as f:
             json.dump(out, f, indent=1)
         return
     if args.variants:
@@ -335,21 +376,23 @@ def main():
 
         correction.MEASURE_ALONGSIDE = False
         suffix += "_in_turn"
+    values = ""
+    if args.values_per_channel:
+        from hope_keras.stats import correction
+
+        correction.DATA_VALUES_PER_CHANNEL = args.values_per_channel
+        values = f"_values{args.values_per_channel}"
     if not args.quality:
         args.time = True
     if args.time:
         out = timing(32 if args.quick else args.size, args.quick, args.only)
         if not args.quick:
-            with open(os.path.join(RESULTS, f"first_run_time_{args.size}{suffix}"
+            with open(os.path.join(RESULTS, f"first_run_time_{args.size}{suffix}{values}"
                                    f"{'_' + args.only if args.only else ''}.json"),
                       "w") as f:
                 json.dump(out, f, indent=1)
     if args.quality:
         use_data_correction(args.data_correction)
-        if args.values_per_channel:
-            from hope_keras.stats import correction
-
-            correction.DATA_VALUES_PER_CHANNEL = args.values_per_channel
         out = quality(args.quick, 256 if args.quick else args.data_inputs, args.only,
                       args.heldout, args.reestimated)
         if not args.quick:
@@ -357,6 +400,7 @@ def main():
                 suffix += f"_heldout{args.heldout}"
             if args.data_inputs != 1024:
                 suffix += f"_inputs{args.data_inputs}"
+            suffix += values
             if args.data_correction != "stale":
                 suffix += f"_{args.data_correction}"
             if args.reestimated:
