@@ -14,14 +14,14 @@ this script measures it at 224 × 224 on natural photographs:
 2. the reference: the data correction on all ``--pool`` random 224 × 224 crops of
    six scikit-image sample photographs (those `real_checkpoints.py` selects on);
 3. per n of ``--inputs``, ``--draws`` random draws of n crops of that pool, each
-   corrected on its draw; ``--synthetic``: the data-free correction too (16 synthetic
-   inputs made from the weights, about 90 s);
+   corrected on its draw; and, unless ``--no-synthetic``, the data-free correction
+   (16 synthetic inputs made from the weights, about 90 s);
 4. each corrected model against the reference on ``--eval`` crops of six other
-   photographs (`PHOTOS_HELD`): the distance of the pooled features (``avg_pool``) from the
-   reference's, relative to the uncorrected model's distance (1: no better than no
-   correction; 0: the reference), and the top-1 agreement of the class outputs.
+   photographs (`PHOTOS_HELD`): the distance of the pooled features (``avg_pool``)
+   from the reference's, relative to the uncorrected model's distance (1: no better
+   than no correction; 0: the reference), and the top-1 agreement of the class outputs.
 
-Run: .venv/bin/python benchmarks/data_sample.py  (about 8 minutes; installs
+Run: .venv/bin/python benchmarks/data_sample.py  (about 6 minutes; installs
 scikit-image's wheel into .cache/real_checkpoints/data like real_checkpoints.py)
 Writes benchmarks/results/data_sample_224<--tag>.json.
 """
