@@ -489,6 +489,11 @@ def _settings_key() -> str:
     return hashlib.sha256(settings).hexdigest()[:12]
 
 
+def _memory_key(digest) -> str:
+    """The in-memory key of a weights digest under the current synthesis settings."""
+    return f"{digest}-{_settings_key()}"
+
+
 def _synthetic_file(digest):
     """The cache file of a weights digest under the current synthesis settings."""
     folder = synthetic_cache_dir()
@@ -545,7 +550,7 @@ def synthetic_inputs(model, verbose="auto"):
     settings: kept in memory for the last few and on disk (`synthetic_cache_dir`).
     None, with a warning, when they cannot be made for this model."""
     digest = _weights_digest(model)
-    key = f"{digest}-{_settings_key()}"
+    key = _memory_key(digest)
     x = _SYNTHETIC_INPUTS.get(key)
     if x is not None:
         _SYNTHETIC_INPUTS.move_to_end(key)
@@ -581,7 +586,7 @@ def kept_synthetic_inputs(model, values=None):
     disk; None when they are not: nothing is made. Only reads the cache (safe on a
     thread beside a run)."""
     digest = _weights_digest(model, values)
-    x = _SYNTHETIC_INPUTS.get(f"{digest}-{_settings_key()}")
+    x = _SYNTHETIC_INPUTS.get(_memory_key(digest))
     if x is not None:
         return x
     return _load_synthetic(_synthetic_file(digest), model, synthetic.reduced_size(model))
