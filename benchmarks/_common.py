@@ -22,6 +22,37 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+#: ``HOPE_BENCH_MERGES=untrusted`` in the environment: the data-free correction leaves
+#: every BN a merge reaches as the run leaves it (`bn_stats.untrusted_tensors(...,
+#: trust_merges=False)`) instead of trusting the surrogate there. The studies that
+#: docs/benchmarks.md and docs/quality.md mark "merges untrusted" ran so, and their
+#: commands reproduce them with it.
+MERGES_ENV = "HOPE_BENCH_MERGES"
+
+
+def apply_merges_setting(environ=os.environ) -> bool:
+    """Applies `MERGES_ENV` (unset, ``trusted``: the library's rule); returns whether
+    the merges are untrusted. Refuses any other value."""
+    value = environ.get(MERGES_ENV, "trusted") or "trusted"
+    if value not in ("trusted", "untrusted"):
+        raise SystemExit(f"{MERGES_ENV} must be 'trusted' or 'untrusted'. "
+                         f"Received: {value!r}")
+    if value == "trusted":
+        return False
+    import functools
+
+    from hope_keras.stats import bn_stats
+
+    if not isinstance(bn_stats.untrusted_tensors, functools.partial):
+        bn_stats.untrusted_tensors = functools.partial(bn_stats.untrusted_tensors,
+                                                       trust_merges=False)
+        print(f"{MERGES_ENV}=untrusted: the data-free correction leaves every BN a "
+              "merge reaches as the run leaves it", flush=True)
+    return True
+
+
+apply_merges_setting()
+
 QUICK_HELP = ("tiny sizes and one point through the full run's code, in seconds (a "
               "check that the script runs, not a measurement); writes only under "
               "$HOPE_BENCH_QUICK_DIR or a new temporary folder")

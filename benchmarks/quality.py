@@ -241,15 +241,17 @@ def hope_methods(ctx):
         "hope_sc_moved": (dict(), AXES),
         "hope_re": (dict(), AXES),  # + BN statistics re-estimated on data (Bench.point)
         "hope_auto": (dict(correct_statistics="auto"), AXES),
-        # the default's correction with the surrogate trusted behind merges too
-        # (`surrogate_behind_merges`)
-        "hope_trust_merges": (dict(correct_statistics="auto"), AXES),
+        # the default's correction with every BN a merge reaches left as the run
+        # leaves it (`merges_untrusted`)
+        "hope_distrust_merges": (dict(correct_statistics="auto"), AXES),
         "hope_nocorr": (dict(correct_statistics=False), AXES),
         # the previous default (streams whole), and streams priced as one
         # reader's channel
         "hope_nostreams": (dict(cost=costs.HopeCost(groups="no_streams"),
                                 correct_statistics="auto"), AXES),
         "hope_one_reader": (dict(cost=OneReaderCost(), correct_statistics="auto"), AXES),
+        # the streams whole without the correction: the reference of the α orderings
+        "hope_nostreams_nocorr": (dict(cost=costs.HopeCost(groups="no_streams")), AXES),
         "hope_prune_auto": (dict(actions=("prune",), correct_statistics="auto"), ("density",)),
         "hope_alpha_merge": (dict(cost=order(0.0, alpha_merge=True)), ("density",)),
         "hope_prev": (dict(cost=order(0.0, alpha_merge=True)), AXES),
@@ -279,8 +281,8 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_sc", "hope_sc_moved", "hope_trust_merges", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
-              "hope_one_reader", "hope_topk", "hope_round8", "hope_topk_auto",
+HOPE_NAMES = ("hope", "hope_sc", "hope_sc_moved", "hope_distrust_merges", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
+              "hope_nostreams_nocorr", "hope_one_reader", "hope_topk", "hope_round8", "hope_topk_auto",
               "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc",
               "hope_neighbors", "hope_prune", "hope_noevict", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
               "hope_merge_paper", "rank_k", "rank_gamma", "rank_u", "rank_k_prune",
@@ -724,7 +726,7 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
                 bench.model, bench.analysis.graph, x)
         for axis in method_axes:
             fn = bench.run_hope if name in bench.hope else bench.run_baseline
-            with surrogate_behind_merges(name == "hope_trust_merges"):
+            with merges_untrusted(name == "hope_distrust_merges"):
                 points, note = fn(name, axis)
             row = " ".join(f"{p['target']:g}:{100 * p['acc']['sel']:.1f}/"
                            f"{100 * p['acc']['heldout']:.1f}" for p in points)
@@ -736,18 +738,17 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
 
 
 @contextlib.contextmanager
-def surrogate_behind_merges(on: bool):
-    """While `on`: the data-free correction trusts the surrogate behind merged groups
-    (`bn_stats.untrusted_tensors(..., trust_merges=True)`; evicted blocks and moved
-    residual sums still untrusted), which merged parents keeping their statistics may
-    allow."""
+def merges_untrusted(on: bool):
+    """While `on`: the data-free correction does not trust the surrogate behind
+    merged groups (`bn_stats.untrusted_tensors(..., trust_merges=False)`): every BN a
+    merge reaches keeps the statistics the run leaves it."""
     import functools
 
     from hope_keras.stats import bn_stats
 
     original = bn_stats.untrusted_tensors
     if on:
-        bn_stats.untrusted_tensors = functools.partial(original, trust_merges=True)
+        bn_stats.untrusted_tensors = functools.partial(original, trust_merges=False)
     try:
         yield
     finally:
@@ -781,11 +782,12 @@ LABELS = {
     "hope_topk_auto": "HOPE `merge_search=\"top_k\"`, the default's correction",
     "hope_sc": "HOPE + `correct_statistics`",
     "hope_sc_moved": "HOPE + `correct_statistics` without the trajectory (parents moved)",
-    "hope_trust_merges": "exp: the default's correction, the surrogate trusted behind merges",
+    "hope_distrust_merges": "the default's correction, BNs a merge reaches left as the run leaves them",
     "hope_re": "HOPE + BN re-estimated (uses data)",
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
     "hope_prune_auto": "HOPE prune-only, `correct_statistics=\"auto\"`",
-    "hope_nocorr": "HOPE `correct_statistics=False`",
+    "hope_nocorr": "HOPE default without the statistics correction (`correct_statistics=False`, as the variants)",
+    "hope_nostreams_nocorr": "HOPE `HopeCost(groups=\"no_streams\")` without the statistics correction (the α rows' scope)",
     "hope_nostreams": "HOPE `HopeCost(groups=\"no_streams\")` (streams whole; the previous default)",
     "hope_one_reader": "exp: HOPE, streams priced as one reader's channel (no factor R)",
     "hope_noevict": "exp: HOPE without evictions (`actions=(\"prune\", \"merge\")`)",
@@ -971,7 +973,7 @@ def decisions(results):
     dens = ("Mean accuracy % over the densities 0.9…0.3 (LeNet 0.8…0.2) that every "
             "listed method reached on that model.")
     block("Merge cost, merges, allocation (density axis)",
-          ["hope", "hope_alpha_merge", "hope_prev", "hope_merge_paper", "hope_prune",
+          ["hope", "hope_nocorr", "hope_alpha_merge", "hope_prev", "hope_merge_paper", "hope_prune",
            "hope_noevict", "hope_width_b50",
            "hope_neighbors", "hope_paper"], "density", dens)
     for axis in ("density", "flops"):
@@ -988,14 +990,14 @@ def decisions(results):
     ranks = ["rank_k", "rank_gamma", "rank_u", "rank_k_prune", "rank_gamma_prune",
              "rank_u_prune"]
     block("Within-layer ranking (density axis)",
-          ["hope", "rank_k", "rank_gamma", "rank_u", "hope_prune", "rank_k_prune",
+          ["hope", "hope_nocorr", "rank_k", "rank_gamma", "rank_u", "hope_prune", "rank_k_prune",
            "rank_gamma_prune", "rank_u_prune"], "density", dens, needs=ranks)
     for axis in ("density", "flops"):
         # Only the baselines run both ways (`name` and `name_mc`).
         mc_pairs = [x for b in BASELINES if b.endswith("_mc") and ran(b, axis)
                     for x in (b[:-3], b)]
         block(f"Mean compensation ({axis} axis)",
-              ["hope", "hope_mc", "hope_prune", "hope_prune_mc"] + mc_pairs, axis,
+              ["hope", "hope_nocorr", "hope_mc", "hope_prune", "hope_prune_mc"] + mc_pairs, axis,
               dens if axis == "density" else "Mean accuracy % over the FLOPs ratios "
               "0.9…0.3 every listed method reached.", needs=["hope_mc", "hope_prune_mc"])
     for axis in ("density", "flops"):
@@ -1025,7 +1027,8 @@ def decisions(results):
                          "difference at any point and split: " + ", ".join(diffs) + ".")
     for axis in ("params", "flops"):
         block(f"Ordering under a {axis}= budget",
-              ["hope", "order_a0", "order_a25", "order_a50", "order_a75", "order_param",
+              ["hope", "hope_nocorr", "hope_nostreams_nocorr", "order_a0", "order_a25",
+               "order_a50", "order_a75", "order_param",
                "hope_prev", "hope_paper"] + list(PLAIN_BASELINES), axis,
               f"Mean accuracy % over the {axis} ratios 0.9…0.3 every listed method "
               "reached on that model.")

@@ -281,7 +281,8 @@ def test_synthetic_inputs_made_after_the_run_equal_those_made_before(synthesis_c
     steps = enc.trajectory.steps
     untrusted = bn_stats.untrusted_tensors(enc.graph, steps, "auto")
     bn_stats.apply_correction(enc.graph.flat, enc.analysis.moments,
-                              moments.propagate(enc.graph.flat), untrusted)
+                              moments.propagate(enc.graph.flat), untrusted,
+                              bn_stats.merged_parents(enc.graph, steps))
     synthetic.correct_stream_readers(reference, untrusted)
     assert result.corrected
     for a, b in zip(model.get_weights(), ref.get_weights()):
