@@ -268,16 +268,16 @@ def use_data_correction(name):
     def from_data(self, steps):
         flat = self.graph.flat
         untrusted = bn_stats.untrusted_tensors(self.graph, steps, "auto")
+        parents = bn_stats.merged_parents(self.graph, steps)
         out = bn_stats.apply_correction(flat, self.moments, moments_lib.propagate(flat),
-                                        untrusted)
+                                        untrusted, parents)
         stale = bn_stats.downstream_of(self.graph, {s.unit for s in steps})
         readers = {n.index for n in synthetic.stream_readers(self.graph)}
         before = self._original_moments()  # the original's pass, waited for
         out.update(self._correct_on_data(
             {n.index for n in flat.nodes if n.index in before
              and n.inputs[0] in stale and n.inputs[0] in untrusted
-             and (name == "trusted" or n.index in readers)},
-            bn_stats.merged_parents(self.graph, steps)))
+             and (name == "trusted" or n.index in readers)}, parents))
         return out
 
     correction.StatisticsCorrection._from_data = from_data
