@@ -22,22 +22,21 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-#: ``HOPE_BENCH_MERGES=untrusted`` in the environment: the data-free correction leaves
-#: every BN a merge reaches as the run leaves it (`bn_stats.untrusted_tensors(...,
-#: trust_merges=False)`) instead of trusting the surrogate there. The studies that
-#: docs/benchmarks.md and docs/quality.md mark "merges untrusted" ran so, and their
-#: commands reproduce them with it.
+#: ``HOPE_BENCH_MERGES=trusted`` in the environment: the data-free correction trusts the
+#: surrogate behind merges too (`bn_stats.untrusted_tensors(..., trust_merges=True)`,
+#: the quality benchmark's `hope_trust_merges`) for a whole script; docs/quality.md,
+#: "The surrogate behind merges", runs the real checkpoints so.
 MERGES_ENV = "HOPE_BENCH_MERGES"
 
 
 def apply_merges_setting(environ=os.environ) -> bool:
-    """Applies `MERGES_ENV` (unset, ``trusted``: the library's rule); returns whether
-    the merges are untrusted. Refuses any other value."""
-    value = environ.get(MERGES_ENV, "trusted") or "trusted"
+    """Applies `MERGES_ENV` (unset or ``untrusted``: the library's rule); returns
+    whether the merges are trusted. Refuses any other value."""
+    value = environ.get(MERGES_ENV, "untrusted") or "untrusted"
     if value not in ("trusted", "untrusted"):
         raise SystemExit(f"{MERGES_ENV} must be 'trusted' or 'untrusted'. "
                          f"Received: {value!r}")
-    if value == "trusted":
+    if value == "untrusted":
         return False
     import functools
 
@@ -45,9 +44,9 @@ def apply_merges_setting(environ=os.environ) -> bool:
 
     if not isinstance(bn_stats.untrusted_tensors, functools.partial):
         bn_stats.untrusted_tensors = functools.partial(bn_stats.untrusted_tensors,
-                                                       trust_merges=False)
-        print(f"{MERGES_ENV}=untrusted: the data-free correction leaves every BN a "
-              "merge reaches as the run leaves it", flush=True)
+                                                       trust_merges=True)
+        print(f"{MERGES_ENV}=trusted: the data-free correction trusts the surrogate "
+              "behind merges", flush=True)
     return True
 
 

@@ -241,9 +241,9 @@ def hope_methods(ctx):
         "hope_sc_moved": (dict(), AXES),
         "hope_re": (dict(), AXES),  # + BN statistics re-estimated on data (Bench.point)
         "hope_auto": (dict(correct_statistics="auto"), AXES),
-        # the default's correction with every BN a merge reaches left as the run
-        # leaves it (`merges_untrusted`)
-        "hope_distrust_merges": (dict(correct_statistics="auto"), AXES),
+        # the default's correction with the surrogate trusted behind merges too
+        # (`surrogate_behind_merges`)
+        "hope_trust_merges": (dict(correct_statistics="auto"), AXES),
         "hope_nocorr": (dict(correct_statistics=False), AXES),
         # the previous default (streams whole), and streams priced as one
         # reader's channel
@@ -281,7 +281,7 @@ def hope_methods(ctx):
     }
 
 
-HOPE_NAMES = ("hope", "hope_sc", "hope_sc_moved", "hope_distrust_merges", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
+HOPE_NAMES = ("hope", "hope_sc", "hope_sc_moved", "hope_trust_merges", "hope_re", "hope_auto", "hope_nocorr", "hope_nostreams",
               "hope_nostreams_nocorr", "hope_one_reader", "hope_topk", "hope_round8", "hope_topk_auto",
               "hope_alpha_merge", "hope_prev", "hope_paper", "hope_neurons", "hope_mc",
               "hope_neighbors", "hope_prune", "hope_noevict", "hope_prune_sc", "hope_prune_auto", "hope_prune_mc",
@@ -726,7 +726,7 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
                 bench.model, bench.analysis.graph, x)
         for axis in method_axes:
             fn = bench.run_hope if name in bench.hope else bench.run_baseline
-            with merges_untrusted(name == "hope_distrust_merges"):
+            with surrogate_behind_merges(name == "hope_trust_merges"):
                 points, note = fn(name, axis)
             row = " ".join(f"{p['target']:g}:{100 * p['acc']['sel']:.1f}/"
                            f"{100 * p['acc']['heldout']:.1f}" for p in points)
@@ -738,17 +738,18 @@ def run(model_name, n_sel, n_heldout, methods=None, densities=DENSITIES,
 
 
 @contextlib.contextmanager
-def merges_untrusted(on: bool):
-    """While `on`: the data-free correction does not trust the surrogate behind
-    merged groups (`bn_stats.untrusted_tensors(..., trust_merges=False)`): every BN a
-    merge reaches keeps the statistics the run leaves it."""
+def surrogate_behind_merges(on: bool):
+    """While `on`: the data-free correction trusts the surrogate behind merged groups
+    (`bn_stats.untrusted_tensors(..., trust_merges=True)`; evicted blocks and moved
+    residual sums still untrusted), which merged parents keeping their statistics may
+    allow."""
     import functools
 
     from hope_keras.stats import bn_stats
 
     original = bn_stats.untrusted_tensors
     if on:
-        bn_stats.untrusted_tensors = functools.partial(original, trust_merges=False)
+        bn_stats.untrusted_tensors = functools.partial(original, trust_merges=True)
     try:
         yield
     finally:
@@ -782,7 +783,7 @@ LABELS = {
     "hope_topk_auto": "HOPE `merge_search=\"top_k\"`, the default's correction",
     "hope_sc": "HOPE + `correct_statistics`",
     "hope_sc_moved": "HOPE + `correct_statistics` without the trajectory (parents moved)",
-    "hope_distrust_merges": "the default's correction, BNs a merge reaches left as the run leaves them",
+    "hope_trust_merges": "exp: the default's correction, the surrogate trusted behind merges",
     "hope_re": "HOPE + BN re-estimated (uses data)",
     "hope_auto": "HOPE `compress(correct_statistics=\"auto\")`",
     "hope_prune_auto": "HOPE prune-only, `correct_statistics=\"auto\"`",

@@ -518,16 +518,19 @@ def main(argv=None):
                         help="where the default and l1 global remove channels on fer")
     parser.add_argument("--report", action="store_true",
                         help="only re-write the .md from benchmarks/results/real_checkpoints.json")
+    parser.add_argument("--tag", default="", help="results in real_checkpoints<TAG>.json "
+                        "and .md (a variant's run beside the default's)")
     args = parser.parse_args(argv)
+    name = "real_checkpoints" + args.tag
     if args.fer_diagnostic:
         for n in ("data", "fer"):
             install(n)
         fer_diagnostic()
         return 0
     if args.report:
-        out = json.loads((RESULTS / "real_checkpoints.json").read_text())
+        out = json.loads((RESULTS / f"{name}.json").read_text())
         md = markdown(out["infos"], out["rows"])
-        (RESULTS / "real_checkpoints.md").write_text(md)
+        (RESULTS / f"{name}.md").write_text(md)
         print(md)
         return 0
     keras.utils.set_random_seed(0)
@@ -548,7 +551,7 @@ def main(argv=None):
     for n in ("data", *args.models):
         install(n)
     infos, rows = {}, []
-    previous = RESULTS / "real_checkpoints.json"
+    previous = RESULTS / f"{name}.json"
     if previous.exists():  # a run of some models keeps the others' results
         old = json.loads(previous.read_text())
         infos = {k: v for k, v in old["infos"].items() if k not in args.models}
@@ -559,9 +562,9 @@ def main(argv=None):
         rows += r
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"keras": keras.__version__, "infos": infos, "rows": rows}
-    (RESULTS / "real_checkpoints.json").write_text(json.dumps(out, indent=1))
+    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=1))
     md = markdown(infos, rows)
-    (RESULTS / "real_checkpoints.md").write_text(md)
+    (RESULTS / f"{name}.md").write_text(md)
     print(md)
     return 0
 

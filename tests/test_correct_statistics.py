@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import hope_keras
-from hope_keras.stats import bn_stats
 
 L = keras.layers
 
@@ -111,11 +110,10 @@ def test_compress_option_equals_the_function_after_prune_only_runs(mode):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_auto_corrects_behind_merges_keeping_the_parent_and_replays_prefixes():
-    """"auto" without residual sums or evictions: after a prune in fc0 and a merge in
-    fc1, every BN is corrected as `correct_statistics` with the steps corrects it
-    (the surrogate is trusted behind the merge; the merged parent's channel keeps
-    the statistics its merge wrote); a replay corrects for the steps it replays."""
+def test_auto_leaves_the_statistics_behind_merges_and_replays_prefixes():
+    """"auto": after a prune in fc0 and a merge in fc1, fc1's BN (downstream of the
+    merge) keeps its statistics; a replay decides on the steps it replays: after the
+    prune alone, fc1's BN (whose input lost a channel) is corrected."""
     from hope_keras.search.encoder import Action
 
     enc = hope_keras.Encoder(_two_layer_mlp(1))
@@ -123,31 +121,26 @@ def test_auto_corrects_behind_merges_keeping_the_parent_and_replays_prefixes():
     enc.execute(Action("merge", "fc1", 0, 1, 0.0, 0.0, 1.0, 1))
     enc.editor.commit()
     meta = dict(enc.trajectory.meta)
-    steps = enc.trajectory.steps
-    plain = hope_keras.Trajectory(meta, steps)
+    plain = hope_keras.Trajectory(meta, enc.trajectory.steps)
     auto = hope_keras.Trajectory(
-        {**meta, "options": {**meta["options"], "correct_statistics": "auto"}}, steps)
-    for n in (2, 1):
+        {**meta, "options": {**meta["options"], "correct_statistics": "auto"}},
+        enc.trajectory.steps)
+    for n, corrected in ((2, {"fc0_bn"}), (1, {"fc0_bn", "fc1_bn"})):
         ref = _two_layer_mlp(1)
         analysis = hope_keras.analyze(ref)
-        run_left = _bn_stats(plain.replay(ref, step=n))
-        new = hope_keras.correct_statistics(
-            ref, analysis, trajectory=hope_keras.Trajectory(meta, steps[:n]))
-        assert set(new) == {"fc0_bn", "fc1_bn"}
+        ref_stats = _bn_stats(plain.replay(ref, step=n))
+        new = hope_keras.correct_statistics(ref, analysis, exclude=["fc1"] if n == 2 else [])
+        assert set(new) == corrected
         got = _bn_stats(auto.replay(_two_layer_mlp(1), step=n))
         for name, (mean, var) in got.items():
-            np.testing.assert_allclose(mean, new[name][0], rtol=1e-6, atol=1e-7)
-            np.testing.assert_allclose(var, new[name][1], rtol=1e-6)
-        # fc1's input lost fc0's channel 3: its BN moved, but not the parent's channel.
-        parents = bn_stats.merged_parents(analysis.graph, steps[:n]).get("fc1_bn", [])
-        assert list(parents) == ([0] if n == 2 else [])
-        moved = np.ones(12, dtype=bool)
-        moved[list(parents)] = False
-        moved[1] = n == 1  # the merge's dead child (n = 2) keeps what the edit wrote
-        assert not np.allclose(got["fc1_bn"][0][moved], run_left["fc1_bn"][0][moved])
-        for c in parents:
-            assert got["fc1_bn"][0][c] == run_left["fc1_bn"][0][c]
-            assert got["fc1_bn"][1][c] == run_left["fc1_bn"][1][c]
+            if name in corrected:
+                if name == "fc1_bn":  # the prune in fc0 moved its input
+                    assert not np.allclose(mean, ref_stats[name][0])
+                np.testing.assert_allclose(mean, new[name][0], rtol=1e-6, atol=1e-7)
+                np.testing.assert_allclose(var, new[name][1], rtol=1e-6)
+            else:
+                np.testing.assert_array_equal(mean, ref_stats[name][0])
+                np.testing.assert_array_equal(var, ref_stats[name][1])
 
 
 def test_correction_option_and_exclude_are_validated():

@@ -119,11 +119,10 @@ def test_kept_counts_stream_channels_and_other_neurons(quality, tmp_path, monkey
     assert capsys.readouterr().out.splitlines()[-1] == "| hope | 0.9 | 100 | 204 | 91.2 / 88.8 |"
 
 
-def test_merges_untrusted_switch_adds_what_only_a_merge_reaches_inside(quality):
-    """`hope_distrust_merges`' switch: inside it the data-free correction's untrusted
-    tensors add what a merge reaches (the library trusts the surrogate there; an
-    eviction or a moved residual sum counts either way); outside, and after an
-    error, the library's rule is back."""
+def test_surrogate_behind_merges_trusts_merged_groups_only_inside(quality):
+    """`hope_trust_merges`' switch: inside it the data-free correction's untrusted
+    tensors leave out what only a merge reaches (an eviction or a moved residual sum
+    still counts); outside, and after an error, the library's rule is back."""
     from hope_keras.search.encoder import Action
     from hope_keras.stats import bn_stats
 
@@ -134,44 +133,44 @@ def test_merges_untrusted_switch_adds_what_only_a_merge_reaches_inside(quality):
     steps = enc.trajectory.steps
     library = bn_stats.untrusted_tensors
     behind = bn_stats.downstream_of(enc.graph, {merged})
-    rule = library(enc.graph, steps, "auto")
-    assert behind and not behind <= rule
-    with quality.merges_untrusted(True):
+    assert behind and behind <= library(enc.graph, steps, "auto")
+    with quality.surrogate_behind_merges(True):
         inside = bn_stats.untrusted_tensors(enc.graph, steps, "auto")
         assert bn_stats.untrusted_tensors(enc.graph, steps, True) == set()
-    assert rule < inside and (inside - rule) <= behind and behind <= inside
+    rule = library(enc.graph, steps, "auto")
+    assert inside < rule and (rule - inside) <= behind
     with pytest.raises(RuntimeError):
-        with quality.merges_untrusted(True):
+        with quality.surrogate_behind_merges(True):
             raise RuntimeError("restored after an error")
     assert bn_stats.untrusted_tensors is library
-    with quality.merges_untrusted(False):
+    with quality.surrogate_behind_merges(False):
         assert bn_stats.untrusted_tensors is library
 
 
 def test_the_benchmarks_merges_setting_patches_only_when_asked(quality, monkeypatch):
-    """``HOPE_BENCH_MERGES``: unset or ``trusted`` keeps the library's rule,
-    ``untrusted`` is `hope_distrust_merges`' rule for a whole script, anything else is
+    """``HOPE_BENCH_MERGES``: unset or ``untrusted`` keeps the library's rule,
+    ``trusted`` is `hope_trust_merges`' rule for a whole script, anything else is
     refused with the value echoed."""
     import sys
 
+    from hope_keras.search.encoder import Action
     from hope_keras.stats import bn_stats
 
     common = sys.modules["_common"]
     library = bn_stats.untrusted_tensors
     monkeypatch.setattr(bn_stats, "untrusted_tensors", library)
     assert common.apply_merges_setting({}) is False
-    assert common.apply_merges_setting({common.MERGES_ENV: "trusted"}) is False
+    assert common.apply_merges_setting({common.MERGES_ENV: "untrusted"}) is False
     assert bn_stats.untrusted_tensors is library
     with pytest.raises(SystemExit, match="Received: 'maybe'"):
         common.apply_merges_setting({common.MERGES_ENV: "maybe"})
-    assert common.apply_merges_setting({common.MERGES_ENV: "untrusted"}) is True
-    assert common.apply_merges_setting({common.MERGES_ENV: "untrusted"}) is True  # once
+    assert common.apply_merges_setting({common.MERGES_ENV: "trusted"}) is True
+    assert common.apply_merges_setting({common.MERGES_ENV: "trusted"}) is True  # once
     model = small_resnet(seed=3)
     enc = hope_keras.Encoder(model, correction=False, verbose=False)
     merged = next(n for n, g in enc.graph.groups.items() if g.kind == "neurons" and not g.stream)
-    from hope_keras.search.encoder import Action
     enc.execute(Action("merge", merged, 0, 1, 0.0, 0.0, 1.0, 1))
     steps = enc.trajectory.steps
     assert bn_stats.untrusted_tensors(enc.graph, steps, "auto") == library(
-        enc.graph, steps, "auto", trust_merges=False)
+        enc.graph, steps, "auto", trust_merges=True)
     assert bn_stats.untrusted_tensors.func is library

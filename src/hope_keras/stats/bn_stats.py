@@ -375,9 +375,9 @@ def correct_statistics(model, analysis, exclude=(), trajectory=None) -> dict:
     residual stream are where its independent channels fail (ResNet-50 fixture at
     density 0.5: 52.4 % with the trajectory against 75.4 % with `compress`'s
     correction, which measures them on synthetic inputs). ``compress``'s data-free
-    correction (the default without ``data=``) applies it, merged parents kept, where
-    the prediction's independence assumptions survive the edits: not downstream of an
-    evicted block or of a sum (a residual ``Add``) whose input moved
+    correction (the default without ``data=``) applies it only where the prediction's
+    independence assumptions survive the edits: not downstream of a merged group, an
+    evicted block, or a sum (a residual ``Add``) whose input moved
     (`untrusted_tensors`). ``exclude`` names groups and blocks to leave out here.
 
     Args:
@@ -606,17 +606,18 @@ def _weights_digest(model, values=None) -> str:
     return h.hexdigest()
 
 
-def untrusted_tensors(graph, steps, mode, trust_merges: bool = True) -> set:
+def untrusted_tensors(graph, steps, mode, trust_merges: bool = False) -> set:
     """Tensor keys whose predicted moments the correction ``mode`` (`hope_keras.stats.correction`) does
     not trust after `steps` (a trajectory's): none for True; for ``"auto"`` and
-    ``"surrogate"`` everything downstream of an evicted block, and of a sum or
+    ``"surrogate"``
+    everything downstream of a merged group or an evicted block, and of a sum or
     product of tensors (``Add``, ``Multiply``, …) one of whose inputs the edits
-    moved: the propagation treats a sum's inputs (a residual branch and its
-    shortcut) as independent. Behind a merge it is trusted: the merged parent keeps
-    the statistics its merge wrote, and the layers after it are predicted from them
-    (docs/quality.md, "The surrogate is trusted behind merges").
-    ``trust_merges=False``: what a merge reaches is not trusted either (the quality
-    benchmark's comparison)."""
+    moved. The propagation treats a merged parent's children, and a sum's inputs
+    (a residual branch and its shortcut), as independent; after prunes elsewhere
+    its predictions are what the correction was measured on. ``trust_merges``: what
+    only a merge reaches is trusted too (an experiment of the quality benchmark:
+    ahead on two small models, up to 18.9 points behind on a real VGG16, docs/quality.md,
+    "The surrogate behind merges")."""
     if mode is True:
         return set()
     moved = downstream_of(graph, {s.unit for s in steps})

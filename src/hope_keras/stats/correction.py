@@ -10,8 +10,7 @@ is gone. `StatisticsCorrection` puts them right after a run, one of three ways:
   made. The original is measured on a thread while the run edits the model, from
   a copy of its weights taken before the first edit (`MEASURE_ALONGSIDE`).
 * **data-free** (``"auto"``, the default): the Gaussian surrogate predicts the new
-  statistics where its independence assumptions hold (`hope_keras.scoring.moments`:
-  after prunes and merges, not behind an eviction or a residual sum the run moved), and
+  statistics where its independence assumptions hold (`hope_keras.scoring.moments`), and
   the readers of a residual stream the run moved are measured on synthetic inputs
   made from the original weights (`hope_keras.stats.synthetic`). Those inputs are made
   only when the run moved such a stream, after the run, and kept for later runs
