@@ -6,6 +6,7 @@ or docs/). tests/test_benchmarks_quick.py runs each one that way (``make
 test-benchmarks``).
 """
 
+import json
 import os
 import resource
 import sys
@@ -89,6 +90,14 @@ def quick_dir() -> Path:
 def quick_path(path) -> Path:
     """`path`'s file name inside `quick_dir()`."""
     return quick_dir() / Path(path).name
+
+
+def write_results(path, out, quick=False) -> Path:
+    """Writes `out` as indented JSON to `path`, or to `quick_path(path)` for a
+    ``--quick`` run; returns where it went."""
+    path = quick_path(path) if quick else Path(path)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return path
 
 
 def forward_time(model, x, repeats=5) -> float:

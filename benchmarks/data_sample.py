@@ -27,7 +27,6 @@ Writes benchmarks/results/data_sample_224<--tag>.json.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -38,7 +37,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 import real_checkpoints as rc  # noqa: E402
 from _common import (QUICK_RESNET_SIZE, add_quick, calibrated_resnet50,  # noqa: E402
-                     quick_path)
+                     write_results)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -137,10 +136,7 @@ def main():
         print(f"data-free: {out['data-free']}", flush=True)
     print(f"uncorrected: {out['uncorrected']}")
     path = os.path.join(RESULTS, f"data_sample_{size}{args.tag}.json")
-    path = quick_path(path) if args.quick else path
-    with open(path, "w") as fh:
-        json.dump(out, fh, indent=1)
-    print(f"wrote {path}")
+    print(f"wrote {write_results(path, out, args.quick)}")
 
 
 if __name__ == "__main__":

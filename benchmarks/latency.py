@@ -38,7 +38,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
-from _common import add_quick, quick_path
+from _common import add_quick, write_results
 
 import hope_keras
 
@@ -199,8 +199,7 @@ def measure(name, args):
            "load_before": load_before, "load_after": os.getloadavg(),
            "cpu_count": os.cpu_count(), "rows": rows}
     path = RESULTS / f"latency_{name}{'_fold' if args.fold_batchnorm else ''}.json"
-    path = quick_path(path) if args.quick else path
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path = write_results(path, out, args.quick)
     print(f"load average {load_before[0]:.2f} before, {out['load_after'][0]:.2f} after; "
           f"wrote {path}", flush=True)
 
@@ -236,8 +235,7 @@ def budget_run(name, args):
            "load_before": load_before, "load_after": os.getloadavg(),
            "cpu_count": os.cpu_count()}
     path = RESULTS / f"latency_budget_{name}_b{args.budget_batch}.json"
-    path = quick_path(path) if args.quick else path
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path = write_results(path, out, args.quick)
     print(f"{name}: latency={args.latency_budget} (batch {args.budget_batch}): measured "
           f"{result.latency_ratio:.3f} after {len(rounds)} rounds ({result.stopped}), "
           f"FLOPs {result.flops_ratio:.3f}, params {result.params_ratio:.3f}; re-measured "

@@ -43,7 +43,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from _common import (QUICK_RESNET_SIZE, add_quick, calibrated_resnet50,  # noqa: E402
-                     forward_time, quick_path)
+                     forward_time, quick_path, write_results)
 
 import keras  # noqa: E402
 
@@ -217,10 +217,7 @@ def main():
                  "benchmarks.md, 'Beside a peer') or pass --torch-python.")
     out["hope_keras"] = keras_side(args.size, args.flops, args.repeats, data_images,
                                    args.latency_only)
-    target = quick_path(results) if args.quick else results
-    with open(target, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"wrote {target}")
+    print(f"wrote {write_results(results, out, args.quick)}")
 
 
 if __name__ == "__main__":
