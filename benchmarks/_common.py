@@ -92,11 +92,11 @@ def quick_path(path) -> Path:
     return quick_dir() / Path(path).name
 
 
-def write_results(path, out, quick=False) -> Path:
-    """Writes `out` as indented JSON to `path`, or to `quick_path(path)` for a
-    ``--quick`` run; returns where it went."""
+def write_results(path, out, quick=False, **json_options) -> Path:
+    """Writes `out` as indented JSON (`json.dumps` options beside) to `path`, or to
+    `quick_path(path)` for a ``--quick`` run; returns where it went."""
     path = quick_path(path) if quick else Path(path)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path.write_text(json.dumps(out, indent=1, **json_options) + "\n")
     return path
 
 

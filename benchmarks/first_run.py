@@ -42,7 +42,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import calibrated_resnet50, forward_time  # noqa: E402
+from _common import calibrated_resnet50, forward_time, write_results  # noqa: E402
 
 import keras  # noqa: E402
 
@@ -341,19 +341,17 @@ def main():
     args = p.parse_args()
     if args.compare_original_pass:
         out = compare_original_pass(args.size, args.repeats)
-        with open(os.path.join(RESULTS, f"first_run_original_pass_{args.size}.json"), "w") as f:
-            json.dump(out, f, indent=1)
+        write_results(os.path.join(RESULTS, f"first_run_original_pass_{args.size}.json"), out)
         return
     if args.compare_values:
         out = compare_values(args.size, args.compare_values, args.repeats)
-        with open(os.path.join(RESULTS, f"first_run_values_{args.size}.json"), "w") as f:
-            json.dump(out, f, indent=1)
+        write_results(os.path.join(RESULTS, f"first_run_values_{args.size}.json"), out)
         return
     if args.variants:
         names = [n.strip() for n in args.variants.split(",")]
         out = variants(args.size, names, args.repeats)
-        with open(os.path.join(RESULTS, f"first_run_variants_{args.size}.json"), "w") as f:
-            json.dump(out, f, indent=1, ensure_ascii=False)
+        write_results(os.path.join(RESULTS, f"first_run_variants_{args.size}.json"), out,
+                      ensure_ascii=False)
         return
     suffix = ""
     if args.synthetic_inputs:
@@ -387,10 +385,8 @@ def main():
     if args.time:
         out = timing(32 if args.quick else args.size, args.quick, args.only)
         if not args.quick:
-            with open(os.path.join(RESULTS, f"first_run_time_{args.size}{suffix}{values}"
-                                   f"{'_' + args.only if args.only else ''}.json"),
-                      "w") as f:
-                json.dump(out, f, indent=1)
+            write_results(os.path.join(RESULTS, f"first_run_time_{args.size}{suffix}{values}"
+                                       f"{'_' + args.only if args.only else ''}.json"), out)
     if args.quality:
         use_data_correction(args.data_correction)
         out = quality(args.quick, 256 if args.quick else args.data_inputs, args.only,
@@ -406,8 +402,7 @@ def main():
             if args.reestimated:
                 suffix += "_reestimated"
             name = f"first_run_quality{suffix}{'_' + args.only if args.only else ''}.json"
-            with open(os.path.join(RESULTS, name), "w") as f:
-                json.dump(out, f, indent=1)
+            write_results(os.path.join(RESULTS, name), out)
 
 
 if __name__ == "__main__":
