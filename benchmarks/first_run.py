@@ -170,6 +170,9 @@ VARIANTS = {
     "quarter@quarter": dict(MEASURE_SCALE=4),
     "half@half 50 steps": dict(MEASURE_SCALE=2, SYNTHETIC_STEPS=50),
     "quarter@quarter 50 steps": dict(MEASURE_SCALE=4, SYNTHETIC_STEPS=50),
+    # Fewer steps, all at the full size (as at 32 × 32, where no step is coarse).
+    "full 25 steps": dict(COARSE_FRACTION=0.0, SYNTHETIC_STEPS=25),
+    "full 12 steps": dict(COARSE_FRACTION=0.0, SYNTHETIC_STEPS=12),
 }
 
 

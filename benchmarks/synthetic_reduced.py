@@ -19,7 +19,7 @@ passed to `synthesize_inputs` whatever the fixture's size):
   up to its global pooling, and only the relative change between the original and the
   edited model is used);
 * ``… N steps``: the same with N Adam steps instead of 100 (``full N steps``: the
-  default's sizes with N steps).
+  default's sizes with N steps; ``full N steps lr L``: and learning rate L).
 
 Each point is compressed once with ``correct_statistics="surrogate"``; then, for each
 setting and seed, the inputs are made from the uncompressed model and the stream
@@ -57,7 +57,7 @@ POINTS = {"density 0.9": dict(density=0.9), "density 0.8": dict(density=0.8),
 def settings(side):
     """Setting name → `synthesize_inputs` keyword arguments, for a model of `side`."""
     out = {"default": {}}
-    for steps in (100, 50, 25, 5):
+    for steps in (100, 50, 25, 12, 5):
         tail = "" if steps == 100 else f" {steps} steps"
         if tail:
             out["full" + tail] = dict(steps=steps)
@@ -65,6 +65,8 @@ def settings(side):
         out["quarter→full" + tail] = dict(steps=steps, coarse_steps=steps, coarse_scale=4)
         out["half@half" + tail] = dict(steps=steps, size=side // 2, coarse_steps=0)
         out["quarter@quarter" + tail] = dict(steps=steps, size=side // 4, coarse_steps=0)
+        for lr in (0.2, 0.3, 0.5):  # fewer steps, larger ones
+            out[f"full{tail or ' 100 steps'} lr {lr}"] = dict(steps=steps, learning_rate=lr)
     return out
 
 
