@@ -51,6 +51,30 @@ def mlp(widths=(12, 10), d_in=6, d_out=3, seed=0, name="mlp"):
     return randomize_bn(keras.Model(inputs, outputs, name=name), seed)
 
 
+def clustered_mlp(seed, widths=(24, 20), noise=0.05):
+    """An MLP whose hidden neurons come in noisy pairs and triples (input filter,
+    BN statistics and output rows), so merges compete with prunes."""
+    model = mlp(widths, d_in=7, seed=seed)
+    rng = np.random.default_rng(seed)
+    names = [f"fc{k}" for k in range(len(widths))] + ["head"]
+    for k, w in enumerate(widths):
+        src = rng.integers(0, w // 3, size=w)  # each neuron copies one of the first third
+        src[: w // 3] = np.arange(w // 3)
+        scale = rng.uniform(0.5, 2.0, size=w)
+        p, bn, nxt = (model.get_layer(n) for n in (names[k], names[k] + "_bn", names[k + 1]))
+        kern = p.kernel.numpy()
+        new = kern[:, src] * (1 + noise * rng.normal(size=kern.shape))
+        p.kernel.assign(new.astype("float32"))
+        p.bias.assign((p.bias.numpy()[src] * (1 + noise * rng.normal(size=w))).astype("float32"))
+        for attr in ("gamma", "beta", "moving_mean", "moving_variance"):
+            v = getattr(bn, attr).numpy()[src]
+            getattr(bn, attr).assign((v * (1 + noise * np.abs(rng.normal(size=w)))).astype("float32"))
+        out = nxt.kernel.numpy()
+        out = out[src] / scale[:, None] * (1 + noise * rng.normal(size=out.shape))
+        nxt.kernel.assign(out.astype("float32"))
+    return model
+
+
 def small_resnet(seed=0, name="small_resnet"):
     """Conv stem, one identity block, Conv → pool → Flatten → Dense → BN → ReLU → head."""
     keras.utils.set_random_seed(seed)

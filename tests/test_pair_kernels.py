@@ -12,8 +12,7 @@ from hope_keras.activations import kernels
 from hope_keras.scoring import cost_formulas, pair_kernels
 from hope_keras.scoring.cache import GroupCache, PairValues
 
-from conftest import conv_net, plant_duplicate, small_resnet
-from test_candidates import clustered_mlp
+from conftest import clustered_mlp, conv_net, plant_duplicate, small_resnet
 
 
 def oracle_pair_values(cache, a, b, with_B=True):
