@@ -19,7 +19,8 @@ passed to `synthesize_inputs` whatever the fixture's size):
   up to its global pooling, and only the relative change between the original and the
   edited model is used);
 * ``… N steps``: the same with N Adam steps instead of 100 (``full N steps``: the
-  default's sizes with N steps; ``full N steps lr L``: and learning rate L).
+  default's sizes with N steps; ``full N steps lr L``: and learning rate L;
+  ``cosine N``: N steps, the learning rate decayed from 0.1 to 0 along them).
 
 Each point is compressed once with ``correct_statistics="surrogate"``; then, for each
 setting and seed, the inputs are made from the uncompressed model and the stream
@@ -56,6 +57,8 @@ POINTS = {"density 0.9": dict(density=0.9), "density 0.8": dict(density=0.8),
 
 def settings(side):
     """Setting name → `synthesize_inputs` keyword arguments, for a model of `side`."""
+    import keras
+
     out = {"default": {}}
     for steps in (100, 50, 25, 12, 5):
         tail = "" if steps == 100 else f" {steps} steps"
@@ -67,7 +70,17 @@ def settings(side):
         out["quarter@quarter" + tail] = dict(steps=steps, size=side // 4, coarse_steps=0)
         for lr in (0.2, 0.3, 0.5):  # fewer steps, larger ones
             out[f"full{tail or ' 100 steps'} lr {lr}"] = dict(steps=steps, learning_rate=lr)
+        # The learning rate decayed from the default's 0.1 to 0 over the steps.
+        out[f"cosine {steps}"] = dict(
+            steps=steps, learning_rate=keras.optimizers.schedules.CosineDecay(0.1, steps))
     return out
+
+
+def _recorded(kwargs):
+    """A setting's keywords as the results file records them (a schedule by its
+    class and config)."""
+    return {k: v if isinstance(v, (bool, int, float, str, type(None)))
+            else {type(v).__name__: v.get_config()} for k, v in kwargs.items()}
 
 
 def main():
@@ -109,7 +122,7 @@ def main():
     for name in chosen:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             seconds, acc = corrected(b, compressed, seed=seed, **table[name])
-            row = dict(setting=name, kwargs={k: v for k, v in table[name].items()},
+            row = dict(setting=name, kwargs=_recorded(table[name]),
                        seed=seed, seconds=round(seconds, 1),
                        load=round(os.getloadavg()[0], 2), acc=acc)
             record["rows"].append(row)
