@@ -18,7 +18,9 @@ re-estimated on the data, at densities 0.9 …
 Fashion-MNIST training images (``--data-inputs N``: N of them, the results file named
 ``..._inputsN``; ``--values-per-channel V``: the sample's rule, default the library's
 `DATA_VALUES_PER_CHANNEL`, the file named ``..._valuesV``; ``--data-correction
-trusted|readers|parents-moved``: which BNs ``data=`` measures, `use_data_correction`).
+trusted|readers|parents-moved``: which BNs ``data=`` measures, `use_data_correction`;
+``--data-offset K``: the training images K … K + N − 1 instead, the file named
+``..._offsetK``).
 ``--quick``: density 0.9 only. ``--moments backend``: the corrections measure the BN
 inputs' moments with the backend's float32 reductions instead of the compiled kernel
 (results files ``..._backend_moments``). ``--original-pass in-turn``: ``data=`` measures
@@ -209,13 +211,13 @@ def variants(size, names, repeats):
     return {"size": size, "shape": list(shape), "rows": rows}
 
 
-def quality(quick, data_inputs, only=None, heldout=1000, reestimated=False):
+def quality(quick, data_inputs, only=None, heldout=1000, reestimated=False, data_offset=0):
     import quality as Q
 
     model, splits, _ = Q.load_splits("resnet50", 1000, heldout)
     ev = Q.Evaluator(model, splits)
     original = [w.numpy().copy() for w in model.weights]
-    train = _training_images(data_inputs)
+    train = _training_images(data_inputs, data_offset)
     points = [("density", d) for d in DENSITIES] + [("flops", f) for f in FLOPS]
     if quick:
         points = points[:1]
@@ -286,13 +288,13 @@ def use_data_correction(name):
     correction.StatisticsCorrection._from_data = from_data
 
 
-def _training_images(n):
-    """The first `n` Fashion-MNIST training images as the fixture sees them (in
-    [0, 1], zero-padded to 32 × 32, repeated on 3 channels, as `quality.load_splits`)."""
+def _training_images(n, offset=0):
+    """`n` Fashion-MNIST training images from the `offset`-th, as the fixture sees them
+    (in [0, 1], zero-padded to 32 × 32, repeated on 3 channels, as `quality.load_splits`)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
     from make_fixtures import load_fashion_mnist
 
-    x = load_fashion_mnist()["x_train"][:n].astype("float32") / 255.0
+    x = load_fashion_mnist()["x_train"][offset:offset + n].astype("float32") / 255.0
     x = np.pad(x, ((0, 0), (2, 2), (2, 2)))
     return np.repeat(x[..., None], 3, axis=-1)
 
@@ -303,6 +305,8 @@ def main():
     p.add_argument("--quality", action="store_true")
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--data-inputs", type=int, default=1024)
+    p.add_argument("--data-offset", type=int, default=0,
+                   help="--quality: the data= images start at this training image")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--heldout", type=int, default=1000,
                    help="--quality: held-out test images (after the bundled 2000; at "
@@ -393,12 +397,14 @@ def main():
     if args.quality:
         use_data_correction(args.data_correction)
         out = quality(args.quick, 256 if args.quick else args.data_inputs, args.only,
-                      args.heldout, args.reestimated)
+                      args.heldout, args.reestimated, args.data_offset)
         if not args.quick:
             if args.heldout != 1000:
                 suffix += f"_heldout{args.heldout}"
             if args.data_inputs != 1024:
                 suffix += f"_inputs{args.data_inputs}"
+            if args.data_offset:
+                suffix += f"_offset{args.data_offset}"
             suffix += values
             if args.data_correction != "stale":
                 suffix += f"_{args.data_correction}"
