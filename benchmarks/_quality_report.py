@@ -42,7 +42,7 @@ LABELS = {
     "hope_one_reader": "exp: HOPE, streams priced as one reader's channel (no factor R)",
     "hope_noevict": "exp: HOPE without evictions (`actions=(\"prune\", \"merge\")`)",
     "hope_alpha_merge": "HOPE, merges priced by α* (the previous merge cost)",
-    "hope_prev": "HOPE cost of 864cb63 (α* merge cost, J per neuron)",
+    "hope_prev": "HOPE with the α* merge cost, ranked per neuron under every budget",
     "hope_paper": "HOPE `cost=\"paper\"`",
     "hope_neurons": "exp: default cost on the paper's neuron layers only (streams whole)",
     "hope_mc": "HOPE + mean compensation",
