@@ -18,9 +18,14 @@ re-estimated on the data, at densities 0.9 …
 Fashion-MNIST training images (``--data-inputs N``: N of them, the results file named
 ``..._inputsN``; ``--values-per-channel V``: the sample's rule, default the library's
 `DATA_VALUES_PER_CHANNEL`, the file named ``..._valuesV``; ``--data-correction
-trusted|readers|parents-moved``: which BNs ``data=`` measures, `use_data_correction`;
+trusted|readers|parents-moved|stream-formula|stream-formula-stale|damped-readers``:
+which BNs ``data=`` measures and how, `use_data_correction`;
 ``--data-offset K``: the training images K … K + N − 1 instead, the file named
 ``..._offsetK``).
+``--fixture PATH``: another saved model of the fixture's recipe instead (the results
+file named after it). ``--compare-readers D …``: what the stream readers' correction
+writes from the synthetic inputs and from the data, reader by reader, at densities D
+(`compare_readers`; ``first_run_readers.json``).
 ``--quick``: density 0.9 only. ``--moments backend``: the corrections measure the BN
 inputs' moments with the backend's float32 reductions instead of the compiled kernel
 (results files ``..._backend_moments``). ``--original-pass in-turn``: ``data=`` measures
@@ -259,8 +264,16 @@ def use_data_correction(name):
     on the data instead of synthetic inputs (the other untrusted BNs left as the run
     leaves them); ``"parents-moved"``: every stale BN, a merged parent's channel moved
     by the change from the channel whose slot it took, like every other channel (the
-    library keeps the statistics its merge wrote)."""
+    library keeps the statistics its merge wrote); ``"stream-formula"`` and
+    ``"stream-formula-stale"``: `_use_stream_formula_on_data`; ``"damped-readers"``:
+    `_use_damped_readers`."""
     if name == "stale":
+        return
+    if name == "damped-readers":
+        _use_damped_readers(DAMPED_READERS)
+        return
+    if name in ("stream-formula", "stream-formula-stale"):
+        _use_stream_formula_on_data(name == "stream-formula-stale")
         return
     if name == "parents-moved":
         from hope_keras.stats import bn_stats
@@ -286,6 +299,148 @@ def use_data_correction(name):
         return out
 
     correction.StatisticsCorrection._from_data = from_data
+
+
+#: ``--data-correction damped-readers``: the stream readers' variance ratio on the data
+#: raised to this power (the synthetic inputs' log-ratio is about 0.9 of the data's on
+#: the readers, `compare_readers`).
+DAMPED_READERS = 0.9
+
+
+def _use_damped_readers(power):
+    """``--data-correction damped-readers``: ``data=`` as the library does, with each
+    stream reader's variance ratio ``v₁ / v₀`` raised to `power` (a diagnostic: whether
+    the data's larger variance correction of the readers is what costs the points
+    where the data-free correction is ahead)."""
+    from hope_keras.stats import correction, synthetic
+
+    from_data = correction.StatisticsCorrection._from_data
+
+    def damped_from_data(self, steps):
+        before = self._original_moments()
+        flat = self.graph.flat
+        readers = {n.op.name: before[n.index] for n in synthetic.stream_readers(self.graph)
+                   if n.index in before}
+        measure = synthetic.batch_moments
+
+        def damped(x, bn):
+            m1, v1 = measure(x, bn)
+            if bn.name not in readers:
+                return m1, v1
+            v0 = readers[bn.name][1]
+            ok = (v0 > 0) & (v1 > 0)
+            return m1, np.where(ok, v0 * (v1 / np.where(ok, v0, 1.0)) ** power, v1)
+
+        synthetic.batch_moments = damped
+        try:
+            return from_data(self, steps)
+        finally:
+            synthetic.batch_moments = measure
+
+    correction.StatisticsCorrection._from_data = damped_from_data
+
+
+def _use_stream_formula_on_data(stale):
+    """``--data-correction stream-formula``: the data-free correction with its stream
+    readers' reference (`synthetic.StreamReference`: the reader's edited source layer
+    applied to the original and the new input) taken on the data instead of synthetic
+    inputs; ``stream-formula-stale``: that, then every other stale BN measured on the
+    data as the library does (two passes: the readers first)."""
+    from hope_keras.graph import adapter as kg
+    from hope_keras.scoring import moments as moments_lib
+    from hope_keras.stats import bn_stats, correction, synthetic
+
+    start = correction.StatisticsCorrection.start
+
+    def start_keeping_weights(self, model, graph, moments):
+        if self.data is not None and self._x is None:
+            self._weights0 = [np.array(kg.weight_view(w)) for w in model.weights]
+        start(self, model, graph, moments)
+
+    def from_data(self, steps):
+        flat = self.graph.flat
+        untrusted = bn_stats.untrusted_tensors(self.graph, steps, "auto")
+        parents = bn_stats.merged_parents(self.graph, steps)
+        out = bn_stats.apply_correction(flat, self.moments, moments_lib.propagate(flat),
+                                        untrusted, parents)
+        readers = [n for n in synthetic.stream_readers(self.graph)
+                   if n.inputs[0] in untrusted]
+        if readers:
+            reference = synthetic.StreamReference(
+                self.model, self.graph, self._x,
+                values=synthetic.snapshot(self.model, self._weights0))
+            out.update(synthetic.correct_stream_readers(reference, untrusted))
+        if stale:
+            before = self._original_moments()
+            done = {n.index for n in readers}
+            moved = bn_stats.downstream_of(self.graph, {s.unit for s in steps})
+            out.update(self._correct_on_data(
+                {n.index for n in flat.nodes if n.index in before and n.index not in done
+                 and n.inputs[0] in moved}, parents))
+        return out
+
+    correction.StatisticsCorrection.start = start_keeping_weights
+    correction.StatisticsCorrection._from_data = from_data
+
+
+def compare_readers(densities, data_inputs):
+    """``--compare-readers D …``: on the ResNet-50 fixture, what the stream readers'
+    correction writes at each density from the synthetic inputs (the data-free
+    default) and from `data_inputs` training images (the same formula:
+    ``--data-correction stream-formula``), reader by reader: the moving mean's shift
+    in units of the standard deviation before it, ``|Δμ| / σ`` (mean over channels),
+    and the variance's log-ratio ``ln(σ²_new / σ²)`` (signed and absolute means), with
+    the correlation of the two shifts over the channels."""
+    import quality as Q
+    from hope_keras.stats import synthetic
+
+    model, _, _ = Q.load_splits("resnet50", 1, 1)
+    original = [w.numpy().copy() for w in model.weights]
+    train = _training_images(data_inputs)
+    record, measure = {}, synthetic.correct_stream_readers
+
+    def recording(reference, tensors):
+        before = {n.op.name: (np.asarray(n.op.moving_mean.numpy(), np.float64),
+                              np.asarray(n.op.moving_variance.numpy(), np.float64))
+                  for n in reference.readers}
+        out = measure(reference, tensors)
+        record.update({name: (before[name], written) for name, written in out.items()})
+        return out
+
+    synthetic.correct_stream_readers = recording
+    runs = {}
+    for source in ("synthetic", "data"):
+        if source == "data":
+            _use_stream_formula_on_data(stale=False)
+        for density in densities:
+            for w, v in zip(model.weights, original):
+                w.assign(v)
+            record.clear()
+            hope_keras.compress(model, density=density, verbose=False,
+                                data=train if source == "data" else None)
+            runs[(source, density)] = dict(record)
+    synthetic.correct_stream_readers = measure
+    out = {"data_inputs": data_inputs, "densities": {}}
+    for density in densities:
+        rows = {}
+        for name in runs[("synthetic", density)]:
+            if name not in runs[("data", density)]:
+                continue
+            row = {}
+            shifts = []
+            for source in ("synthetic", "data"):
+                (m0, v0), (m1, v1) = runs[(source, density)][name]
+                shift = (m1 - m0) / np.sqrt(v0 + 1e-3)
+                log_ratio = np.log((v1 + 1e-3) / (v0 + 1e-3))
+                shifts.append(shift)
+                row[source] = {"abs_shift": round(float(np.mean(np.abs(shift))), 4),
+                               "log_var": round(float(np.mean(log_ratio)), 4),
+                               "abs_log_var": round(float(np.mean(np.abs(log_ratio))), 4)}
+            row["shift_correlation"] = round(float(np.corrcoef(*shifts)[0, 1]), 3)
+            rows[name] = row
+            print(f"density {density} {name}: {json.dumps(row)}", flush=True)
+        out["densities"][str(density)] = rows
+    return out
 
 
 def _training_images(n, offset=0):
@@ -318,7 +473,9 @@ def main():
                    help="the data= sample's rule "
                         "(`stats.correction.DATA_VALUES_PER_CHANNEL`, default the library's)")
     p.add_argument("--data-correction", choices=("stale", "trusted", "readers",
-                                                    "parents-moved"),
+                                                    "parents-moved", "stream-formula",
+                                                    "stream-formula-stale",
+                                                    "damped-readers"),
                    default="stale", help="--quality: which BNs data= measures on the "
                    "data (see use_data_correction; the library: stale)")
     p.add_argument("--only", choices=("data-free", "data"),
@@ -345,7 +502,23 @@ def main():
     p.add_argument("--compare-original-pass", action="store_true",
                    help="time the second data-free run and the data= run with the "
                         "original's pass beside the run and in turn, alternated (--repeats)")
+    p.add_argument("--compare-readers", type=float, nargs="+", metavar="D",
+                   help="the stream readers' correction from synthetic inputs and from "
+                        "the data (--data-inputs) at each density D, reader by reader")
+    p.add_argument("--fixture", help="--quality / --compare-readers: this saved model "
+                   "instead of the ResNet-50 fixture (the results file named after it)")
     args = p.parse_args()
+    fixture = ""
+    if args.fixture:
+        import quality as Q
+        from pathlib import Path
+
+        Q.model_path = lambda name: Path(args.fixture)
+        fixture = "_" + Path(args.fixture).stem
+    if args.compare_readers:
+        out = compare_readers(args.compare_readers, args.data_inputs)
+        write_results(os.path.join(RESULTS, f"first_run_readers{fixture}.json"), out)
+        return
     if args.compare_original_pass:
         out = compare_original_pass(args.size, args.repeats)
         write_results(os.path.join(RESULTS, f"first_run_original_pass_{args.size}.json"), out)
@@ -410,6 +583,7 @@ def main():
                 suffix += f"_{args.data_correction}"
             if args.reestimated:
                 suffix += "_reestimated"
+            suffix += fixture
             name = f"first_run_quality{suffix}{'_' + args.only if args.only else ''}.json"
             write_results(os.path.join(RESULTS, name), out)
 
