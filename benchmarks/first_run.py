@@ -318,7 +318,6 @@ def _use_damped_readers(power):
 
     def damped_from_data(self, steps):
         before = self._original_moments()
-        flat = self.graph.flat
         readers = {n.op.name: before[n.index] for n in synthetic.stream_readers(self.graph)
                    if n.index in before}
         measure = synthetic.batch_moments
