@@ -10,7 +10,8 @@ replace) do. A diagnostic, not a setting of the library: accuracy on the selecti
 split (the first 1000 bundled test images) and the held-out split (1000 others).
 
 ``--densities d ...``: other densities than 0.5 … 0.3 (written to
-eviction_diagnostic_<model>_stop<stop>_<first>-<last>.json). ``--reestimate``: also
+eviction_diagnostic_<model>_stop<stop>_<first>-<last>.json). ``--fixture PATH``:
+another saved build of the ResNet-50 fixture (the file named after it). ``--reestimate``: also
 each compressed model with every BN re-estimated on the 512 calibration images (uses
 data), which separates the selection from the statistics.
 
@@ -67,11 +68,17 @@ def main():
     p.add_argument("--densities", nargs="+", type=float, default=None)
     p.add_argument("--reestimate", action="store_true",
                    help="also re-estimate every BN on the calibration images (uses data)")
+    p.add_argument("--fixture", help="this saved model instead of the ResNet-50 fixture "
+                   "(another build of its recipe; the results file named after it)")
     add_quick(p)  # the demo CNN, 200 + 200 images, density 0.45 with evictions stopped at 0.5
     args = p.parse_args()
     n = 1000
     if args.quick:
         args.model, args.stop, args.densities, args.reestimate, n = "demo", 0.5, [0.45], True, 200
+    if args.fixture:
+        from pathlib import Path
+
+        Q.model_path = lambda name: Path(args.fixture)
     b = Q.Bench(args.model, n, n, (0.5,))
     rows = []
     for d in args.densities or DENSITIES:
@@ -86,6 +93,8 @@ def main():
     out = OUT.format(args.model, args.stop)
     if args.densities:
         out = out.replace(".json", f"_{args.densities[0]}-{args.densities[-1]}.json")
+    if args.fixture:
+        out = out.replace(".json", f"_{os.path.splitext(os.path.basename(args.fixture))[0]}.json")
     if args.quick:
         out = str(quick_path(out))
     with open(out, "w") as f:
