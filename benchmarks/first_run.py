@@ -280,15 +280,11 @@ def use_data_correction(name):
 
         bn_stats.merged_parents = lambda graph, steps: {}
         return
-    from hope_keras.scoring import moments as moments_lib
     from hope_keras.stats import bn_stats, correction, synthetic
 
     def from_data(self, steps):
         flat = self.graph.flat
-        untrusted = bn_stats.untrusted_tensors(self.graph, steps, "auto")
-        parents = bn_stats.merged_parents(self.graph, steps)
-        out = bn_stats.apply_correction(flat, self.moments, moments_lib.propagate(flat),
-                                        untrusted, parents)
+        out, untrusted, parents = _surrogate_where_trusted(self, steps)
         stale = bn_stats.downstream_of(self.graph, {s.unit for s in steps})
         readers = {n.index for n in synthetic.stream_readers(self.graph)}
         before = self._original_moments()  # the original's pass, waited for
@@ -299,6 +295,21 @@ def use_data_correction(name):
         return out
 
     correction.StatisticsCorrection._from_data = from_data
+
+
+def _surrogate_where_trusted(fixer, steps):
+    """The data-free correction's first part, for the `StatisticsCorrection` `fixer`
+    after `steps`: the surrogate's prediction written where it is trusted. Returns (what it
+    wrote, the untrusted tensors, the merged parents)."""
+    from hope_keras.scoring import moments as moments_lib
+    from hope_keras.stats import bn_stats
+
+    graph, flat = fixer.graph, fixer.graph.flat
+    untrusted = bn_stats.untrusted_tensors(graph, steps, "auto")
+    parents = bn_stats.merged_parents(graph, steps)
+    out = bn_stats.apply_correction(flat, fixer.moments, moments_lib.propagate(flat),
+                                    untrusted, parents)
+    return out, untrusted, parents
 
 
 #: ``--data-correction damped-readers``: the stream readers' variance ratio on the data
@@ -346,7 +357,6 @@ def _use_stream_formula_on_data(stale):
     inputs; ``stream-formula-stale``: that, then every other stale BN measured on the
     data as the library does (two passes: the readers first)."""
     from hope_keras.graph import adapter as kg
-    from hope_keras.scoring import moments as moments_lib
     from hope_keras.stats import bn_stats, correction, synthetic
 
     start = correction.StatisticsCorrection.start
@@ -358,10 +368,7 @@ def _use_stream_formula_on_data(stale):
 
     def from_data(self, steps):
         flat = self.graph.flat
-        untrusted = bn_stats.untrusted_tensors(self.graph, steps, "auto")
-        parents = bn_stats.merged_parents(self.graph, steps)
-        out = bn_stats.apply_correction(flat, self.moments, moments_lib.propagate(flat),
-                                        untrusted, parents)
+        out, untrusted, parents = _surrogate_where_trusted(self, steps)
         readers = [n for n in synthetic.stream_readers(self.graph)
                    if n.inputs[0] in untrusted]
         if readers:
