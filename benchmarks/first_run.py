@@ -275,6 +275,9 @@ def use_data_correction(name):
     if name in ("stream-formula", "stream-formula-stale"):
         _use_stream_formula_on_data(name == "stream-formula-stale")
         return
+    if name == "regression":
+        _use_regression_on_data(REGRESSION_RHO_MIN)
+        return
     if name == "parents-moved":
         from hope_keras.stats import bn_stats
 
@@ -389,6 +392,82 @@ def _use_stream_formula_on_data(stale):
     correction.StatisticsCorrection._from_data = from_data
 
 
+#: ``--data-correction regression``: the smallest correlation a channel's scale is
+#: divided by (uncorrelated channels would be scaled to their mean).
+REGRESSION_RHO_MIN = 0.1
+
+
+def _use_regression_on_data(rho_min):
+    """``--data-correction regression``: every stale BN (merged parents kept)
+    set so that its normalized output on the edited model is the least-squares fit of
+    the original's on the same inputs, ``σ = σ_moments / ρ`` (ρ: the per-channel
+    correlation of the original's and the edited model's BN input, at least `rho_min`;
+    the library matches the moments, ρ = 1), the mean likewise: whether fitting the
+    original's activations instead of their variance closes the gap at mild densities."""
+    from hope_keras.graph import adapter as kg
+    from hope_keras.stats import bn_stats, correction, synthetic
+
+    start = correction.StatisticsCorrection.start
+
+    def start_keeping_weights(self, model, graph, moments):
+        if self.data is not None and self._x is None:
+            self._weights0 = [np.array(kg.weight_view(w)) for w in model.weights]
+        start(self, model, graph, moments)
+
+    def from_data(self, steps):
+        flat = self.graph.flat
+        stale = bn_stats.downstream_of(self.graph, {s.unit for s in steps})
+        keep = bn_stats.merged_parents(self.graph, steps)
+        todo = {n.index for n in flat.nodes if n.index in self._stats0
+                and n.inputs and n.inputs[0] in stale}
+        if not todo:
+            return {}
+        y0s = {}
+
+        def store(node, args, kwargs):
+            if node.index in todo:
+                y0s[node.index] = np.asarray(args[0], np.float32).reshape(
+                    -1, args[0].shape[-1])
+            return None
+
+        synthetic.run_graph(flat, self._x, store, synthetic.release_plan(flat),
+                            values=synthetic.snapshot(self.model, self._weights0))
+        written = {}
+
+        def fit(node, args, kwargs):
+            if node.index not in todo:
+                return None
+            bn = node.op
+            y0 = y0s.pop(node.index).astype(np.float64)
+            y1 = np.asarray(args[0], np.float64).reshape(-1, args[0].shape[-1])
+            m0, m1 = y0.mean(0), y1.mean(0)
+            v0, v1 = y0.var(0), y1.var(0)
+            c = np.einsum("mc,mc->c", y0 - m0, y1 - m1) / len(y0)
+            mean0, var0 = self._stats0[node.index]
+            eps = float(bn.epsilon)
+            sd0 = np.sqrt(var0 + eps)
+            scale = max(float(np.mean(v0)), 1e-30)
+            live = (v0 > 1e-6 * scale) & (v1 > 1e-6 * scale)
+            if bn.name in keep:
+                live[keep[bn.name]] = False
+            rho = np.clip(c / np.sqrt(np.where(live, v0 * v1, 1.0)), rho_min, 1.0)
+            s = rho * np.sqrt(np.where(live, v0 / np.where(live, v1, 1.0), 1.0)) / sd0
+            mean = np.asarray(bn.moving_mean.numpy(), np.float64)
+            var = np.asarray(bn.moving_variance.numpy(), np.float64)
+            mean = np.where(live, m1 - (m0 - mean0) / (s * sd0), mean)
+            var = np.where(live, np.maximum(1.0 / s ** 2 - eps, 0.0), var)
+            bn.moving_mean.assign(mean.astype(bn.moving_mean.dtype))
+            bn.moving_variance.assign(var.astype(bn.moving_variance.dtype))
+            written[bn.name] = (mean, var)
+            return None
+
+        synthetic.run_graph(flat, self._x, fit, synthetic.release_plan(flat))
+        return written
+
+    correction.StatisticsCorrection.start = start_keeping_weights
+    correction.StatisticsCorrection._from_data = from_data
+
+
 def compare_readers(densities, data_inputs):
     """``--compare-readers D …``: on the ResNet-50 fixture, what the stream readers'
     correction writes at each density from the synthetic inputs (the data-free
@@ -481,9 +560,11 @@ def main():
     p.add_argument("--data-correction", choices=("stale", "trusted", "readers",
                                                     "parents-moved", "stream-formula",
                                                     "stream-formula-stale",
-                                                    "damped-readers"),
+                                                    "damped-readers", "regression"),
                    default="stale", help="--quality: which BNs data= measures on the "
                    "data (see use_data_correction; the library: stale)")
+    p.add_argument("--regression-rho-min", type=float,
+                   help="--data-correction regression: REGRESSION_RHO_MIN (0.1)")
     p.add_argument("--only", choices=("data-free", "data"),
                    help="--quality: only the data-free runs or only those with data=")
     p.add_argument("--synthetic-inputs", type=int,
@@ -574,6 +655,9 @@ def main():
             write_results(os.path.join(RESULTS, f"first_run_time_{args.size}{suffix}{values}"
                                        f"{'_' + args.only if args.only else ''}.json"), out)
     if args.quality:
+        if args.regression_rho_min is not None:
+            global REGRESSION_RHO_MIN
+            REGRESSION_RHO_MIN = args.regression_rho_min
         use_data_correction(args.data_correction)
         out = quality(args.quick, 256 if args.quick else args.data_inputs, args.only,
                       args.heldout, args.reestimated, args.data_offset)
@@ -587,6 +671,8 @@ def main():
             suffix += values
             if args.data_correction != "stale":
                 suffix += f"_{args.data_correction}"
+            if args.regression_rho_min is not None:
+                suffix += f"{args.regression_rho_min:g}"
             if args.reestimated:
                 suffix += "_reestimated"
             suffix += fixture
