@@ -18,7 +18,7 @@ re-estimated on the data, at densities 0.9 …
 Fashion-MNIST training images (``--data-inputs N``: N of them, the results file named
 ``..._inputsN``; ``--values-per-channel V``: the sample's rule, default the library's
 `DATA_VALUES_PER_CHANNEL`, the file named ``..._valuesV``; ``--data-correction
-trusted|readers|parents-moved|stream-formula|stream-formula-stale|damped-readers``:
+trusted|readers|parents-moved|stream-formula|stream-formula-stale|damped-readers|regression``:
 which BNs ``data=`` measures and how, `use_data_correction`;
 ``--data-offset K``: the training images K … K + N − 1 instead, the file named
 ``..._offsetK``).
@@ -266,7 +266,7 @@ def use_data_correction(name):
     by the change from the channel whose slot it took, like every other channel (the
     library keeps the statistics its merge wrote); ``"stream-formula"`` and
     ``"stream-formula-stale"``: `_use_stream_formula_on_data`; ``"damped-readers"``:
-    `_use_damped_readers`."""
+    `_use_damped_readers`; ``"regression"``: `_use_regression_on_data`."""
     if name == "stale":
         return
     if name == "damped-readers":
