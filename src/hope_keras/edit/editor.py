@@ -39,6 +39,7 @@ from hope_keras.graph.walker import Coupling, ModelGraph, NeuronGroup
 from hope_keras.activations.kernels import relu_mean
 from hope_keras.scoring.neurons import reader_means
 from hope_keras.scoring import moments as moments_lib
+from hope_keras.scoring.cache import sorted_unique
 
 
 @contextlib.contextmanager
@@ -247,7 +248,7 @@ class _ColumnCache:
     def get(self, arr: np.ndarray, cols) -> np.ndarray:
         """``arr.reshape(-1, n)[:, cols].T`` (a new array, the array's dtype)."""
         cols = np.asarray(cols, dtype=np.intp).ravel()
-        keys = np.unique(cols)
+        keys = sorted_unique(cols)
         at = self.slot_of[keys]
         hit = at >= 0
         self.clock += 1
