@@ -109,6 +109,89 @@ def widths(model):
             and not isinstance(layer, L.DepthwiseConv2D)]
 
 
+def uniform(model, scale):
+    """`model`'s architecture (fresh weights) with the output width of every Conv,
+    Dense and SeparableConv layer except the output layers scaled by `scale` (rounded,
+    at least 1): every residual stream's layers scale alike, so the sums still add."""
+    config = model.get_config()
+    entries = config["output_layers"]
+    # One output is given as its [name, node, tensor]; several as a list of those.
+    outputs = {entries[0]} if isinstance(entries[0], str) else {e[0] for e in entries}
+    for layer in config["layers"]:
+        layer.pop("build_config", None)  # the saved input shapes: rebuilt from the new ones
+        shape = layer["config"].get("target_shape")
+        if layer["class_name"] == "Reshape" and tuple(shape[:-1]) == (1, 1):
+            # A squeeze-and-excitation reshape (1, 1, channels): its channels scale too.
+            layer["config"]["target_shape"] = [1, 1, max(1, int(round(shape[-1] * scale)))]
+        if layer["name"] in outputs or layer["class_name"] not in (
+                "Conv2D", "Dense", "SeparableConv2D"):
+            continue
+        key = "units" if layer["class_name"] == "Dense" else "filters"
+        layer["config"][key] = max(1, int(round(layer["config"][key] * scale)))
+    return keras.Model.from_config(config)
+
+
+def uniform_run(name, args):
+    """`--uniform`: the uniformly narrowed models against the original (module doc)."""
+    from hope_keras.deploy.profile import _runners
+
+    model = build(name, args.quick)
+    shape = tuple(model.inputs[0].shape[1:])
+    rng = np.random.default_rng(0)
+    load_before = os.getloadavg()
+    original_folded = hope_keras.fold_batchnorm(model)
+    rows = []
+    for scale in args.uniform:
+        small = uniform(model, scale)
+        p = hope_keras.profile(small, reference=model, latency=False)
+        small_folded = hope_keras.fold_batchnorm(small)
+        for batch in args.batches:
+            x = rng.normal(size=(batch,) + shape).astype("float32")
+            run = {key: _runners(m, x, ("call",), None)[0]
+                   for key, m in (("small", small), ("original", model),
+                                  ("small_folded", small_folded),
+                                  ("original_folded", original_folded))}
+            as_is = paired_timing(run["small"], run["original"], ("call",), args.repeats,
+                                  args.seconds)["call"]
+            folded = paired_timing(run["small_folded"], run["original_folded"], ("call",),
+                                   args.repeats, args.seconds)["call"]
+            row = {"scale": scale, "batch": batch, "flops_ratio": p.ratio("flops"),
+                   "params_ratio": p.ratio("params"), "call": as_is,
+                   "call_both_folded": folded, "widths": widths(small),
+                   "load": os.getloadavg()[0]}
+            rows.append(row)
+            print(f"{name:>14} widths × {scale} batch={batch:>2}: FLOPs "
+                  f"{row['flops_ratio']:.3f}, latency {as_is['ratio']:.3f} (both folded "
+                  f"{folded['ratio']:.3f}), load {row['load']:.1f}", flush=True)
+    out = {"model": name, "input_shape": list(shape), "scales": args.uniform,
+           "batches": args.batches, "min_rounds": args.repeats,
+           "seconds_per_point": args.seconds, "load_before": load_before,
+           "load_after": os.getloadavg(), "cpu_count": os.cpu_count(), "rows": rows}
+    path = write_results(RESULTS / f"latency_uniform_{name}.json", out, args.quick)
+    print(f"wrote {path}", flush=True)
+
+
+def _uniform_report():
+    """docs/benchmarks.md's table of the ``--uniform`` runs: per model and batch,
+    latency as is / both folded (FLOPs ratio) at each scale."""
+    lines = []
+    for label, data in _results("", prefix="latency_uniform_"):
+        if not lines:
+            lines = ["| model (input), batch | " + " | ".join(
+                f"widths × {s}" for s in data["scales"]) + " |",
+                "|---" * (len(data["scales"]) + 1) + "|"]
+        for batch in sorted(data["batches"], reverse=True):
+            cells = []
+            for scale in data["scales"]:
+                row = next(x for x in data["rows"] if x["scale"] == scale
+                           and x["batch"] == batch)
+                cells.append(f"{row['call']['ratio']:.2f} / "
+                             f"{row['call_both_folded']['ratio']:.2f} "
+                             f"({row['flops_ratio']:.2f})")
+            lines.append(f"| {label}, {batch} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def paired_timing(small, reference, methods, min_repeats, seconds):
     """Per method: the slimmed and the original model run alternately (the order
     swapping each round) until both `min_repeats` rounds and `seconds` are done (at
@@ -269,11 +352,11 @@ def _pair(cells, key):
                       else f"{cells[r][key]:.2f}" for r in (1, 8))
 
 
-def _results(suffix):
-    """``(label, data)`` of each model's results file ``latency_<model><suffix>.json``
+def _results(suffix, prefix="latency_"):
+    """``(label, data)`` of each model's results file ``<prefix><model><suffix>.json``
     that exists, in the tables' order."""
     for name in ("demo", "xception", "mobilenetv2", "efficientnetb0", "resnet50"):
-        path = RESULTS / f"latency_{name}{suffix}.json"
+        path = RESULTS / f"{prefix}{name}{suffix}.json"
         if path.exists():
             data = json.loads(path.read_text())
             yield f"{name} ({data['input_shape'][0]})", data
@@ -300,13 +383,16 @@ def report():
     print("\n".join(short))
     folded = _fold_report()
     print("\n".join(folded["short"]))
+    print("\n".join(_uniform_report()))
     (RESULTS / "latency.md").write_text(
         "Latency ratio (slimmed / original) against FLOPs ratio, round_to 1 → 8: "
         "`benchmarks/latency.py --report` from latency_*.json (docs/benchmarks.md, "
         "\"Latency\").\n\n" + "\n".join(full) + "\n\n"
         "With `--fold-batchnorm` (latency_*_fold.json), per round_to and batch: the slimmed "
         "model as is / folded / folded against the original folded too (FLOPs ratio).\n\n"
-        + "\n".join(folded["full"]) + "\n")
+        + "\n".join(folded["full"]) + "\n\n"
+        "With `--uniform` (latency_uniform_*.json), every width scaled alike: latency as is / "
+        "with both models folded (FLOPs ratio).\n\n" + "\n".join(_uniform_report()) + "\n")
 
 
 def _fold_report():
@@ -357,6 +443,8 @@ def main():
                     help="instead: one compress(latency=R) run per model, re-measured")
     ap.add_argument("--budget-batch", type=int, default=1, metavar="B",
                     help="with --latency-budget: the batch size timed (default 1)")
+    ap.add_argument("--uniform", type=float, nargs="+", metavar="S",
+                    help="instead: every width scaled by S, timed against the original")
     ap.add_argument("--report", action="store_true",
                     help="print the docs/benchmarks.md table from the results, run nothing")
     add_quick(ap)
@@ -367,8 +455,15 @@ def main():
     if args.quick:
         args.models, args.points, args.batches, args.repeats, args.seconds = (
             ["demo", "xception"], [0.6], [1], 2, 0.0)
+    if args.quick and args.uniform:
+        args.uniform = args.uniform[:1]
     for name in args.models:
-        (budget_run if args.latency_budget else measure)(name, args)
+        run = (budget_run if args.latency_budget else uniform_run if args.uniform
+               else measure)
+        run(name, args)
+    if args.quick and not (args.uniform or args.latency_budget):
+        args.uniform = [0.5]  # the --uniform path too, on the first model
+        uniform_run(args.models[0], args)
 
 
 if __name__ == "__main__":
