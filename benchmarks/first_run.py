@@ -353,14 +353,11 @@ def _use_damped_readers(power):
     correction.StatisticsCorrection._from_data = damped_from_data
 
 
-def _use_stream_formula_on_data(stale):
-    """``--data-correction stream-formula``: the data-free correction with its stream
-    readers' reference (`synthetic.StreamReference`: the reader's edited source layer
-    applied to the original and the new input) taken on the data instead of synthetic
-    inputs; ``stream-formula-stale``: that, then every other stale BN measured on the
-    data as the library does (two passes: the readers first)."""
+def _keep_original_weights():
+    """`StatisticsCorrection.start` with data also keeps a copy of the weights before
+    the first edit (``_weights0``), for the variants that compute from them."""
     from hope_keras.graph import adapter as kg
-    from hope_keras.stats import bn_stats, correction, synthetic
+    from hope_keras.stats import correction
 
     start = correction.StatisticsCorrection.start
 
@@ -368,6 +365,17 @@ def _use_stream_formula_on_data(stale):
         if self.data is not None and self._x is None:
             self._weights0 = [np.array(kg.weight_view(w)) for w in model.weights]
         start(self, model, graph, moments)
+
+    correction.StatisticsCorrection.start = start_keeping_weights
+
+
+def _use_stream_formula_on_data(stale):
+    """``--data-correction stream-formula``: the data-free correction with its stream
+    readers' reference (`synthetic.StreamReference`: the reader's edited source layer
+    applied to the original and the new input) taken on the data instead of synthetic
+    inputs; ``stream-formula-stale``: that, then every other stale BN measured on the
+    data as the library does (two passes: the readers first)."""
+    from hope_keras.stats import bn_stats, correction, synthetic
 
     def from_data(self, steps):
         flat = self.graph.flat
@@ -388,7 +396,7 @@ def _use_stream_formula_on_data(stale):
                  and n.inputs[0] in moved}, parents))
         return out
 
-    correction.StatisticsCorrection.start = start_keeping_weights
+    _keep_original_weights()
     correction.StatisticsCorrection._from_data = from_data
 
 
@@ -404,15 +412,7 @@ def _use_regression_on_data(rho_min):
     correlation of the original's and the edited model's BN input, at least `rho_min`;
     the library matches the moments, ρ = 1), the mean likewise: whether fitting the
     original's activations instead of their variance closes the gap at mild densities."""
-    from hope_keras.graph import adapter as kg
     from hope_keras.stats import bn_stats, correction, synthetic
-
-    start = correction.StatisticsCorrection.start
-
-    def start_keeping_weights(self, model, graph, moments):
-        if self.data is not None and self._x is None:
-            self._weights0 = [np.array(kg.weight_view(w)) for w in model.weights]
-        start(self, model, graph, moments)
 
     def from_data(self, steps):
         flat = self.graph.flat
@@ -464,7 +464,7 @@ def _use_regression_on_data(rho_min):
         synthetic.run_graph(flat, self._x, fit, synthetic.release_plan(flat))
         return written
 
-    correction.StatisticsCorrection.start = start_keeping_weights
+    _keep_original_weights()
     correction.StatisticsCorrection._from_data = from_data
 
 
