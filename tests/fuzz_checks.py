@@ -339,6 +339,8 @@ def check(seed):
             case.model, case.original, f"seed {seed}: no group"))
         return _check_unchanged(case)
     result, data = _compress(case)
+    if result is None:  # the walker's groups all lack statistics: refused, nothing changed
+        return _check_unchanged(case)
     _check_result(case, result, data)
     case.info["seconds"] = time.perf_counter() - case.t0
     return case.info
@@ -383,7 +385,7 @@ def _prepare(seed) -> _Case:
 def _compress(case: _Case):
     """Runs the plan's compression, each documented refusal met on the way asserted
     (nothing changed) and the run then adjusted; checks where it stopped. Returns the
-    result and the data= given."""
+    result (None when analyze leaves no group to run) and the data= given."""
     seed, run, model, info = case.seed, case.run, case.model, case.info
     data = _data(run, _inputs(case.plan, case.rng, 64))
     correction = {"off": False, "data": "auto"}.get(run["correction"], run["correction"])
@@ -397,6 +399,12 @@ def _compress(case: _Case):
     try:
         enc = encoder(cost, actions, data)
     except ValueError as e:  # no group the cost can price: refused, nothing changed
+        if "no compressible neuron group" in str(e):
+            # The walker found groups, but `analyze` pins them all (e.g. a coupled
+            # group no BatchNormalization describes): there is nothing to run.
+            assert _same_weights(model, case.original), f"seed {seed}: {e}"
+            info["refusals"].append(str(e))
+            return None, data
         assert "no neuron group the cost" in str(e), e
         assert _same_weights(model, case.original)
         info["refusals"].append(str(e))
