@@ -297,6 +297,8 @@ def main():
         prof.disable()
         pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        if os.environ.get("HOPE_PROFILE_DUMP"):
+            prof.dump_stats(os.environ["HOPE_PROFILE_DUMP"])
     traj = enc.trajectory
     kinds = dict(collections.Counter(s.kind for s in traj.steps))
     n = max(len(traj), 1)

@@ -333,6 +333,16 @@ def test_bad_data_is_refused_before_any_edit():
     before = model.get_weights()
     with pytest.raises(TypeError, match="data must be inputs.*Received: 'images.npy'"):
         hope_keras.compress(model, density=0.5, data="images.npy", verbose=False)
+    # A list of single images (no batch axis): each item is read as a batch, and
+    # the error says so (small_resnet takes (None, 10, 10, 3)).
+    single = list(_images(20))
+    with pytest.raises(ValueError, match=r"holds inputs of shape \(\d+, 10, 3\).*"
+                                         r"\(None, 10, 10, 3\).*np\.stack"):
+        hope_keras.compress(model, density=0.5, data=single, verbose=False)
+    with pytest.raises(ValueError, match=r"shape \(\d+, 10, 10, 4\)") as caught:
+        hope_keras.compress(model, density=0.5, data=np.zeros((32, 10, 10, 4), "float32"),
+                            verbose=False)
+    assert "np.stack" not in str(caught.value)  # the hint only where an axis is missing
     for a, b in zip(model.get_weights(), before):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="correction must be.*Received: correction='yes'"):

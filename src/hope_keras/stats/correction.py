@@ -411,9 +411,15 @@ def _check_data(model, x) -> None:
     want = tuple(kg.functional_of(model).inputs[0].shape)
     if x.ndim != len(want) or any(w is not None and w != g
                                   for w, g in zip(want[1:], x.shape[1:])):
+        # One axis short where the rest fits: single inputs read as batches.
+        short = x.ndim == len(want) - 1 and all(
+            w is None or w == g for w, g in zip(want[2:], x.shape[1:]))
+        hint = (" An array's first axis, and each item of a list or generator, is "
+                "read as a batch of inputs: stack single inputs first "
+                "(np.stack(items)).") if short else ""
         raise ValueError(f"data= holds inputs of shape {x.shape}, but model "
-                         f"'{model.name}' takes inputs of shape {want}. Nothing was "
-                         "changed.")
+                         f"'{model.name}' takes inputs of shape {want}.{hint} Nothing "
+                         "was changed.")
     if len(x) < 2:
         raise ValueError(f"data= holds {len(x)} input(s): a BatchNormalization needs at "
                          "least 2 to measure a variance. Nothing was changed.")
