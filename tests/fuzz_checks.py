@@ -533,6 +533,8 @@ def _check_again(case: _Case, result):
     if enc.active < enc.num_neurons:
         _expect_refusal(lambda: enc.compress(density=(enc.active + 0.5) / enc.num_neurons),
                         ["already met"], model, weights, where)
+    if enc.active == 0:  # nothing left: every density is met (refused above)
+        return
     targets, reachable = choose_targets({"density": case.run["again"]}, enc)
     if not reachable:
         _expect_refusal(lambda: enc.compress(**targets), ["out of reach"], model, weights,

@@ -30,12 +30,24 @@ def _convnet(seed=0):
     return keras.Model(inputs, L.Dense(3, name="head")(x), name="tiny_conv")
 
 
+def _separable(seed=0):
+    """SeparableConv2D producers (a pointwise kernel makes the channels), one ReLU
+    fused and one a layer of its own."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3), name="image")
+    x = L.SeparableConv2D(6, 3, padding="same", activation="relu", name="s1")(inputs)
+    x = L.SeparableConv2D(7, 3, padding="same", use_bias=False, name="s2")(x)
+    x = L.ReLU(name="s2_relu")(x)
+    x = L.GlobalMaxPooling2D(name="pool")(x)
+    return keras.Model(inputs, L.Dense(3, name="head")(x), name="tiny_separable")
+
+
 def _data(model, n=300, seed=0):
     shape = (n,) + tuple(model.inputs[0].shape[1:])
     return np.random.default_rng(seed).normal(size=shape).astype("float32")
 
 
-@pytest.mark.parametrize("build", [_lenet, _convnet])
+@pytest.mark.parametrize("build", [_lenet, _convnet, _separable])
 def test_calibrate_preserves_outputs(build):
     model = build()
     x = _data(model)
@@ -93,6 +105,21 @@ def test_compress_and_slim_a_calibrated_network():
     assert result.density == pytest.approx(0.5, abs=1 / 32)
     small = hope_keras.slim(calibrated)
     assert small.count_params() < model.count_params()
+    assert outputs_equal(small, calibrated, x[:32])
+
+
+def test_a_separable_network_is_calibrated_compressed_and_slimmed():
+    """SeparableConv producers are split like Dense/Conv ones: both become groups
+    (they were pinned as uncalibrated), and the compressed model slims exactly."""
+    model = _separable(seed=3)
+    assert calibration_targets(model) == {"s1": "fused", "s2": "s2_relu"}
+    x = _data(model, 256, seed=4)
+    calibrated = calibrate(model, x)
+    assert sorted(g.name for g in hope_keras.analyze(calibrated).groups) == ["s1", "s2"]
+    result = hope_keras.compress(calibrated, density=0.5, verbose=False)
+    assert result.density <= 0.5
+    small = hope_keras.slim(calibrated)
+    assert small.get_layer("s1").filters + small.get_layer("s2").filters < 13
     assert outputs_equal(small, calibrated, x[:32])
 
 

@@ -6,9 +6,9 @@ BatchNorm has no such statistics, so the paper measures them once on a small
 unlabeled batch and uses ``γ := σ``, ``β := μ`` with the raw weights as the effective
 ones.
 
-`calibrate` realises this as an *equivalent model*: every Dense/ConvND whose ReLU is
-fused (``activation="relu"``) or follows directly as a ReLU layer, with no
-BatchNormalization in between, becomes
+`calibrate` realises this as an *equivalent model*: every Dense, ConvND or
+SeparableConvND whose ReLU is fused (``activation="relu"``) or follows directly as
+a ReLU layer, with no BatchNormalization in between, becomes
 
     producer (linear, same kernel and bias) → BatchNormalization → ReLU
 
@@ -70,8 +70,9 @@ def _activation_name(fn) -> str:
 def calibration_targets(model) -> Dict[str, str]:
     """Producers `calibrate` will split: ``{producer: "fused" | activation_layer}``.
 
-    A target is a source layer (Dense, ConvND — not grouped, channels-last), called
-    once, whose output is not a model output, and whose elementwise activation is
+    A target is a source layer (Dense, ConvND, SeparableConvND — not grouped,
+    channels-last), called once, whose output is not a model output, and whose
+    elementwise activation is
     fused into it (``"fused"``: any activation but linear and softmax) or is its only
     child, an activation layer (ReLU, LeakyReLU, ELU, PReLU, ``Activation(...)``),
     with no BatchNormalization before it.
@@ -81,7 +82,7 @@ def calibration_targets(model) -> Dict[str, str]:
     for node in fg.nodes:
         layer = node.op
         rule = layer_rules.get(layer)
-        if rule.kind not in ("dense", "conv") or fg.calls[node.key] > 1:
+        if rule.kind not in ("dense", "conv", "separable") or fg.calls[node.key] > 1:
             continue
         if rule.check(layer) is not None or fg.is_output(node.outputs[0]):
             continue
