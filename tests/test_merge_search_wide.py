@@ -293,6 +293,30 @@ def test_row_min_matches_a_sort_with_ties_infinities_and_any_order():
             np.testing.assert_array_equal(g, w)
 
 
+def test_sketches_are_the_same_projection_on_tensorflow_and_numpy(monkeypatch):
+    """The sketch's projections run where the Gram products do (`GRAM_BACKEND`):
+    TensorFlow with a GPU, NumPy's BLAS on a CPU. Both project on the same Ω: the
+    sketches agree to float32 rounding, the exact diagonals bit for bit."""
+    from hope_keras.scoring import cache as cache_lib
+
+    monkeypatch.setattr(cache_lib, "SKETCH_WIDTH", 16)
+    monkeypatch.setattr(cache_lib, "SKETCH_DIM", 4)  # shorter than the vectors: projected
+    model = clustered_mlp(3)
+    graph = walk(model)
+    group = graph.groups["fc0"]
+    built = {}
+    for backend in ("tensorflow", "numpy"):
+        monkeypatch.setattr(cache_lib, "GRAM_BACKEND", backend)
+        built[backend], _ = cache_builders.build_sketch_cache(graph.layer, group)
+    tf_cache, np_cache = built["tensorflow"], built["numpy"]
+    assert np_cache.sk_w.shape[1] == np_cache.sk_u.shape[1] == 4
+    for a, b in ((tf_cache.sk_w, np_cache.sk_w), (tf_cache.sk_u, np_cache.sk_u)):
+        assert a.dtype == b.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * np.abs(b).max())
+    np.testing.assert_array_equal(tf_cache.dw, np_cache.dw)
+    np.testing.assert_array_equal(tf_cache.du, np_cache.du)
+
+
 def test_sketched_products_agree_across_paths_and_batched_exact_pairs(monkeypatch):
     """A `SketchCache` estimates a pair the same (to float32 rounding) from whole rows
     of ``S Sᵀ`` or pair by pair, and `exact_pairs` prices a batch of pairs as

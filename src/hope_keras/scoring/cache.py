@@ -73,6 +73,16 @@ def _tf_has_gpu() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
+def multiplies_on_tensorflow(backend: Optional[str] = None) -> bool:
+    """Whether the caches' matrix products run on TensorFlow: `backend` (default
+    `GRAM_BACKEND`) ``"tensorflow"``, or ``"auto"`` with a GPU in sight."""
+    backend = backend or GRAM_BACKEND
+    if backend not in ("auto", "tensorflow", "numpy"):
+        raise ValueError(f"backend must be 'auto', 'tensorflow' or 'numpy'. "
+                         f"Received: backend={backend!r}")
+    return backend == "tensorflow" or (backend == "auto" and _tf_has_gpu())
+
+
 def gram(x: np.ndarray, chunk_rows: int = CHUNK_ROWS * 4, dtype=np.float64,
          backend: Optional[str] = None) -> np.ndarray:
     """``x @ x.T`` in ``dtype``, with TensorFlow on a GPU, else with NumPy.
@@ -91,14 +101,8 @@ def gram(x: np.ndarray, chunk_rows: int = CHUNK_ROWS * 4, dtype=np.float64,
     >>> np.allclose(gram(x, chunk_rows=16, backend="tensorflow"), x @ x.T)
     True
     """
-    backend = backend or GRAM_BACKEND
-    if backend not in ("auto", "tensorflow", "numpy"):
-        raise ValueError(f"backend must be 'auto', 'tensorflow' or 'numpy'. "
-                         f"Received: backend={backend!r}")
-    if backend == "auto":
-        backend = "tensorflow" if _tf_has_gpu() else "numpy"
     n = x.shape[0]
-    if backend == "numpy":
+    if not multiplies_on_tensorflow(backend):
         xn = np.asarray(x, dtype=dtype)
 
         def matmul(a, b):

@@ -116,8 +116,6 @@ def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512
     Raises:
         ValueError: on NaN/Inf weights (naming the layer).
     """
-    import tensorflow as tf
-
     if kernel not in ("approx", "exact"):
         raise ValueError(f"kernel must be 'approx' or 'exact'. Received: kernel={kernel!r}")
 
@@ -137,6 +135,23 @@ def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512
     gamma, beta, mean, var, eps = bn_arrays(get(group.bn))
     rng = np.random.default_rng(seed)
     r = cache_lib.SKETCH_DIM
+    # The projections multiply where the Gram products do (`cache.GRAM_BACKEND`): on
+    # a CPU, NumPy's sgemm is 2–6× faster than TensorFlow's matmul for these (512 ×
+    # 8192) @ (8192 × 256) chunks, and needs no copy of each chunk into a tensor.
+    if cache_lib.multiplies_on_tensorflow():
+        import tensorflow as tf
+
+        def project(x, om):
+            return tf.matmul(tf.constant(x), om).numpy()
+
+        def omega(d):
+            return tf.constant(rng.normal(0, 1 / np.sqrt(r), (d, r)), tf.float32)
+    else:
+        def project(x, om):
+            return x @ om
+
+        def omega(d):
+            return rng.normal(0, 1 / np.sqrt(r), (d, r)).astype(np.float32)
     sk_w = sk_u = None
     dw, du, b_eff = np.empty(n), np.empty(n), np.empty(n)
     nnz = np.zeros(n)
@@ -148,14 +163,12 @@ def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512
         w, b, u = extract_rows(array, get, group, rows, dtype=np.float32)
         if first:  # vectors no longer than r are kept as they are (exact)
             first = False
-            omega_w, omega_u = (
-                None if x.shape[1] <= r else
-                tf.constant(rng.normal(0, 1 / np.sqrt(r), (x.shape[1], r)), tf.float32)
-                for x in (w, u))
+            omega_w, omega_u = (None if x.shape[1] <= r else omega(x.shape[1])
+                                for x in (w, u))
             sk_w = np.zeros((n, r if omega_w is not None else w.shape[1]), np.float32)
             sk_u = np.zeros((n, r if omega_u is not None else u.shape[1]), np.float32)
         for sk, x, om in ((sk_w, w, omega_w), (sk_u, u, omega_u)):
-            sk[rows] = x if om is None else tf.matmul(tf.constant(x), om).numpy()
+            sk[rows] = x if om is None else project(x, om)
         # Exact diagonals: float64 sums (of float32 weights' squares, exact in float64).
         dw[rows] = np.einsum("ij,ij->i", w, w, dtype=np.float64)
         du[rows] = np.einsum("ij,ij->i", u, u, dtype=np.float64)
