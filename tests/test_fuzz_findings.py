@@ -1,6 +1,8 @@
 """Bugs the random-network fuzzer (tests/test_fuzz.py) found, each pinned by a small
 hand-built model."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -89,3 +91,29 @@ def test_a_block_evicted_into_a_bn_without_scale_stays_evicted_when_compressed_a
     assert again.evicted == {"block"}
     assert again.active == result.trajectory[-1].active_after
     assert again.sizes.params_ratio == pytest.approx(result.params_ratio, rel=1e-12)
+
+
+def test_a_run_left_only_overshooting_evictions_warns_and_changes_nothing():
+    """A density budget that only an eviction could reach, and that would overshoot
+    it (skipped): the run stops without a step, and says so (it used to return a
+    "no_action" result in silence, the model uncompressed)."""
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6,))
+    s = L.LeakyReLU()(L.BatchNormalization()(L.Dense(4, name="stream")(inputs)))
+    h = L.LeakyReLU()(L.BatchNormalization()(L.Dense(5, name="inner")(s)))
+    h = L.BatchNormalization()(L.Dense(4, name="back")(h))
+    x = L.LeakyReLU()(L.Add(name="block")([s, h]))
+    model = randomize_bn(keras.Model(inputs, L.Dense(2, name="head")(x)), 3)
+    before = model.get_weights()
+    with pytest.warns(UserWarning, match=r"stopped before density=0\.9.*evict blocks "
+                                         r"\(next: 'block'\).*0 step"):
+        result = hope_keras.compress(model, density=0.9, actions=("merge", "evict"),
+                                     verbose=False)
+    assert result.stopped == "no_action" and not result.trajectory.steps
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+    # The eviction is what a FLOPs budget alone takes: met, and no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = hope_keras.compress(model, flops=0.9, actions=("merge", "evict"),
+                                     verbose=False)
+    assert result.stopped == "budget" and [s.kind for s in result.trajectory] == ["evict"]

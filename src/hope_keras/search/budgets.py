@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -164,6 +165,28 @@ class Budget:
         if flops is not None and min_flops > flops + 1e-12:
             raise ValueError(f"flops={flops} is out of reach: pinned layers{narrowest} keep "
                              f"at least {min_flops:.4f} of the FLOPs. Nothing was changed.")
+
+    def warn_unmet(self, encoder) -> None:
+        """Warns when a run that stopped for want of an action left its budgets unmet
+        (the result is not what was asked), saying why: the next action is an
+        eviction that would overshoot ``density=`` (skipped), or none is left."""
+        if self.density is None and self.params is None and self.flops is None:
+            return
+        following = encoder.next_action(None) if self.density is not None else None
+        if following is not None and following.kind == "evict":
+            why = (f"the only actions left evict blocks (next: '{following.unit}'), which "
+                   f"would take the density below density={self.density} and are skipped "
+                   "under a density budget: give params= or flops= alone, or allow "
+                   "prunes or merges (actions=)")
+        else:
+            why = ("no admissible action is left (every group the actions can shrink is "
+                   "at its narrowest)")
+        warnings.warn(
+            f"The run on '{encoder.model.name}' stopped before {self.describe()}: {why}. "
+            f"It reached density {encoder.active / encoder.num_neurons:.4f}, params "
+            f"ratio {encoder.sizes.params_ratio:.4f}, FLOPs ratio "
+            f"{encoder.sizes.flops_ratio:.4f} in {len(encoder.trajectory)} step(s).",
+            UserWarning, stacklevel=4)
 
     def progress_bar(self, encoder, target_active, verbose):
         """Announces the run (when `verbose` resolves true) and returns a bar over

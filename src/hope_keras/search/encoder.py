@@ -525,6 +525,8 @@ class Encoder:
                                 flops=budget.flops, steps=steps))
         except KeyboardInterrupt as e:
             raise CompressionInterrupted(self.trajectory, self) from e
+        if stopped == "no_action" and timed is None:
+            budget.warn_unmet(self)
         return CompressionResult.of(self, stopped, timed and timed.measured)
 
     def check_budget(self, density=None, params=None, flops=None) -> None:
@@ -690,6 +692,11 @@ def compress(model, *, density: Optional[float] = None, params: Optional[float] 
             compressible group; the model is then left unchanged.
         CompressionInterrupted: on Ctrl-C (a `KeyboardInterrupt`): the model holds
             exactly the steps of the exception's ``trajectory``.
+
+    Warns:
+        UserWarning: when the run stops for want of an action before its budget
+            (``stopped == "no_action"``; e.g. only evictions that would overshoot
+            ``density`` are left), with what it reached.
 
     Example:
 
