@@ -177,6 +177,12 @@ def main():
                    help="Encoder merge_search (default: the library's, auto)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--width", type=int, default=None, help="mlp: layer width (8192)")
+    p.add_argument("--gram-backend", choices=("auto", "numpy", "tensorflow"), default=None,
+                   help="where the caches' products run (hope_keras.scoring.cache."
+                        "GRAM_BACKEND; auto: TensorFlow with a GPU, else NumPy)")
+    p.add_argument("--sketch-seed", type=int, default=None,
+                   help="seed of the sketched groups' random projections "
+                        "(hope_keras.scoring.cache.SKETCH_SEED, 0)")
     p.add_argument("--init", default="keras", choices=("keras", "numpy"),
                    help="mlp: kernels from Keras' initializer or drawn by NumPy (see mlp)")
     p.add_argument("--bn-stats", action="store_true",
@@ -227,6 +233,13 @@ def main():
         from hope_keras.search import candidates
 
         candidates.ORIENTED = False
+    if args.sketch_seed is not None or args.gram_backend is not None:
+        from hope_keras.scoring import cache as cache_lib
+
+        if args.sketch_seed is not None:
+            cache_lib.SKETCH_SEED = args.sketch_seed
+        if args.gram_backend is not None:
+            cache_lib.GRAM_BACKEND = args.gram_backend
     if args.width is not None or args.init != "keras" or args.bn_stats:
         if args.model != "mlp":
             p.error("--width, --init and --bn-stats apply to the mlp")

@@ -52,6 +52,9 @@ SKETCH_WIDTH = 6144
 SKETCH_WORK = 3e11
 #: Columns of the random projections of a `SketchCache`.
 SKETCH_DIM = 256
+#: Seed of those projections (a run is reproducible; another seed is another
+#: estimate, docs/hope.md "Very wide groups").
+SKETCH_SEED = 0
 #: A `SketchCache` estimates a set of pairs from whole rows of ``S Sᵀ`` (one matrix
 #: product per distinct first neuron) once the pairs average this many per row:
 #: on these CPUs a row of 8192 by BLAS costs about as much as 100 gathered pairs.

@@ -7,13 +7,14 @@ reads a very wide group's weights once into the random projections of a
 vectors from the current weights (the sketched groups' exact re-pricing);
 `OnDemandState` stands for a sketched group's `LayerState` without its arrays.
 The sizes that choose between the two caches (`SKETCH_WIDTH`, `SKETCH_WORK`,
-`SKETCH_DIM`, `CHUNK_ROWS`, `FLOAT32_WIDTH`) are read from `hope_keras.scoring.cache` at
+`SKETCH_DIM`, `SKETCH_SEED`, `CHUNK_ROWS`, `FLOAT32_WIDTH`) are read from `hope_keras.scoring.cache` at
 each call, so setting them there takes effect; `hope_keras.scoring.cache` also gives
 every name here.
 """
 
 from __future__ import annotations
 
+from typing import Optional
 
 import numpy as np
 
@@ -104,9 +105,10 @@ def use_sketch(n: int, d: int, m: int) -> bool:
 
 
 def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512,
-                       seed: int = 0):
+                       seed: Optional[int] = None):
     """Builds a `SketchCache` from the model's layers, streaming row chunks (never
-    the group's full float64 vectors).
+    the group's full float64 vectors), projected on Gaussian columns drawn with
+    ``seed`` (None: `SKETCH_SEED`).
 
     Returns:
         ``(cache, extras)``: the cache and a dict with ``p_init``, ``gamma``,
@@ -133,7 +135,7 @@ def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512
 
     n = group.size
     gamma, beta, mean, var, eps = bn_arrays(get(group.bn))
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(cache_lib.SKETCH_SEED if seed is None else seed)
     r = cache_lib.SKETCH_DIM
     # The projections multiply where the Gram products do (`cache.GRAM_BACKEND`): on
     # a CPU, NumPy's sgemm is 2–6× faster than TensorFlow's matmul for these (512 ×
