@@ -156,6 +156,31 @@ def test_dataset_input_and_bn_only():
     assert model.compiled
 
 
+def test_the_results_recover_takes_other_data_and_reestimates_on_it():
+    """`CompressionResult.recover` distils on compress's data= by default; given
+    data= (a data-free run has none), it re-estimates the statistics on that data
+    first, as `hope_keras.recover` does (it used to fail on a duplicate argument)."""
+    teacher = small_resnet(seed=4)
+    model = copy_model(teacher)
+    result = hope_keras.compress(model, density=0.5, verbose=False)
+    with pytest.raises(ValueError, match=r"no data= given to compress.*data=x"):
+        result.recover(teacher=teacher)
+    x = _images(64, seed=7)
+    expected = copy_model(model)
+    hope_keras.recover(expected, x, teacher=teacher, epochs=0, verbose=0)
+    result.recover(teacher=teacher, data=x, epochs=0, verbose=0)
+    for a, b in zip(model.get_weights(), expected.get_weights()):
+        np.testing.assert_array_equal(a, b)  # BN statistics re-estimated on x
+    # With compress's data, that data by default; data= overrides it.
+    model = copy_model(teacher)
+    result = hope_keras.compress(model, density=0.5, data=_images(64), verbose=False)
+    expected = copy_model(model)
+    hope_keras.recover(expected, x, teacher=teacher, epochs=0, verbose=0)
+    result.recover(teacher=teacher, data=x, epochs=0, verbose=0)
+    for a, b in zip(model.get_weights(), expected.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_bad_input_is_refused_and_model_untouched():
     teacher, model = _compressed()
     before = [w.copy() for w in model.get_weights()]

@@ -115,10 +115,12 @@ class CompressionResult:
             data=encoder.correction.data,
         )
 
-    def recover(self, teacher=None, **kwargs):
+    def recover(self, teacher=None, data=None, **kwargs):
         """`hope_keras.recover` of the compressed model on the ``data`` given to
         `compress`: distillation from ``teacher``, without the BatchNormalization
         re-estimation before it (`compress` has just made it on the same data).
+        Other ``data`` (e.g. after a data-free `compress`): re-estimated on it first,
+        as `hope_keras.recover` does.
 
         Call it before `hope_keras.slim` (pruned channels stay exactly zero, so
         ``slim`` removes the same ones). Keyword arguments go to `hope_keras.recover`.
@@ -138,12 +140,13 @@ class CompressionResult:
         >>> sorted(history.history)
         ['distillation_loss', 'loss']
         """
-        if self.model is None or self.data is None:
-            raise ValueError("CompressionResult.recover needs the data= given to compress; "
-                             "this run had none: call hope_keras.recover(model, data, "
-                             "teacher=...) instead.")
-        kwargs.setdefault("reestimate", "after")
-        return recover(self.model, self.data, teacher=teacher, **kwargs)
+        if self.model is None or (data is None and self.data is None):
+            raise ValueError("CompressionResult.recover needs data: this run had no data= "
+                             "given to compress; pass result.recover(teacher=..., data=x).")
+        if data is None:
+            data = self.data
+            kwargs.setdefault("reestimate", "after")
+        return recover(self.model, data, teacher=teacher, **kwargs)
 
     def profile(self, **kwargs):
         """`hope_keras.profile` of ``slim(model)`` against the model as compressed.
