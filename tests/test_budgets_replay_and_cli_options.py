@@ -94,8 +94,8 @@ def test_cli_compress_latency_prints_the_timings(model_file, tmp_path, capsys):
                           tmp_path / "s.keras")
     assert status == 0 and "FLOPs / example" in stdout
     assert not any(row in stdout for row in rows)
-    status, stdout = _cli_out(capsys, "compress", model_file, "--density", "0.6", "--out",
-                          tmp_path / "s.keras", "--latency")
+    status, stdout = _cli_out(capsys, "compress", model_file, "--density", "0.6", "-o",
+                          tmp_path / "s.keras", "--latency")  # -o: --out's short form
     assert status == 0
     for row in rows:  # reference, model, ratio: positive timings
         line = next(l for l in stdout.splitlines() if l.startswith(row))

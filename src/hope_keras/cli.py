@@ -385,7 +385,7 @@ def _parser():
     budget.add_argument("--latency-budget", type=_fraction, metavar="R",
                         help="target ratio of measured latency, slimmed / original, in "
                              "(0, 1]: timed on this machine (compiled call, batch 1)")
-    c.add_argument("--out", required=True, help="where to save the slimmed model (.keras)")
+    c.add_argument("-o", "--out", required=True, help="where to save the slimmed model (.keras)")
     c.add_argument("--trajectory", help="also save the trajectory (.npz), to replay or "
                                         "plot the run")
     c.add_argument("--cost", choices=("hope", "paper"), default="hope",
@@ -417,7 +417,7 @@ def _parser():
     target.add_argument("--flops", type=_fraction,
                         help="replay until the FLOPs ratio is ≤ this, in (0, 1]")
     target.add_argument("--step", type=_count(0), help="replay exactly this many steps")
-    r.add_argument("--out", required=True, help="where to save the result (.keras)")
+    r.add_argument("-o", "--out", required=True, help="where to save the result (.keras)")
     r.add_argument("--no-slim", action="store_true",
                    help="save the edited model at full size instead of the slimmed one")
     r.add_argument("--no-check", action="store_true",
@@ -427,7 +427,7 @@ def _parser():
 
     rep = command("report", "plot a trajectory (needs matplotlib)")
     rep.add_argument("trajectory", help="the trajectory file (.npz) written by compress")
-    rep.add_argument("--out", required=True, help="the image to write (.png, .pdf or .svg)")
+    rep.add_argument("-o", "--out", required=True, help="the image to write (.png, .pdf or .svg)")
     rep.add_argument("--model", help="the original .keras model: also print the "
                      "profile of the trajectory's result against it")
     rep.add_argument("--latency", action="store_true", help="with --model: also time")
@@ -438,7 +438,7 @@ def _parser():
 
     e = command("export", "convert a model to TensorFlow Lite")
     e.add_argument("model", help="a .keras file (e.g. the slimmed model)")
-    e.add_argument("--out", required=True, help="the .tflite file to write")
+    e.add_argument("-o", "--out", required=True, help="the .tflite file to write")
     e.add_argument("--quantize", choices=("dynamic",), default=None,
                    help="dynamic-range quantisation (int8 weights)")
     e.set_defaults(fn=_export)
