@@ -101,16 +101,22 @@ def exactly_zero_channels(get, group, graph) -> np.ndarray:
     weights (moving variance aside) are zero on them, as the editor's prune leaves
     them, and every layer between the group's tensors maps zero to zero (no fused
     or standalone activation with ``f(0) ≠ 0``, no ``x + 3``, no sum with a tensor
-    outside the group). All False when some layer there does not keep zeros."""
+    outside the group). All False when some layer there does not keep zeros. A gate
+    that only multiplies a tensor of the group (`_gate_tensors`) may hold ``f(0)``:
+    the product is zero."""
     n = group.size
     zero = np.ones(n, dtype=bool)
+    fg = graph.flat
+    inside = set(group.tensors)
+    gates = _gate_tensors(fg, inside)
     for c in group.couplings:
         layer = get(c.layer)
         rule = layer_rules.get(layer)
         if c.role == "in":
             continue
         act = rule.activation(layer)  # fused: f(zero weights · x) = f(0)
-        if act is not None and not _maps_zero_to_zero(act):
+        if act is not None and not _maps_zero_to_zero(act) and not (
+                c.role == "out" and set(_outputs_of(fg, c.layer)) <= gates):
             return np.zeros(n, dtype=bool)
         if c.role == "out":
             weights = rule.out_weights(layer)
@@ -122,11 +128,9 @@ def exactly_zero_channels(get, group, graph) -> np.ndarray:
             if w.expand != 1:
                 idx = (idx[:, None] * w.expand + np.arange(w.expand)).reshape(-1)
             zero &= ~np.any(arr[idx].reshape(n, -1) != 0, axis=1)
-    fg = graph.flat
-    inside = set(group.tensors)
     for node in fg.nodes:
         if not node.outputs or node.outputs[0] not in inside or \
-                not any(t in inside for t in node.inputs):
+                not any(t in inside for t in node.inputs) or node.outputs[0] in gates:
             continue
         layer, rule = node.op, layer_rules.get(node.op)
         role = layer_rules.role_of(layer, node)
@@ -147,6 +151,36 @@ def exactly_zero_channels(get, group, graph) -> np.ndarray:
             if not ok:
                 return np.zeros(n, dtype=bool)
     return zero
+
+
+def _outputs_of(fg, key) -> list:
+    """The output tensors of every call of layer `key`."""
+    return [t for node in fg.nodes_of(key) for t in node.outputs]
+
+
+def _gate_tensors(fg, inside) -> set:
+    """Tensors of a group that only scale another of its tensors: every reader is a
+    Multiply inside the group with an operand of the group that is not such a gate
+    (a squeeze-and-excitation gate). A removed channel is zero in that operand, so
+    the product is zero whatever the gate holds there (``hard_sigmoid(0) = 0.5``)."""
+    def multiplies(t):
+        users = [fg.nodes[k] for k in fg.consumers.get(t, ())]
+        return bool(users) and not fg.is_output(t) and all(
+            layer_rules.role_of(u.op, u) == "merge"
+            and getattr(layer_rules.get(u.op), "op", "add") == "multiply"
+            and u.outputs and u.outputs[0] in inside for u in users)
+
+    gates = {t for t in inside if multiplies(t)}
+    changed = True
+    while changed:  # a gate needs a zero operand beside it in each of its products
+        changed = False
+        for t in list(gates):
+            for k in fg.consumers.get(t, ()):
+                if not any(x in inside and x not in gates for x in fg.nodes[k].inputs):
+                    gates.discard(t)
+                    changed = True
+                    break
+    return gates
 
 
 def evicted_blocks(model, graph) -> set:
