@@ -174,10 +174,11 @@ class Budget:
             return
         following = encoder.next_action(None) if self.density is not None else None
         if following is not None and following.kind == "evict":
+            missing = [a for a in ("prune", "merge") if a not in encoder.actions]
             why = (f"the only actions left evict blocks (next: '{following.unit}'), which "
                    f"would take the density below density={self.density} and are skipped "
-                   "under a density budget: give params= or flops= alone, or allow "
-                   "prunes or merges (actions=)")
+                   "under a density budget: give params= or flops= alone"
+                   + (f", or allow {' and '.join(missing)} (actions=)" if missing else ""))
         else:
             why = ("no admissible action is left (every group the actions can shrink is "
                    "at its narrowest)")
