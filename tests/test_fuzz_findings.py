@@ -117,3 +117,29 @@ def test_a_run_left_only_overshooting_evictions_warns_and_changes_nothing():
         result = hope_keras.compress(model, flops=0.9, actions=("merge", "evict"),
                                      verbose=False)
     assert result.stopped == "budget" and [s.kind for s in result.trajectory] == ["evict"]
+
+
+def test_a_dead_parent_merge_of_a_groups_last_two_leaves_one_counted_neuron():
+    """A merge whose parent is inactive (γ_k² < ε) removes both neurons, but not a
+    group's last two: `slim` keeps one (zero) channel of a layer, and the counts now
+    say so too (they counted the group empty: the run's parameter ratio was not
+    slim's, fuzz seed 60127)."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,))
+    x = L.Dense(2, name="pair")(inputs)
+    bn = L.BatchNormalization(epsilon=1e-3, name="pair_bn")
+    x = L.ReLU()(bn(x))
+    model = keras.Model(inputs, L.Dense(3, name="head")(x))
+    # Two weak neurons: their parent's pre-activation spread is below the BN's ε.
+    bn.set_weights([np.array([0.01, 0.012], "float32"), np.array([0.3, 0.2], "float32"),
+                    np.zeros(2, "float32"), np.ones(2, "float32")])
+    count0 = model.count_params()
+    result = hope_keras.compress(model, density=0.5, actions=("merge",), verbose=False)
+    (step,) = result.trajectory.steps
+    assert step.kind == "merge" and step.coef[4] ** 2 < 1e-3  # the parent is dead
+    assert step.active_after == 1 and result.density == 0.5
+    small = hope_keras.slim(model)
+    assert small.get_layer("pair").units == 1
+    assert small.count_params() == round(result.params_ratio * count0)
+    again = hope_keras.Encoder(model, actions=("merge",), verbose=False)
+    assert again.active == 1

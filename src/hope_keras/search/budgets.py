@@ -166,11 +166,13 @@ class Budget:
             raise ValueError(f"flops={flops} is out of reach: pinned layers{narrowest} keep "
                              f"at least {min_flops:.4f} of the FLOPs. Nothing was changed.")
 
-    def warn_unmet(self, encoder) -> None:
-        """Warns when a run that stopped for want of an action left its budgets unmet
-        (the result is not what was asked), saying why: the next action is an
-        eviction that would overshoot ``density=`` (skipped), or none is left."""
-        if self.density is None and self.params is None and self.flops is None:
+    def warn_unmet(self, encoder, stopped: Optional[str]) -> None:
+        """Warns when a run that stopped for want of an action (`stopped` is
+        ``"no_action"``) left its budgets unmet (the result is not what was asked),
+        saying why: the next action is an eviction that would overshoot
+        ``density=`` (skipped), or none is left."""
+        if stopped != "no_action" or (
+                self.density is None and self.params is None and self.flops is None):
             return
         following = encoder.next_action(None) if self.density is not None else None
         if following is not None and following.kind == "evict":

@@ -448,11 +448,12 @@ class Encoder:
         else:
             eps = float(self.editor.layer(self.graph.groups[unit].bn).epsilon)
             coef, c_after, dead_parent = gs.merge_parent(i, j, self.merge_scale, eps)
-            active_after = self.active - (2 if dead_parent else 1)
+            keep_one = dead_parent and gs.n == 2  # a group keeps one (`after_merge`)
+            active_after = self.active - (2 if dead_parent and not keep_one else 1)
             with self.editor.step():
                 self.editor.merge(unit, i, j, ParentCoefficients(*coef))
                 step = self._record(action, c_before, c_after, active_after, coef, [unit])
-            gs.after_merge(i, j, coef, dead_parent)
+            gs.after_merge(i, j, coef, dead_parent, keep_slot=keep_one)
         gs.C = step.c_after
         self._after_group_change(unit)
         return step
@@ -528,8 +529,7 @@ class Encoder:
                                 flops=budget.flops, steps=steps))
         except KeyboardInterrupt as e:
             raise CompressionInterrupted(self.trajectory, self) from e
-        if stopped == "no_action" and timed is None:
-            budget.warn_unmet(self)
+        budget.warn_unmet(self, None if timed is not None else stopped)
         return CompressionResult.of(self, stopped, timed and timed.measured)
 
     def check_budget(self, density=None, params=None, flops=None) -> None:

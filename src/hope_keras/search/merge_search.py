@@ -267,13 +267,17 @@ class GroupState:
         c_after = max(c_rem + (0.0 if dead_parent else float(scale)), costs.FLOOR)
         return coef, c_after, dead_parent
 
-    def after_merge(self, i: int, j: int, coef, dead_parent: bool) -> None:
+    def after_merge(self, i: int, j: int, coef, dead_parent: bool,
+                    keep_slot: bool = False) -> None:
         """Neurons `i` and `j` were merged into slot `i` (`coef`: the parent's
-        coefficients), or both removed (`dead_parent`)."""
+        coefficients), or both removed (`dead_parent`). With `keep_slot` (a dead
+        parent of a group's last two) slot `i` still counts as a live, zero neuron:
+        `slim` keeps one channel of a layer, and the counts say so, as under prunes."""
         cache = self.cache
         self.remove(j)
         if dead_parent:
-            self.remove(i)
+            if not keep_slot:
+                self.remove(i)
             cache.clear(i)
             cache.clear(j)
         else:
