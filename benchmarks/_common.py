@@ -103,8 +103,6 @@ def write_results(path, out, quick=False, **json_options) -> Path:
 def forward_time(model, x, repeats=5) -> float:
     """T: the median seconds of ``model(x, training=False)`` after one warm-up (the
     unit the benchmarks' timings are given in, measured in the same process)."""
-    import time
-
     model(x, training=False)
     times = []
     for _ in range(repeats):

@@ -44,7 +44,6 @@ Result: ``benchmarks/results/nonrelu_quality_<model>.json``.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import sys
@@ -188,7 +187,6 @@ class Bench:
                 "acc": acc, "agree": agree, "alive": alive}
 
     def run_hope(self, name, axis):
-        import hope_keras
 
         sc = name.endswith("_sc")
         name = name[:-3] if sc else name

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import L, bn_relu, mlp, small_resnet
 from hope_keras.graph.walker import walk
-from conftest import L, bn_relu, mlp, outputs_equal, randomize_bn, small_resnet
+from conftest import outputs_equal, randomize_bn
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 
 import hope_keras
 from hope_keras.activations import kernels
-from hope_keras.scoring import cost_formulas, pair_kernels
+from hope_keras.scoring import cost_formulas
 from hope_keras.scoring.cache import GroupCache, PairValues
 
 from conftest import clustered_mlp, conv_net, plant_duplicate, small_resnet

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 from typing import Dict, Iterable
 
-import keras
 import numpy as np
 
 from hope_keras.edit.slim import live_channels
