@@ -7,9 +7,9 @@ reads a very wide group's weights once into the random projections of a
 vectors from the current weights (the sketched groups' exact re-pricing);
 `OnDemandState` stands for a sketched group's `LayerState` without its arrays.
 The sizes that choose between the two caches (`SKETCH_WIDTH`, `SKETCH_WORK`,
-`SKETCH_DIM`, `SKETCH_SEED`, `CHUNK_ROWS`, `FLOAT32_WIDTH`) are read from `hope_keras.scoring.cache` at
-each call, so setting them there takes effect; `hope_keras.scoring.cache` also gives
-every name here.
+`SKETCH_DIM`, `SKETCH_SEED`, `CHUNK_ROWS`, `FLOAT32_WIDTH`) are read from
+`hope_keras.scoring.cache` at each call, so setting them there takes effect;
+`hope_keras.scoring.cache` also gives every name here.
 """
 
 from __future__ import annotations
