@@ -291,10 +291,11 @@ def test_convnext_stream_channels_go_and_slim_counts_them_in_layer_norms(tmp_pat
     assert not any(isinstance(layer, ZeroPaddedLayerNormalization) for layer in small.layers)
 
 
-def _convnext_gated(fused):
+def _convnext_gated(gate):
     """A LayerNorm stream whose last tensor is scaled by a squeeze-and-excitation
     gate (`hard_sigmoid(0) = 0.5`: a removed channel's gate is not zero), the gate's
-    activation fused into its convolution or a layer of its own."""
+    activation fused into its convolution, a layer of its own, or Keras operations
+    (`relu6(x + 3) / 6`, as MobileNetV3 writes it)."""
     def pattern(x):
         x = L.LayerNormalization(epsilon=1e-6)(L.Conv2D(6, 2, strides=2)(x))
         y = L.LayerNormalization(epsilon=1e-6)(L.DepthwiseConv2D(3, padding="same")(x))
@@ -302,23 +303,27 @@ def _convnext_gated(fused):
         x = L.LayerNormalization(epsilon=1e-6)(x)
         g = L.Reshape((1, 1, 6))(L.GlobalAveragePooling2D()(x))
         g = L.Conv2D(3, 1, activation="relu")(g)
-        g = (L.Conv2D(6, 1, activation="hard_sigmoid")(g) if fused
-             else L.Activation("hard_sigmoid")(L.Conv2D(6, 1)(g)))
+        if gate == "fused":
+            g = L.Conv2D(6, 1, activation="hard_sigmoid")(g)
+        elif gate == "layer":
+            g = L.Activation("hard_sigmoid")(L.Conv2D(6, 1)(g))
+        else:
+            g = keras.ops.relu6(L.Conv2D(6, 1)(g) + 3.0) / 6.0
         x = L.Multiply()([x, g])
         return L.Dense(3)(L.GlobalAveragePooling2D()(x))
-    pattern.__name__ = f"convnext_gated_{'fused' if fused else 'layer'}"
+    pattern.__name__ = f"convnext_gated_{gate}"
     return pattern
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "layer"])
-def test_a_gated_layer_norm_stream_slims_its_removed_channels(fused):
+@pytest.mark.parametrize("gate", ["fused", "layer", "ops"])
+def test_a_gated_layer_norm_stream_slims_its_removed_channels(gate):
     """A removed stream channel is zero wherever the stream flows, but the gate that
     scales it holds hard_sigmoid(0) there: slim drops it all the same (the product is
     zero; the LayerNormalizations count it as a zero), so the engine's parameter
     count is slim's (they differed: slim kept every channel of such a stream)."""
     from hope_keras.graph.layers import ZeroPaddedLayerNormalization
 
-    model = _model(_convnext_gated(fused), seed=6)
+    model = _model(_convnext_gated(gate), seed=6)
     graph = hope_keras.walk(model)
     (stream,) = [g for g in graph.groups.values() if g.stream]
     x = _x(model)

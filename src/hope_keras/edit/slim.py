@@ -160,27 +160,41 @@ def _outputs_of(fg, key) -> list:
 
 def _gate_tensors(fg, inside) -> set:
     """Tensors of a group that only scale another of its tensors: every reader is a
-    Multiply inside the group with an operand of the group that is not such a gate
-    (a squeeze-and-excitation gate). A removed channel is zero in that operand, so
-    the product is zero whatever the gate holds there (``hard_sigmoid(0) = 0.5``)."""
-    def multiplies(t):
-        users = [fg.nodes[k] for k in fg.consumers.get(t, ())]
-        return bool(users) and not fg.is_output(t) and all(
-            layer_rules.role_of(u.op, u) == "merge"
-            and getattr(layer_rules.get(u.op), "op", "add") == "multiply"
-            and u.outputs and u.outputs[0] in inside for u in users)
+    Multiply inside the group beside an operand of the group that is not such a
+    gate, or a weightless channelwise layer (an activation, ``x + 3``, a reshape)
+    whose output is one (a squeeze-and-excitation gate and the ops that make it). A
+    removed channel is zero in that operand, so the product is zero whatever the
+    gate holds there (``hard_sigmoid(0) = 0.5``)."""
+    def is_multiply(u):
+        return (layer_rules.role_of(u.op, u) == "merge"
+                and getattr(layer_rules.get(u.op), "op", "add") == "multiply")
 
-    gates = {t for t in inside if multiplies(t)}
-    changed = True
-    while changed:  # a gate needs a zero operand beside it in each of its products
-        changed = False
-        for t in list(gates):
-            for k in fg.consumers.get(t, ()):
-                if not any(x in inside and x not in gates for x in fg.nodes[k].inputs):
+    def weightless(u):
+        role = layer_rules.role_of(u.op, u)
+        return role == "reshape" or (role == "channelwise" and not
+                                     layer_rules.get(u.op).channel_weights(u.op))
+
+    def users(t):
+        return [fg.nodes[k] for k in fg.consumers.get(t, ())]
+
+    gates = {t for t in inside if users(t) and not fg.is_output(t)}
+    while True:
+        changed = True
+        while changed:  # the largest set that only flows into products
+            changed = False
+            for t in list(gates):
+                if not all(u.outputs and u.outputs[0] in inside and (
+                        is_multiply(u) or (weightless(u) and u.outputs[0] in gates))
+                        for u in users(t)):
                     gates.discard(t)
                     changed = True
-                    break
-    return gates
+        # ... each product beside an operand that must be zero (not a gate).
+        bad = {x for t in gates for u in users(t) if is_multiply(u)
+               and not any(y in inside and y not in gates for y in u.inputs)
+               for x in u.inputs if x in gates}
+        if not bad:
+            return gates
+        gates -= bad
 
 
 def evicted_blocks(model, graph) -> set:
