@@ -161,3 +161,49 @@ def test_resize_between_groups_is_seen_through():
     hope_keras.compress(net, density=0.5, verbose=False)
     np.testing.assert_allclose(np.asarray(hope_keras.slim(net)(x)), np.asarray(net(x)),
                                atol=1e-4, rtol=1e-4)
+
+
+class ReduceNet(keras.Model):
+    """A global pooling written as a `keras.ops` reduction over the spatial axes."""
+
+    def __init__(self, reduce, **kwargs):
+        super().__init__()
+        self.reduce, self.kwargs = reduce, kwargs
+        self.conv = layers.Conv2D(12, 3, padding="same")
+        self.bn = layers.BatchNormalization()
+        self.fc = layers.Dense(3)
+
+    def call(self, x):
+        return self.fc(self.reduce(ops.relu(self.bn(self.conv(x))), **self.kwargs))
+
+
+@pytest.mark.parametrize("reduce, kwargs", [
+    (ops.mean, dict(axis=(1, 2))), (ops.sum, dict(axis=[-3, -2])),
+    (ops.max, dict(axis=(1, 2))), (ops.min, dict(axis=(1, 2))),
+    (ops.mean, dict(axis=(1, 2), keepdims=True)),
+], ids=["mean", "sum", "max", "min", "mean-keepdims"])
+def test_a_spatial_reduction_between_a_group_and_its_reader_is_seen_through(reduce, kwargs):
+    rng = np.random.default_rng(2)
+    net = ReduceNet(reduce, **kwargs)
+    x = rng.normal(size=(16, 8, 8, 3)).astype("float32")
+    net(x)
+    _trained_like(net, rng)
+    analysis = hope_keras.analyze(net)
+    assert [g.size for g in analysis.groups] == [12]
+    result = hope_keras.compress(net, density=0.5, verbose=False)
+    assert result.density == 0.5
+    small = hope_keras.slim(net)
+    assert small.count_params() < net.count_params()
+    np.testing.assert_allclose(np.asarray(small(x)), np.asarray(net(x)), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    (dict(axis=-1, keepdims=True), "reduces across channels"),
+    (dict(axis=None, keepdims=True), "over every axis"),
+    (dict(axis=(1, 2), initial=1.0), "initial=1.0"),
+])
+def test_a_reduction_across_channels_pins_the_group_and_says_why(kwargs, why):
+    net = ReduceNet(ops.max, **kwargs)
+    net(np.ones((2, 8, 8, 3), "float32"))
+    summary = str(hope_keras.analyze(net).pinned)
+    assert why in summary and "conv" in summary

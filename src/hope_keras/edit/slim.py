@@ -23,6 +23,7 @@ import numpy as np
 from hope_keras.graph import adapter as kg
 from hope_keras.graph import walker as graph_lib
 from hope_keras.graph import layers as layer_rules
+from hope_keras.graph import operation_rules
 from hope_keras.scoring.neurons import reader_slices
 
 
@@ -140,8 +141,8 @@ def exactly_zero_channels(get, group, graph) -> np.ndarray:
                 return np.zeros(n, dtype=bool)
         elif role == "channelwise" and not rule.channel_weights(layer) \
                 and not rule.is_passthrough(layer, node):
-            if isinstance(rule, layer_rules.ScalarOpRule):
-                operand = layer_rules.scalar_operand(node)
+            if isinstance(rule, operation_rules.ScalarOpRule):
+                operand = operation_rules.scalar_operand(node)
                 ok = operand is not None and (
                     (rule.op in ("add", "subtract") and operand[0] == 0.0)
                     or rule.op == "multiply" or (rule.op == "divide" and operand[1]))

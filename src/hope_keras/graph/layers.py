@@ -162,6 +162,10 @@ class LayerRule:
         """The class of its slimmed copy (built with ``from_config(config)``)."""
         return type(layer)
 
+    def role_at(self, node) -> str:
+        """The role at one call, `node` (None: any); operations may differ per node."""
+        return self.role
+
     def is_passthrough(self, layer, node=None) -> bool:
         """A weightless, linear-in-value channelwise layer a dead channel stays dead
         through (pooling, padding, dropout, Flatten, identity)."""
@@ -668,98 +672,15 @@ def _register_builtins():
     if "StochasticDepth" in convnext:
         register(convnext["StochasticDepth"], ChannelwiseRule(passthrough=True,
                                                               data_format=False))
-    _register_ops()
-
-
-class ScalarOpRule(LayerRule):
-    """A Keras operation node (``x + 3.0``, ``x * s``): channelwise with a scalar,
-    a merge between tensors."""
-
-    def __init__(self, op):
-        self.op = op
-
-    role = "channelwise"  # per node, `role_of` says "merge" between two tensors
-
-    def is_passthrough(self, layer, node=None):
-        return False
-
-
-def _register_ops():
-    ops = (("Add", "add"), ("Subtract", "subtract"), ("Multiply", "multiply"),
-           ("Divide", "divide"), ("TrueDivide", "divide"))
-    classes = kg.optional_classes("ops.numpy", [name for name, _ in ops])
-    for name, op in ops:
-        if name in classes:
-            register(classes[name], ScalarOpRule(op))
-    _register_activation_ops()
-
-
-def _register_activation_ops():
-    """Elementwise activations called as `keras.ops` (``keras.ops.relu(x)`` in a
-    traced subclassed model, or in a Functional one): channelwise, like the layers."""
-    A = keras.activations
-    fixed = {"Relu": A.relu, "Relu6": A.relu6, "Sigmoid": A.sigmoid, "Silu": A.silu,
-             "Selu": A.selu, "Softplus": A.softplus, "HardSigmoid": A.hard_sigmoid,
-             "HardSilu": A.hard_silu}
-    nn = kg.optional_classes("ops.nn", list(fixed) + ["LeakyRelu", "Gelu"])
-    for name, fn in fixed.items():
-        if name in nn:
-            register(nn[name], ChannelwiseRule(activation=lambda op, fn=fn: fn,
-                                               data_format=False))
-    if "LeakyRelu" in nn:
-        register(nn["LeakyRelu"], ChannelwiseRule(
-            activation=lambda op: functools.partial(
-                A.leaky_relu, negative_slope=float(op.negative_slope)),
-            data_format=False))
-    if "Gelu" in nn:
-        register(nn["Gelu"], ChannelwiseRule(
-            activation=lambda op: functools.partial(A.gelu, approximate=bool(op.approximate)),
-            data_format=False))
-    resize = kg.optional_classes("ops.image", ["Resize"])
-    if "Resize" in resize:  # keras.ops.image.resize: per-channel, like `Resizing`
-        register(resize["Resize"], ChannelwiseRule(passthrough=True))
-    tanh = kg.optional_classes("ops.numpy", ["Tanh"])
-    if "Tanh" in tanh:
-        register(tanh["Tanh"], ChannelwiseRule(activation=lambda op: A.tanh,
-                                               data_format=False))
-
-
-def scalar_operand(node):
-    """For an operation node of `ScalarOpRule`: ``(scalar, tensor_first)`` when it
-    combines one tensor with a Python/numpy scalar, else None."""
-    args = node.args
-    if len(args) != 2:
-        return None
-    kinds = [isinstance(a, keras.KerasTensor) for a in args]
-    if kinds == [True, False]:
-        val, first = args[1], True
-    elif kinds == [False, True]:
-        val, first = args[0], False
-    else:
-        return None
-    try:
-        arr = np.asarray(val, dtype=np.float64)
-    except (TypeError, ValueError):
-        return None
-    if arr.size != 1:
-        return None
-    return float(arr.ravel()[0]), first
 
 
 def role_of(layer, node=None) -> str:
-    """The layer's role at this call (operation nodes: channelwise with a scalar,
-    merge between two tensors)."""
-    rule = get(layer)
-    if isinstance(rule, ScalarOpRule):
-        if node is not None and len(node.inputs) >= 2:
-            return "merge"
-        if node is not None and scalar_operand(node) is None:
-            return "unsupported"
-        return "channelwise"
-    return rule.role
+    """The layer's role at this call (`LayerRule.role_at`)."""
+    return get(layer).role_at(node)
 
 
 _register_builtins()
+
 
 
 def weight_param_count(layer, rule: LayerRule, in_live: Optional[int], out_live: Optional[int],
