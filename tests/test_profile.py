@@ -123,6 +123,23 @@ def test_latency_methods_interleaved_and_tflite(compressed_and_slim, tmp_path):
     assert q.size_bytes == path.stat().st_size
 
 
+def test_a_reference_of_other_inputs_is_refused_by_shape_unless_nothing_is_timed(
+        compressed_and_slim, tmp_path):
+    model, small = compressed_and_slim
+    other = keras.Sequential([keras.Input((12, 12, 3)), keras.layers.Conv2D(2, 3),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match=r"\(12, 12, 3\).*latency=False"):
+        hope_keras.profile(other, reference=model, methods=("call",), repeats=1)
+    with pytest.raises(ValueError, match=r"model takes inputs of shape \[\(12, 12, 3\)\]"):
+        hope_keras.latency_ratio(other, model)
+    path = tmp_path / "small.tflite"
+    hope_keras.export_tflite(small, path)
+    with pytest.raises(ValueError, match="reference"):  # a .tflite file is read too
+        hope_keras.profile(str(path), reference=other, repeats=1)
+    p = hope_keras.profile(other, reference=model, latency=False)
+    assert p.params == other.count_params() and p.reference.params == model.count_params()
+
+
 def test_tflite_float32_matches_keras_and_int8_is_smaller(compressed_and_slim, tmp_path):
     from hope_keras.deploy.export import tflite_predict
 

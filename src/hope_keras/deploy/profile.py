@@ -138,15 +138,34 @@ def _is_tflite(model) -> bool:
         isinstance(model, (str, os.PathLike)) and os.fspath(model).lower().endswith(".tflite"))
 
 
+def _input_specs(model):
+    """``[(shape without the batch axis, dtype)]`` of the model's inputs."""
+    if _is_tflite(model):
+        return [(tuple(int(d) for d in i["shape_signature"][1:]), i["dtype"])
+                for i in tflite_interpreter(model).get_input_details()]
+    return [(tuple(t.shape[1:]), t.dtype) for t in kg.functional_of(model).inputs]
+
+
+def _check_same_inputs(model, reference) -> None:
+    """Both models are timed on one batch: their input shapes must agree (unknown
+    dimensions agree with any)."""
+    def fits(a, b):
+        return len(a) == len(b) and all(
+            p is None or q is None or p < 0 or q < 0 or p == q for p, q in zip(a, b))
+
+    mine, theirs = ([shape for shape, _ in _input_specs(m)] for m in (model, reference))
+    if len(mine) != len(theirs) or not all(fits(a, b) for a, b in zip(mine, theirs)):
+        raise ValueError(f"model takes inputs of shape {mine} and reference {theirs}: "
+                         "their latencies are timed on the same batch. Compare models "
+                         "of the same inputs, or pass latency=False for parameters and "
+                         "FLOPs only.")
+
+
 def _inputs_for(model, x, batch_size):
     if x is not None:
         return x
     rng = np.random.default_rng(0)
-    if _is_tflite(model):
-        specs = [(tuple(d["shape_signature"][1:]), d["dtype"])
-                 for d in tflite_interpreter(model).get_input_details()]
-    else:
-        specs = [(tuple(t.shape[1:]), t.dtype) for t in kg.functional_of(model).inputs]
+    specs = _input_specs(model)
     arrays = []
     for shape, dtype in specs:
         if any(d is None or d < 0 for d in shape):
@@ -232,6 +251,7 @@ def latency_ratio(model, reference, x=None, batch_size: int = 1, method: str = "
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}. Received: method={method!r}")
+    _check_same_inputs(model, reference)
     batch = _inputs_for(reference, x, batch_size)
     run, run_reference = (_runners(m, batch, (method,), num_threads)[0][method]
                           for m in (model, reference))
@@ -395,7 +415,8 @@ def profile(model, reference=None, x=None, batch_size: int = 1,
         A `Profile` (``.summary()`` prints it; ``.reference`` holds the reference's).
 
     Raises:
-        ValueError: on an unknown method, or shapes that are not fixed.
+        ValueError: on an unknown method, shapes that are not fixed, or a reference
+            of other input shapes (timed on the same batch).
 
     Example:
 
@@ -423,6 +444,8 @@ def profile(model, reference=None, x=None, batch_size: int = 1,
     timings = [{} for _ in models]
     sizes = [s[4] for s in statics]
     if latency:
+        if reference is not None:
+            _check_same_inputs(model, reference)
         batch = _inputs_for(model, x, batch_size)
         built = [_runners(m, batch, methods, num_threads) for m in models]
         timings = _time([r for r, _ in built], repeats, warmup)
