@@ -142,8 +142,12 @@ def test_targets_and_errors():
     inputs = keras.Input((4,))
     bn_model = keras.Model(inputs, L.Dense(2)(L.ReLU()(L.BatchNormalization()(
         L.Dense(3)(inputs)))))
-    with pytest.raises(ValueError, match="nothing to calibrate"):
+    with pytest.raises(ValueError, match="nothing to calibrate. Its layers with a "
+                                         "BatchNormalization are compressible"):
         calibrate(bn_model, np.zeros((8, 4), "float32"))
+    linear = keras.Model(inputs, L.Dense(2)(L.Dense(3)(inputs)))
+    with pytest.raises(ValueError, match=r"nothing to calibrate\.$"):
+        calibrate(linear, np.zeros((8, 4), "float32"))
     with pytest.raises(ValueError, match="no batches"):
         calibrate(model, np.zeros((0, 8, 8, 2), "float32"))
 

@@ -219,10 +219,14 @@ def calibrate(model, data, batch_size: int = 256, batches: Optional[int] = None,
                          f"batch_size={batch_size!r}")
     targets = calibration_targets(model)
     if not targets:
+        has_bn = any(layer_rules.get(node.op).normalization == "batch"
+                     for node in kg.flatten(model).nodes)
         raise ValueError(
-            f"Model '{model.name}' has no Dense/Conv layer with an activation (fused or as "
-            "the next layer) and no BatchNormalization: nothing to calibrate."
-        )
+            f"Model '{model.name}' has no Dense/Conv layer followed by an activation "
+            "(fused or as the next layer) without a BatchNormalization between them: "
+            "nothing to calibrate." + (
+                " Its layers with a BatchNormalization are compressible as they are "
+                "(hope_keras.analyze(model).summary() lists them)." if has_bn else ""))
     new, inserted = _rebuild(model, targets, name or f"{model.name}_calibrated")
     fused = {kg.flat_name(k): v == "fused" for k, v in targets.items()}
     producers = list(inserted)
