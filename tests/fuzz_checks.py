@@ -440,7 +440,16 @@ def _compress(case: _Case):
         enc = encoder(cost, actions, None)
     info.update(actions=actions, targets=targets, cost=cost)
     start = (enc.active, enc.sizes.params_ratio, enc.sizes.flops_ratio)
-    if run["api"] == "compress":
+    if not targets:
+        # No budget: `compress` refuses before any edit; `Encoder.run` goes to the end.
+        info["refusals"].append(_expect_refusal(
+            lambda: (hope_keras.compress(model, cost=cost, actions=actions, data=data,
+                                         verbose=False) if run["api"] == "compress"
+                     else enc.compress()),
+            ["needs a budget"], model, case.original, f"seed {seed}: no budget"))
+        result = hope_keras.CompressionResult.of(enc, enc.run())
+        after = lambda: enc  # noqa: E731
+    elif run["api"] == "compress":
         result = hope_keras.compress(model, cost=cost, actions=actions, data=data,
                                      verbose=False, **targets)
         after = lambda: encoder(cost, actions, None)  # noqa: E731 (on the compressed model)

@@ -229,11 +229,17 @@ def test_params_budget_and_steps_budget():
     assert len(hope_keras.compress(model2, steps=7, verbose=False).trajectory) == 7
 
 
-def test_until_no_action_keeps_one_neuron_per_layer():
+def test_compress_needs_a_budget_and_the_encoder_runs_on_to_one_neuron_per_layer():
     model = mlp((5, 4), seed=5)
-    result = hope_keras.compress(model, actions=("prune",), verbose=False)
-    assert result.stopped == "no_action"
-    assert result.trajectory.steps[-1].active_after == 2
+    before = model.get_weights()
+    with pytest.raises(ValueError, match="needs a budget.*Nothing was changed"):
+        hope_keras.compress(model, actions=("prune",), verbose=False)
+    with pytest.raises(ValueError, match="needs a budget"):
+        hope_keras.Encoder(model, verbose=False).compress()
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    enc = hope_keras.Encoder(model, actions=("prune",), verbose=False)
+    assert enc.run() == "no_action"
+    assert enc.trajectory.steps[-1].active_after == 2
 
 
 @pytest.mark.parametrize("merge_scale,refresh,kernel", [("paper", "local", "approx"),

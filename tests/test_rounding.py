@@ -151,8 +151,8 @@ def test_replay_is_bit_identical_and_slices_between_rounds(name, tmp_path):
 
 def test_groups_at_or_below_round_to_stay_whole():
     model = mlp((6, 16), d_in=5, seed=2)
-    result = Encoder(model, search={"round_to": 8}, correction=False, verbose=False).compress()
-    assert result.stopped == "no_action"
+    enc = Encoder(model, search={"round_to": 8}, correction=False, verbose=False)
+    assert enc.run() == "no_action"
     assert _widths(hope_keras.slim(model)) == {"fc0": 6, "fc1": 8}
 
 

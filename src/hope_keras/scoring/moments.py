@@ -30,6 +30,7 @@ from typing import Dict, Tuple
 import numpy as np
 
 from hope_keras.graph import layers as layer_rules
+from hope_keras.graph import operation_rules
 from hope_keras._host_buffers import read_values
 from hope_keras import activations as acts
 
@@ -141,8 +142,8 @@ def _channelwise(node, rule, layer, m, v) -> Moments:
             m2 = m2 + _np(layer.bias)
         act = rule.activation(layer)
         return activation_moments(act, m2, v2) if act is not None else (m2, v2)
-    if isinstance(rule, layer_rules.ScalarOpRule):
-        found = layer_rules.scalar_operand(node)
+    if isinstance(rule, operation_rules.ScalarOpRule):
+        found = operation_rules.scalar_operand(node)
         if found is None:
             return m, v
         c, tensor_first = found

@@ -102,6 +102,20 @@ class Budget:
         _check_steps(steps)
         return cls(density, params, flops, steps)
 
+    def check_for_compress(self, latency=None) -> None:
+        """`compress` stops at a budget: none given is refused (the run would go on
+        until every group is down to one neuron), and ``latency`` is given alone
+        (``steps`` at most); before anything is changed."""
+        if latency is not None and self.kind(None) is not None:
+            raise ValueError(f"Give latency= alone (with steps= at most), not with "
+                             f"{self.describe()}. Nothing was changed.")
+        if self.kind(None) is None and self.steps is None and latency is None:
+            raise ValueError(
+                "compress needs a budget: density=, params=, flops=, latency= or steps=. "
+                "Received none (the run would go on until every group is down to one "
+                "neuron). Nothing was changed. To run to the end of the trajectory, use "
+                "hope_keras.Encoder(model).run().")
+
     def kind(self, default: str) -> str:
         """The budget the ranking follows: the first given of density, params, flops."""
         return ("density" if self.density is not None else "params" if self.params is not None

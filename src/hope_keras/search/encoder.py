@@ -519,10 +519,8 @@ class Encoder:
         0.5
         """
         budget, timed = Budget.checked(density, params, flops, steps), LatencyBudget.get(latency)
+        budget.check_for_compress(timed)
         self.check_budget(density=budget.density, params=budget.params, flops=budget.flops)
-        if timed is not None and budget.kind(None) is not None:
-            raise ValueError(f"Give latency= alone (with steps= at most), not with "
-                             f"{budget.describe()}. Nothing was changed.")
         try:
             stopped = (timed.reach(self, steps) if timed is not None else
                        self.run(density=budget.density, params=budget.params,
@@ -645,7 +643,7 @@ def compress(model, *, density: Optional[float] = None, params: Optional[float] 
 
     The greedy encoder executes, one step at a time, the prune, merge or block
     eviction with the lowest distortion for what it saves, until the first budget
-    given is met (or no action is admissible when none is given). Every step is
+    given is met (or no action is admissible). Every step is
     recorded in the returned trajectory; `hope_keras.slim` then turns the edited
     model into a physically smaller one. The choice of steps is data-free (it reads
     the weights and the BatchNormalization statistics); after the run, the
@@ -691,8 +689,8 @@ def compress(model, *, density: Optional[float] = None, params: Optional[float] 
         latency budget).
 
     Raises:
-        ValueError: on a budget already met or out of reach, or a model with no
-            compressible group; the model is then left unchanged.
+        ValueError: on no budget, a budget already met or out of reach, or a model
+            with no compressible group; the model is then left unchanged.
         CompressionInterrupted: on Ctrl-C (a `KeyboardInterrupt`): the model holds
             exactly the steps of the exception's ``trajectory``.
 
@@ -713,6 +711,7 @@ def compress(model, *, density: Optional[float] = None, params: Optional[float] 
     (0.5, 8)
     """
     budget, latency = Budget.checked(density, params, flops, steps), LatencyBudget.get(latency)
+    budget.check_for_compress(latency)
     return Encoder(model, cost=cost, actions=actions, data=data, verbose=verbose).compress(
         density=budget.density, params=budget.params, flops=budget.flops, steps=steps,
         latency=latency)
