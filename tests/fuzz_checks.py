@@ -269,8 +269,9 @@ def _data(run, x):
     if run["data"] == "dataset":
         import tensorflow as tf
 
+        # Two inputs: elements ``((x1, x2),)`` (a bare pair would read as (x, y)).
         return tf.data.Dataset.from_tensor_slices(
-            tuple(x) if isinstance(x, list) else x).batch(16)
+            ((tuple(x),) if isinstance(x, list) else x)).batch(16)
     return x
 
 
@@ -431,13 +432,6 @@ def _compress(case: _Case):
         enc = encoder(cost, actions, data)
         targets, reachable = choose_targets(run["budgets"], enc)
         assert reachable, f"seed {seed}: nothing reachable with every action"
-    if data is not None and case.plan.second_input:
-        # data= takes the inputs of a one-input model: refused before any edit.
-        info["refusals"].append(_expect_refusal(
-            lambda: enc.compress(**targets), ["one input"], model, case.original,
-            f"seed {seed}: data= with two inputs"))
-        data, run["api"], correction = None, "encoder", "surrogate"
-        enc = encoder(cost, actions, None)
     info.update(actions=actions, targets=targets, cost=cost)
     start = (enc.active, enc.sizes.params_ratio, enc.sizes.flops_ratio)
     if not targets:

@@ -111,6 +111,35 @@ def test_dataset_and_iterable_inputs_agree_with_array():
             np.testing.assert_allclose(other[name][1], ref[name][1], rtol=1e-6)
 
 
+def test_a_model_of_two_inputs_takes_a_list_a_dict_a_labelled_tuple_or_a_dataset():
+    """Every form of two inputs' data gives the statistics of the first BN of each
+    branch, measured by Keras' forward pass (their inputs do not depend on BN
+    statistics); the dataset of dicts is cut into other batches (float64 merging)."""
+    keras.utils.set_random_seed(2)
+    a, b = keras.Input((4, 4, 3), name="a"), keras.Input((5,), name="b")
+    ha = keras.layers.BatchNormalization(name="bn_a")(keras.layers.Conv2D(4, 3, name="ca")(a))
+    hb = keras.layers.BatchNormalization(name="bn_b")(keras.layers.Dense(3, name="db")(b))
+    out = keras.layers.Concatenate()([keras.layers.GlobalAveragePooling2D()(ha), hb])
+    model = keras.Model([a, b], keras.layers.Dense(2)(out))
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(90, 4, 4, 3)).astype("float32"),
+          rng.normal(size=(90, 5)).astype("float32")]
+    named = {"a": xs[0], "b": xs[1]}
+    conv_in, dense_in = (np.asarray(t, np.float64) for t in keras.Model(
+        model.inputs, [model.get_layer("ca").output, model.get_layer("db").output])(xs))
+    for data in (xs, named, (xs, np.zeros(90)),
+                 tf.data.Dataset.from_tensor_slices(named).batch(16)):
+        res = reestimate_batchnorm_statistics(model, data, batch_size=32)
+        np.testing.assert_allclose(res["bn_a"][0], conv_in.mean(axis=(0, 1, 2)), atol=1e-5)
+        np.testing.assert_allclose(res["bn_a"][1], conv_in.var(axis=(0, 1, 2)), rtol=1e-4)
+        np.testing.assert_allclose(res["bn_b"][0], dense_in.mean(axis=0), atol=1e-5)
+        np.testing.assert_allclose(res["bn_b"][1], dense_in.var(axis=0), rtol=1e-4)
+    with pytest.raises(TypeError, match=r"named \['a', 'b'\].*\['a', 'c'\]"):
+        reestimate_batchnorm_statistics(model, {"a": xs[0], "c": xs[1]})
+    with pytest.raises(ValueError, match=r"\(90, 4\) \(input 1\).*\(None, 5\)"):
+        reestimate_batchnorm_statistics(model, [xs[0], xs[1][:, :4]])
+
+
 def test_batches_limit_and_chunked_conv_stats_exact():
     """First-BN statistics over several batches equal the whole-array ones
     (float64 merging), and `batches` limits the data used."""

@@ -148,3 +148,35 @@ def test_plot_functions_write_non_empty_files(tmp_path):
         ax.figure.savefig(path)
         assert path.stat().st_size > 5_000
     assert os.path.getsize(plots.report(result.trajectory, str(tmp_path / "r.png"))) > 10_000
+
+
+def test_cli_data_for_a_model_of_two_inputs_is_a_npz_named_by_its_inputs(tmp_path, capsys):
+    """--data of a model of several inputs: a .npz of one array per input, under the
+    inputs' names (the same correction as compress(data=dict)); one array, or an
+    .npz missing an input, is refused naming the inputs."""
+    keras.utils.set_random_seed(4)
+    image, meta = keras.Input((8, 8, 3), name="image"), keras.Input((4,), name="meta")
+    h = keras.layers.ReLU()(keras.layers.BatchNormalization()(keras.layers.Conv2D(8, 3)(image)))
+    m = keras.layers.ReLU()(keras.layers.BatchNormalization()(keras.layers.Dense(6)(meta)))
+    z = keras.layers.Concatenate()([keras.layers.GlobalAveragePooling2D()(h), m])
+    model_file = str(tmp_path / "two.keras")
+    keras.Model([image, meta], keras.layers.Dense(3)(z)).save(model_file)
+    rng = np.random.default_rng(0)
+    named = {"image": rng.normal(size=(40, 8, 8, 3)).astype("float32"),
+             "meta": rng.normal(size=(40, 4)).astype("float32")}
+    np.savez(tmp_path / "x.npz", **named)
+    out = str(tmp_path / "small.keras")
+    status, _ = _in_process(capsys, "compress", model_file, "--density", "0.5", "--out", out,
+                            "--data", str(tmp_path / "x.npz"), "--quiet")
+    assert status == 0
+    expected = keras.models.load_model(model_file)
+    hope_keras.compress(expected, density=0.5, data=named, verbose=False)
+    xs = [named["image"], named["meta"]]
+    np.testing.assert_allclose(keras.models.load_model(out)(xs), expected(xs),
+                               rtol=1e-5, atol=1e-5)
+    np.save(tmp_path / "one.npy", named["image"])
+    np.savez(tmp_path / "half.npz", image=named["image"])
+    for bad, says in (("one.npy", "holds one array"), ("half.npz", "missing ['meta']")):
+        status, printed = run_cli(capsys, "compress", model_file, "--density", "0.5",
+                                  "--out", out, "--data", str(tmp_path / bad), "--quiet")
+        assert status == 1 and says in printed.err and "['image', 'meta']" in printed.err

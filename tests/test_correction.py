@@ -17,7 +17,7 @@ from hope_keras.stats import correction
 from hope_keras.scoring import moments
 from hope_keras.stats import synthetic
 
-from conftest import copy_model, mlp, randomize_bn, small_resnet
+from conftest import L, copy_model, mlp, randomize_bn, small_resnet
 
 
 def _images(n, seed=0):
@@ -228,6 +228,63 @@ def test_data_may_be_labelled_a_dataset_or_a_generator(kind):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _two_input_model():
+    """An image branch and a vector branch (Conv/Dense → BN → ReLU each), joined, a
+    Dense → BN → ReLU reader, and a head."""
+    keras.utils.set_random_seed(5)
+    image, meta = keras.Input((10, 10, 3), name="image"), keras.Input((5,), name="meta")
+    h = L.GlobalAveragePooling2D()(L.ReLU()(L.BatchNormalization()(L.Conv2D(8, 3)(image))))
+    m = L.ReLU()(L.BatchNormalization()(L.Dense(6)(meta)))
+    z = L.ReLU()(L.BatchNormalization()(L.Dense(8)(L.Concatenate()([h, m]))))
+    return randomize_bn(keras.Model([image, meta], L.Dense(2)(z)))
+
+
+@pytest.mark.parametrize("form", ["list", "dict", "labelled", "dataset", "dataset_dict"])
+def test_data_for_a_model_of_two_inputs_in_every_form_moves_the_stale_batchnorms(form):
+    """``compress(data=...)`` on a model of two inputs: a list of one array per input,
+    a dict keyed by the input names, ``(x, y)``, a dataset of ``((x1, x2),)`` or of
+    dicts. Each stale BN (no merge: prunes only) keeps its offset and ratio to its
+    input's moments measured by Keras' forward pass on all the inputs (fewer than
+    the sample wants)."""
+    rng = np.random.default_rng(1)
+    xs = [_images(96), rng.normal(size=(96, 5)).astype("float32")]
+    named = {"image": xs[0], "meta": xs[1]}
+    data = {"list": xs, "dict": named, "labelled": (xs, np.zeros(96)),
+            "dataset": tf.data.Dataset.from_tensor_slices((tuple(xs),)).batch(32),
+            "dataset_dict": tf.data.Dataset.from_tensor_slices(named).batch(32)}[form]
+    model = _two_input_model()
+    before, inputs0 = _bn_stats(model), _bn_inputs(model, xs)
+    result = hope_keras.compress(model, density=0.6, data=data, actions=("prune",),
+                                 verbose=False)
+    assert result.trajectory.meta["options"]["correct_statistics"] == "data"
+    after, inputs1 = _bn_stats(model), _bn_inputs(model, xs)
+    assert result.corrected
+    for name in result.corrected:
+        (mu0, var0), (mu1, var1) = before[name], after[name]
+        (m0, v0), (m1, v1) = inputs0[name], inputs1[name]
+        live = (v0 > 1e-6 * v0.mean()) & (v1 > 1e-6 * v0.mean())
+        assert live.any()
+        np.testing.assert_allclose((mu1 - m1)[live], (mu0 - m0)[live], atol=2e-4)
+        np.testing.assert_allclose((var1 / v1)[live], (var0 / v0)[live], rtol=2e-3)
+
+
+@pytest.mark.parametrize("data, match", [
+    # Three arrays are not one per input: a list of batches, each one array.
+    (lambda xs: xs[:1] + xs, "1 array\\(s\\) per batch, but model .* takes 2 input.*one "
+                             "array per input"),
+    (lambda xs: [xs[0], xs[1][:, :4]], "shape \\(96, 4\\) \\(input 1\\).*\\(None, 5\\)"),
+    (lambda xs: {"image": xs[0], "other": xs[1]}, "named \\['image', 'meta'\\].*'other'"),
+])
+def test_bad_data_for_a_model_of_two_inputs_is_refused_by_input(data, match):
+    rng = np.random.default_rng(1)
+    xs = [_images(96), rng.normal(size=(96, 5)).astype("float32")]
+    model = _two_input_model()
+    weights = model.get_weights()
+    with pytest.raises((ValueError, TypeError), match=match):
+        hope_keras.compress(model, density=0.6, data=data(xs), verbose=False)
+    assert all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
+
+
 def test_data_is_sampled_by_values_per_channel():
     """Enough inputs that each stale BN sees `DATA_VALUES_PER_CHANNEL` values per
     channel: the Flatten → Dense BN sees one per input, so 1024 inputs of 2000; a
@@ -236,12 +293,12 @@ def test_data_is_sampled_by_values_per_channel():
     graph = hope_keras.analyze(model, verbose=False).graph
     x = _images(2000)
     assert correction.DATA_VALUES_PER_CHANNEL == 1024 and correction.DATA_MIN_INPUTS == 16
-    assert len(correction._sample(x, graph.flat, ["fc_bn"])) == 1024
-    assert len(correction._sample(x, graph.flat, ["stem_bn"])) == 16
-    assert len(correction._sample(x, graph.flat, ["stem_bn", "fc_bn"])) == 1024
-    assert len(correction._sample(x[:10], graph.flat, ["fc_bn"])) == 10
+    assert len(correction._sample(model, x, graph.flat, ["fc_bn"])) == 1024
+    assert len(correction._sample(model, x, graph.flat, ["stem_bn"])) == 16
+    assert len(correction._sample(model, x, graph.flat, ["stem_bn", "fc_bn"])) == 1024
+    assert len(correction._sample(model, x[:10], graph.flat, ["fc_bn"])) == 10
     batches = (x[k:k + 100] for k in range(0, 2000, 100))
-    assert len(correction._sample(batches, graph.flat, ["fc_bn"])) == 1024
+    assert len(correction._sample(model, batches, graph.flat, ["fc_bn"])) == 1024
 
 
 def test_a_run_that_moves_no_stream_makes_no_synthetic_input(synthesis_calls):

@@ -37,22 +37,6 @@ def test_merge_only_budgets_count_the_groups_merges_cannot_shrink():
     assert {s.unit for s in result.trajectory} == {"relu_fc"}
 
 
-def test_data_for_a_model_with_two_inputs_is_refused_by_name():
-    """A list of two inputs' arrays is not a list of batches: refused before any
-    edit with the reason, not NumPy's concatenation error (a Dense BN wants more
-    inputs than the first array holds)."""
-    a, b = keras.Input((4,)), keras.Input((3,))
-    h = L.ReLU()(L.BatchNormalization()(L.Dense(6)(L.Concatenate()([a, b]))))
-    model = randomize_bn(keras.Model([a, b], L.Dense(2)(h)))
-    before = model.get_weights()
-    rng = np.random.default_rng(0)
-    data = [rng.normal(size=(64, 4)).astype("float32"),
-            rng.normal(size=(64, 3)).astype("float32")]
-    with pytest.raises(ValueError, match="one input; model .* has 2. Nothing was changed"):
-        hope_keras.compress(model, density=0.5, data=data, verbose=False)
-    assert all(np.array_equal(x, y) for x, y in zip(model.get_weights(), before))
-
-
 @pytest.mark.parametrize("budgets", [{"flops": 0.05}, {"density": 0.5, "flops": 0.9}])
 def test_flops_budget_on_unknown_spatial_dimensions_is_refused_for_that_reason(budgets):
     """docs/hope.md: flops= needs every dimension but the batch. It was refused as

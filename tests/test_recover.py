@@ -181,6 +181,32 @@ def test_the_results_recover_takes_other_data_and_reestimates_on_it():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["list", "dict"])
+def test_a_model_of_two_inputs_recovers_on_a_list_or_dict_of_arrays(named):
+    """One array per input (Keras' convention) or a dict keyed by the input names:
+    the BN re-estimation and the distillation both read it; removed channels stay
+    zero, and slim keeps computing the same function."""
+    keras.utils.set_random_seed(3)
+    image, meta = keras.Input((8, 8, 3), name="image"), keras.Input((4,), name="meta")
+    h = keras.layers.ReLU()(keras.layers.BatchNormalization()(keras.layers.Conv2D(8, 3)(image)))
+    m = keras.layers.ReLU()(keras.layers.BatchNormalization()(keras.layers.Dense(6)(meta)))
+    z = keras.layers.Concatenate()([keras.layers.GlobalAveragePooling2D()(h), m])
+    teacher = keras.Model([image, meta], keras.layers.Dense(3)(z))
+    model = copy_model(teacher)
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(64, 8, 8, 3)).astype("float32"),
+          rng.normal(size=(64, 4)).astype("float32")]
+    data = {"image": xs[0], "meta": xs[1]} if named else xs
+    result = hope_keras.compress(model, density=0.5, data=data, verbose=False)
+    zeros = {v.path: v.numpy() == 0 for v in model.trainable_variables}
+    history = result.recover(teacher=teacher, epochs=1, verbose=0, revert_if_worse=False)
+    assert np.isfinite(history.history["loss"][-1])
+    for v in model.trainable_variables:
+        assert np.all(v.numpy()[zeros[v.path]] == 0), v.path
+    np.testing.assert_allclose(hope_keras.slim(model)(xs, training=False),
+                               model(xs, training=False), rtol=1e-5, atol=1e-5)
+
+
 def test_bad_input_is_refused_and_model_untouched():
     teacher, model = _compressed()
     before = [w.copy() for w in model.get_weights()]

@@ -202,28 +202,40 @@ def _compress(args):
 
 def _load_data(path, model):
     """The unlabeled inputs of ``--data``: a ``.npy`` array, or the first array of a
-    ``.npz`` (its ``x`` if it has one), cast to the model's input dtype."""
+    ``.npz`` (its ``x`` if it has one), cast to the model's input dtype; for a model
+    of several inputs, a ``.npz`` of one array per input, named as its inputs."""
     import numpy as np
 
+    from hope_keras.graph import adapter as kg
+
+    inputs = kg.functional_of(model).inputs  # a subclassed model: its traced graph's
+    names = kg.input_names(model)
     try:
         loaded = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise ValueError(f"Could not read --data '{path}' as a .npy or .npz array ({e}).") \
             from None
+    several = (f"model '{model.name}' takes {len(names)} inputs: give a .npz of one "
+               f"array per input, named {names}")
     if isinstance(loaded, np.lib.npyio.NpzFile):
         with loaded:
             if not loaded.files:
                 raise ValueError(f"--data '{path}' holds no array.")
+            if len(inputs) > 1:
+                missing = [n for n in names if n not in loaded.files]
+                if missing:
+                    raise ValueError(f"--data '{path}' holds {loaded.files}; {several} "
+                                     f"(missing {missing}).")
+                return {n: loaded[n].astype(t.dtype) for n, t in zip(names, inputs)}
             loaded = loaded["x" if "x" in loaded.files else loaded.files[0]]
-    from hope_keras.graph import adapter as kg
-
-    inputs = kg.functional_of(model).inputs  # a subclassed model: its traced graph's
-    want = tuple(inputs[0].shape[1:]) if len(inputs) == 1 else None
-    if want is not None and (loaded.ndim != len(want) + 1 or any(
-            w is not None and w != g for w, g in zip(want, loaded.shape[1:]))):
+    if len(inputs) > 1:
+        raise ValueError(f"--data '{path}' holds one array; {several}.")
+    want = tuple(inputs[0].shape[1:])
+    if loaded.ndim != len(want) + 1 or any(
+            w is not None and w != g for w, g in zip(want, loaded.shape[1:])):
         raise ValueError(f"--data '{path}' holds an array of shape {loaded.shape}; model "
                          f"'{model.name}' takes inputs of shape {(None,) + want}.")
-    return loaded.astype(inputs[0].dtype if want is not None else "float32")
+    return loaded.astype(inputs[0].dtype)
 
 
 def _replay_on(trajectory, model, no_check, **target):
@@ -393,8 +405,10 @@ def _parser():
     c.add_argument("--actions", type=_actions, default=ACTIONS,
                    help="comma-separated actions allowed (default: prune,merge,evict)")
     c.add_argument("--data", help="unlabeled inputs of the model (.npy, or .npz with "
-                                  "an array x): the BatchNorm statistics the run leaves "
-                                  "stale are re-estimated on them (default: data-free)")
+                                  "an array x; a model of several inputs: a .npz of one "
+                                  "array per input, named as its inputs): the BatchNorm "
+                                  "statistics the run leaves stale are re-estimated on "
+                                  "them (default: data-free)")
     c.add_argument("--round-to", type=_count(1), default=1, metavar="N",
                    help="every layer the run narrows ends at a multiple of N channels "
                         "(or whole): 8 suits CPU kernels (default: 1, any width)")

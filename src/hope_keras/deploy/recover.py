@@ -473,9 +473,10 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
 
     Args:
         model: The compressed `keras.Model` (classification head), edited in place.
-        data: Unlabelled inputs ``x`` (numpy array or tensor), a tuple
-            ``(x, y)`` / ``(x, y, sample_weight)`` of arrays, or a batched
-            ``tf.data.Dataset`` yielding ``x`` or ``(x, y)``. Finite, or give
+        data: Unlabelled inputs ``x`` (numpy array or tensor; a list or dict of
+            arrays for a model of several inputs), a tuple ``(x, y)`` / ``(x, y,
+            sample_weight)`` of arrays, or a batched ``tf.data.Dataset`` yielding
+            ``x`` or ``(x, y)`` (`hope_keras.stats.inputs`). Finite, or give
             ``steps_per_epoch`` (also the number of batches of each re-estimation).
         teacher: The uncompressed model (load it again, or copy it before
             compressing). ``None``: labels only (data must be labelled).

@@ -442,6 +442,17 @@ def accepts_training(op) -> bool:
         getattr(op, "_call_has_training_arg", False))
 
 
+def input_names(model) -> list:
+    """The names a dict of the model's inputs is keyed by, in the order of
+    ``model.inputs``: a Functional model built on a dict of inputs, its keys; else
+    its input tensors' names (Keras' `Functional._standardize_inputs` reads both)."""
+    functional = functional_of(model)
+    struct = getattr(functional, "_inputs_struct", None)
+    if isinstance(struct, dict):
+        return sorted(struct)  # keras.tree.flatten orders a dict by its keys
+    return [t.name for t in functional.inputs]
+
+
 def run_through_graph(functional, x, operation_fn):
     """Runs a Functional model on `x`, each operation replaced by
     ``operation_fn(op)`` (inputs cast to the model's input dtypes)."""

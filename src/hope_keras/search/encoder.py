@@ -664,8 +664,10 @@ def compress(model, *, density: Optional[float] = None, params: Optional[float] 
             ``"paper"`` (the paper's ``J / P_init``), a `hope_keras.costs.Cost`
             such as ``HopeCost(merge_scale="paper")``, or a cost's config dict.
         actions: Any subset of ``("prune", "merge", "evict")``.
-        data: Unlabeled inputs of the model (a numpy array, a ``tf.data.Dataset``
-            or an iterable of batches; ``(x, y)`` elements: labels are ignored). The
+        data: Unlabeled inputs of the model (a numpy array; a list or dict of
+            arrays for a model of several inputs; a ``tf.data.Dataset`` or an
+            iterable of batches; ``(x, y)``: labels are ignored;
+            `hope_keras.stats.inputs`). The
             BatchNormalization layers downstream of the edits are re-estimated on
             enough of them that each sees 1024 values per channel (a 7 × 7 map: 21
             inputs; at least 16; `hope_keras.stats.correction.DATA_VALUES_PER_CHANNEL`);

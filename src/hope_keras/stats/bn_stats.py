@@ -20,7 +20,6 @@ import collections
 import numbers
 import os
 import pathlib
-from collections.abc import Iterable, Mapping
 
 import keras
 import numpy as np
@@ -29,6 +28,7 @@ from keras import ops
 from hope_keras.graph import adapter as kg
 from hope_keras.scoring import moments as moments_lib
 from hope_keras.scoring.analysis import Analysis
+from hope_keras.stats import inputs as inputs_lib
 from hope_keras.stats import synthetic
 from hope_keras.graph import layers as layer_rules
 
@@ -61,45 +61,22 @@ def _batchnorm_layers(model):
 
 
 def _check_input_shape(model, x) -> None:
-    """The first batch's array against a single-input model's input shape (its known
+    """The first batch's arrays against the model's input shapes (their known
     dimensions): a mismatch named here, not deep inside a traced function."""
-    inputs = getattr(model, "inputs", None) or []
-    if len(inputs) != 1 or not hasattr(x, "shape"):
-        return
-    want = tuple(inputs[0].shape)
-    got = tuple(x.shape)
-    if len(got) != len(want) or any(w is not None and w != g
-                                    for w, g in zip(want[1:], got[1:])):
+    want = inputs_lib.input_shapes(model)
+    parts = keras.tree.flatten(x)
+    if len(parts) != len(want):
         raise ValueError(
-            f"The data's batches have shape {got}, but model '{model.name}' takes "
-            f"inputs of shape {want}. Nothing was changed.")
-
-
-def _iter_batches(data, batch_size):
-    """Yields the model input ``x`` of each batch of ``data``."""
-    if isinstance(data, np.ndarray) or (
-        ops.is_tensor(data) and not isinstance(data, Mapping)
-    ):
-        data = np.asarray(data)
-        for start in range(0, len(data), batch_size):
-            yield data[start : start + batch_size]
-        return
-    if isinstance(data, Mapping):
-        raise TypeError(
-            "A dict of arrays is ambiguous; pass a tf.data.Dataset or an "
-            "iterable of batches for multi-input models."
-        )
-    if not isinstance(data, Iterable):
-        raise TypeError(
-            "data must be a numpy array, a tf.data.Dataset or an iterable of "
-            f"batches, got {type(data).__name__}."
-        )
-    for element in data:
-        # Keras convention: a tuple is (x,), (x, y) or (x, y, sample_weight);
-        # a list or dict is the (multi-input) x itself.
-        if isinstance(element, tuple):
-            element = element[0]
-        yield element
+            f"The data's batches hold {len(parts)} array(s), but model '{model.name}' "
+            f"takes {len(want)} input(s) of shapes {want}. Nothing was changed.")
+    for k, (part, shape) in enumerate(zip(parts, want)):
+        got = tuple(getattr(part, "shape", np.shape(part)))
+        if len(got) != len(shape) or any(w is not None and w != g
+                                         for w, g in zip(shape[1:], got[1:])):
+            which = f" (input {k})" if len(want) > 1 else ""
+            raise ValueError(
+                f"The data's batches have shape {got}{which}, but model '{model.name}' "
+                f"takes inputs of shape {shape}. Nothing was changed.")
 
 
 def _make_step(model, bns):
@@ -221,12 +198,12 @@ def reestimate_batchnorm_statistics(
             once; otherwise a ValueError naming the layer is raised before
             anything is changed.
         data: Calibration inputs: a numpy array (or tensor) of inputs, split
-            into batches of ``batch_size``; or a ``tf.data.Dataset`` or any
-            iterable of batches, each either ``x`` or a tuple ``(x, y)`` /
-            ``(x, y, sample_weight)`` of which only ``x`` is used (``x`` may
-            be a list or dict for multi-input models). Inputs are cast to the
-            model's input dtype, so uint8 images are fine if the model
-            expects the raw pixel values.
+            into batches of ``batch_size`` (a model of several inputs: a list or
+            dict of arrays); a tuple ``(x, y)`` / ``(x, y, sample_weight)`` of
+            which only ``x`` is used; or a ``tf.data.Dataset`` or any iterable of
+            batches, each ``x`` or such a tuple (`hope_keras.stats.inputs`).
+            Inputs are cast to the model's input dtype, so uint8 images are fine
+            if the model expects the raw pixel values.
         batches: Use at most this many batches (``None``: all of ``data``).
             Needed for an infinite (``repeat()``-ed) dataset.
         batch_size: Batch size used to split a numpy array; ignored for
@@ -287,7 +264,7 @@ def reestimate_batchnorm_statistics(
     m2 = [np.zeros(bn.moving_mean.shape[-1], np.float64) for bn in bns]
     seen = 0
     samples = 0
-    for x in _iter_batches(data, batch_size):
+    for x in inputs_lib.batches(model, data, batch_size):
         if batches is not None and seen >= batches:
             break
         if seen == 0:

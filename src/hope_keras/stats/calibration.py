@@ -40,6 +40,7 @@ import numpy as np
 
 from hope_keras.graph import adapter as kg
 from hope_keras.graph import layers as layer_rules
+from hope_keras.stats import inputs as inputs_lib
 from hope_keras.stats.bn_stats import check_finite_statistics
 from hope_keras.activations import lookup as activation_lookup
 
@@ -103,18 +104,6 @@ def calibration_targets(model) -> Dict[str, str]:
                 layer_rules.get(kid.op).check(kid.op) is None:
             out[node.key] = kid.key
     return out
-
-
-def _iter_batches(data, batch_size):
-    if isinstance(data, (np.ndarray,)) or hasattr(data, "shape"):
-        x = np.asarray(data)
-        for k in range(0, len(x), batch_size):
-            yield x[k:k + batch_size]
-        return
-    for item in data:
-        if isinstance(item, tuple):
-            item = item[0]
-        yield item
 
 
 def _rebuild(model, targets: Dict[str, str], name: str):
@@ -186,8 +175,10 @@ def calibrate(model, data, batch_size: int = 256, batches: Optional[int] = None,
 
     Args:
         model: A built Functional or Sequential `keras.Model` (flat).
-        data: Unlabeled inputs: a numpy array (split into ``batch_size`` batches) or
-            an iterable of batches (``x`` or ``(x, y, ...)`` tuples).
+        data: Unlabeled inputs: a numpy array (split into ``batch_size`` batches; a
+            list or dict of arrays for a model of several inputs), or a
+            ``tf.data.Dataset`` or iterable of batches (``x`` or ``(x, y, ...)``
+            tuples): `hope_keras.stats.inputs`.
         batch_size: Batch size for a numpy array.
         batches: Use at most this many batches.
         name: Name of the new model (default ``"<name>_calibrated"``).
@@ -236,7 +227,7 @@ def calibrate(model, data, batch_size: int = 256, batches: Optional[int] = None,
     mean = [np.zeros(new.get_layer(p).output.shape[-1]) for p in producers]
     m2 = [np.zeros_like(m) for m in mean]
     seen = 0
-    for x in _iter_batches(data, batch_size):
+    for x in inputs_lib.batches(model, data, batch_size):
         if batches is not None and seen >= batches:
             break
         outs = probe(x, training=False)

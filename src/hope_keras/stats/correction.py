@@ -44,6 +44,7 @@ import numpy as np
 
 from hope_keras.graph import adapter as kg
 from hope_keras.stats import bn_stats
+from hope_keras.stats import inputs as inputs_lib
 from hope_keras.graph import layers as layer_rules
 from hope_keras.progress import WorkBar, resolve_verbose
 from hope_keras.stats import synthetic
@@ -153,12 +154,12 @@ class StatisticsCorrection:
                  if layer_rules.get(node.op).normalization == "batch" and node.inputs]
         if not nodes:
             return
-        _check_one_input(model)  # before the sample: a list of inputs is not batches
-        x = _sample(self.data, flat, [node.op.name for node in nodes])
+        x = _sample(model, self.data, flat, [node.op.name for node in nodes])
         _check_data(model, x)
         if resolve_verbose(self.verbose):
             print(f"Measuring the inputs of {len(nodes)} BatchNormalization layers on "
-                  f"{len(x)} of the inputs given as data=, from the weights before the "
+                  f"{inputs_lib.count(x)} of the inputs given as data=, from the weights "
+                  "before the "
                   f"first edit{' (beside the run)' if MEASURE_ALONGSIDE else ''}.")
         self._stats0 = {node.index: (np.asarray(node.op.moving_mean.numpy(), np.float64),
                                      np.asarray(node.op.moving_variance.numpy(), np.float64))
@@ -260,7 +261,8 @@ class StatisticsCorrection:
         x = self._x
         before = self._original_moments()
         if resolve_verbose(self.verbose):
-            print(f"Correcting {len(todo)} BatchNormalization layers on {len(x)} of the "
+            print(f"Correcting {len(todo)} BatchNormalization layers on "
+                  f"{inputs_lib.count(x)} of the "
                   "inputs given as data= (measured from the original weights, and now).")
         bar = WorkBar(len(todo), "layer", verbose=self.verbose)
         written = {}
@@ -396,35 +398,43 @@ def _stream_readers(graph):
     return synthetic.stream_readers(graph)
 
 
-def _check_one_input(model) -> None:
-    """data= holds the inputs of a one-input model: refused otherwise, by name."""
-    inputs = getattr(kg.functional_of(model), "inputs", None) or []  # subclassed: traced
-    if len(inputs) != 1:
-        raise ValueError(f"data= takes the inputs of a model with one input; model "
-                         f"'{model.name}' has {len(inputs)}. Nothing was changed.")
-
-
-def _check_data(model, x) -> None:
-    """The data's inputs against a single-input model's input shape, and finite;
-    named before any edit."""
-    _check_one_input(model)
-    want = tuple(kg.functional_of(model).inputs[0].shape)
-    if x.ndim != len(want) or any(w is not None and w != g
-                                  for w, g in zip(want[1:], x.shape[1:])):
+def _check_shapes(model, x) -> None:
+    """The arrays of a batch of data against the model's input shapes, named before
+    any edit."""
+    want = inputs_lib.input_shapes(model)
+    parts = keras.tree.flatten(x)
+    if len(parts) != len(want):
+        raise ValueError(f"data= holds {len(parts)} array(s) per batch, but model "
+                         f"'{model.name}' takes {len(want)} input(s) of shapes {want}: give "
+                         "a list (or dict) of one array per input. Nothing was changed.")
+    for k, (part, shape) in enumerate(zip(parts, want)):
+        got = tuple(np.shape(part))
+        if len(got) == len(shape) and all(w is None or w == g
+                                          for w, g in zip(shape[1:], got[1:])):
+            continue
         # One axis short where the rest fits: single inputs read as batches.
-        short = x.ndim == len(want) - 1 and all(
-            w is None or w == g for w, g in zip(want[2:], x.shape[1:]))
+        short = len(got) == len(shape) - 1 and all(
+            w is None or w == g for w, g in zip(shape[2:], got[1:]))
         hint = (" An array's first axis, and each item of a list or generator, is "
                 "read as a batch of inputs: stack single inputs first "
                 "(np.stack(items)).") if short else ""
-        raise ValueError(f"data= holds inputs of shape {x.shape}, but model "
-                         f"'{model.name}' takes inputs of shape {want}.{hint} Nothing "
+        which = f" (input {k})" if len(want) > 1 else ""
+        raise ValueError(f"data= holds inputs of shape {got}{which}, but model "
+                         f"'{model.name}' takes inputs of shape {shape}.{hint} Nothing "
                          "was changed.")
-    if len(x) < 2:
-        raise ValueError(f"data= holds {len(x)} input(s): a BatchNormalization needs at "
+
+
+def _check_data(model, x) -> None:
+    """The sample drawn from data=: the model's input shapes, at least 2 inputs,
+    finite; named before any edit."""
+    _check_shapes(model, x)
+    n = inputs_lib.count(x)
+    if n < 2:
+        raise ValueError(f"data= holds {n} input(s): a BatchNormalization needs at "
                          "least 2 to measure a variance. Nothing was changed.")
-    if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
-        raise ValueError("data= holds NaN or infinite values. Nothing was changed.")
+    for part in keras.tree.flatten(x):
+        if np.issubdtype(part.dtype, np.floating) and not np.all(np.isfinite(part)):
+            raise ValueError("data= holds NaN or infinite values. Nothing was changed.")
 
 
 def _positions(flat, names) -> int:
@@ -439,24 +449,20 @@ def _positions(flat, names) -> int:
     return 1 if fewest is math.inf else int(fewest)
 
 
-def _sample(data, flat, names):
-    """An array (or the dataset itself) holding enough of `data` that every BN of
-    `names` sees `DATA_VALUES_PER_CHANNEL` values per channel: arrays are cut, a
-    dataset or iterable is read batch by batch until enough inputs came."""
+def _sample(model, data, flat, names):
+    """The first inputs of `data` (an array, or a list of arrays for a model of
+    several inputs: `hope_keras.stats.inputs`), enough that every BN of `names` sees
+    `DATA_VALUES_PER_CHANNEL` values per channel: arrays are cut, a dataset or
+    iterable is read batch by batch until enough inputs came."""
     want = max(DATA_MIN_INPUTS, math.ceil(DATA_VALUES_PER_CHANNEL / _positions(flat, names)))
-    if isinstance(data, tuple):  # (x, y): labels are ignored
-        data = data[0]
-    if isinstance(data, np.ndarray) or keras.ops.is_tensor(data):
-        return np.asarray(data[:want])
-    batches, got = [], 0
-    for element in data:
-        if isinstance(element, tuple):
-            element = element[0]
-        element = np.asarray(element)
-        batches.append(element)
-        got += len(element)
+    parts, got = [], 0
+    for x in inputs_lib.batches(model, data, batch_size=want):
+        x = keras.tree.map_structure(np.asarray, x)
+        _check_shapes(model, x)  # before joining batches
+        parts.append(x)
+        got += inputs_lib.count(x)
         if got >= want:
             break
-    if not batches:
+    if not parts:
         raise ValueError("data= yielded no inputs. Nothing was changed.")
-    return np.concatenate(batches)[:want]
+    return inputs_lib.take(inputs_lib.concatenate(parts), 0, want)
