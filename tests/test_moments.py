@@ -105,3 +105,28 @@ def test_activation_moments_match_monte_carlo(act):
     se = y.std(0) / np.sqrt(N)
     assert np.all(np.abs(mean - y.mean(0)) <= 6 * se)
     np.testing.assert_allclose(var, y.var(0), rtol=0.02)
+
+
+class _Shift(keras.layers.Layer):
+    """An elementwise layer registered below with a rule that fails on it."""
+
+    def call(self, x):
+        return x + 1.0
+
+
+def test_a_layer_whose_moments_fail_is_read_as_unknown_with_a_warning_naming_it():
+    from hope_keras import layers as hl
+
+    hl.register(_Shift, hl.ChannelwiseRule(activation=lambda layer: layer.no_such_attribute))
+    try:
+        inputs = keras.Input((4,))
+        h = keras.layers.BatchNormalization()(keras.layers.Dense(6)(inputs))
+        model = keras.Model(inputs, keras.layers.Dense(2)(_Shift(name="shift")(h)))
+        with pytest.warns(moments_lib.UnknownMomentsWarning,
+                          match=r"'shift' \(_Shift\).*AttributeError.*no_such_attribute"):
+            out = moments_lib.propagate(kg.flatten(model))
+        key = kg.flatten(model).nodes[-2].outputs[0]  # the shift's output
+        np.testing.assert_array_equal(out[key][0], 0.0)
+        np.testing.assert_array_equal(out[key][1], 1.0)
+    finally:
+        hl._REGISTRY.pop(_Shift, None)

@@ -17,7 +17,8 @@ readers' biases (mean compensation):
 * Add / Subtract / Average: sums of means and variances (independent inputs);
   Multiply: products of means and second moments.
 * pooling, padding, dropout, Flatten, Reshape, Concatenate: carried unchanged.
-* model inputs and layers the registry does not know: mean 0, variance 1.
+* model inputs and layers the registry does not know: mean 0, variance 1 (also a
+  layer whose moments fail to compute, with an `UnknownMomentsWarning`).
 
 Everything is float64 numpy, one array per tensor, over the tensor's channel
 positions.
@@ -25,6 +26,7 @@ positions.
 
 from __future__ import annotations
 
+import warnings
 from typing import Dict, Tuple
 
 import numpy as np
@@ -167,6 +169,11 @@ def _channelwise(node, rule, layer, m, v) -> Moments:
     return m, v
 
 
+class UnknownMomentsWarning(UserWarning):
+    """`propagate` met a layer whose moments it could not compute (they are then
+    unknown: mean 0, variance 1). The tests turn it into an error."""
+
+
 def propagate(flat, unknown=(0.0, 1.0), anchored: Dict[str, np.ndarray] = None
               ) -> Dict[str, Moments]:
     """Per-tensor ``(mean, variance)`` arrays over the channel positions.
@@ -202,7 +209,13 @@ def propagate(flat, unknown=(0.0, 1.0), anchored: Dict[str, np.ndarray] = None
         t_out = node.outputs[0]
         try:
             res = _node_moments(node, rule, role, layer, ins, flat, t_out)
-        except Exception:  # a shape or weight we cannot read: unknown, not fatal
+        except Exception as e:  # noqa: BLE001 - a layer we cannot read: unknown, not fatal
+            warnings.warn(UnknownMomentsWarning(
+                f"The moments of layer '{node.key}' ({type(layer).__name__}) could not "
+                f"be propagated ({type(e).__name__}: {e}); its output is read as "
+                "unknown (mean 0, variance 1), so the channels it reaches are scored "
+                "less well. A custom layer may need a rule (hope_keras.layers.register)."),
+                stacklevel=2)
             res = None
         if res is None or res[0].shape[0] != filler(t_out)[0].shape[0]:
             res = filler(t_out)
