@@ -162,6 +162,24 @@ def test_optimizer_refuses_weight_decay_and_bad_maps():
     del v
 
 
+def test_a_plan_of_another_model_and_mismatched_labels_are_refused_before_training():
+    _, p, _, target, x, y = _setup()
+    L = keras.layers
+    other = keras.Sequential([keras.Input((10, 10, 3)), L.Conv2D(4, 3), L.BatchNormalization(),
+                              L.ReLU(), L.GlobalAveragePooling2D(), L.Dense(5)])
+    before = target.get_weights()
+    with pytest.raises(ValueError, match="None of the plan's .* the plan was made for "
+                                         "another model"):
+        other.compile(deft.ElasticOptimizer(keras.optimizers.SGD(0.1), p),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        other.fit(x, y, epochs=1, verbose=0)
+    trainer = deft.Trainer(target, deft.ElasticOptimizer(keras.optimizers.SGD(0.1), p))
+    with pytest.raises(ValueError, match=f"{len(x)} inputs and 5 labels"):
+        trainer.fit((x, y[:5]), epochs=1)
+    for a, b in zip(before, target.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_model_fit_and_custom_loop_give_the_same_update():
     _, p, _, target, x, y = _setup()
     twin = keras.models.clone_model(target)

@@ -508,6 +508,16 @@ def test_bad_arguments_and_unsupported_layers():
                              keras.layers.Dropout(0.1, name="drop"), keras.layers.Dense(1)])
     with pytest.raises(ValueError, match="'drop'.*Dropout"):
         dm.compress_mlp(conv, order=2)
+    # A BN after a Dense: refused with the way out, which then works.
+    bn = keras.Sequential([keras.Input((2,)), keras.layers.Dense(8),
+                           keras.layers.BatchNormalization(), keras.layers.Activation("tanh"),
+                           keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match=r"BatchNormalization.*hope_keras\.fold_batchnorm"):
+        dm.compress_mlp(bn, order=2)
+    import hope_keras
+    student, _ = dm.compress_mlp(hope_keras.fold_batchnorm(bn), order=2)
+    x = np.random.default_rng(0).normal(size=(16, 2)).astype("float32") * 0.1
+    np.testing.assert_allclose(student(x), bn(x), atol=1e-3)
 
 
 def test_large_dk_is_refused_with_memory_estimate():

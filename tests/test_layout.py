@@ -227,7 +227,8 @@ def test_the_graph_sees_imports():
 #: after them; the two other methods, the command line and plots come last.
 STAGES = ["_host_buffers", "_jit", "progress", "graph.adapter", "graph.tracing",
           "graph.fingerprint", "graph.layers", "graph.operation_rules", "activations", "graph",
-          "scoring", "edit", "stats", "deploy", "search", "deft", "derivative_matching", "data", "plots", "cli"]
+          "scoring", "edit", "stats", "deploy", "search", "deft", "derivative_matching", "data",
+          "plots", "cli"]
 
 #: Function-level imports of the package's own modules that stay, as (importing
 #: module, imported module): each breaks what would otherwise be a module-level cycle.

@@ -102,6 +102,9 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
                 raise ValueError(
                     "plan must be a DeftPlan or an elasticity dict. Received: "
                     f"{type(plan).__name__}")
+        # A plan's keys are checked together at `build`: none matching means the plan
+        # was made for another model (its layer names differ).
+        self._plan_keys = set(_normalise_map(merged))
         merged.update(elasticity or {})
         self.elasticity = _normalise_map(merged)
         # Keys given by hand are checked against the variables at `build` (a typo
@@ -167,6 +170,12 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
                 f"Elasticity keys {unknown[:8]} match no variable being trained (keys are "
                 "layer names or 'layer/variable' paths, e.g. "
                 f"{sorted(names)[:3]}).")
+        if self._plan_keys and not self._plan_keys & names:
+            raise ValueError(
+                f"None of the plan's {len(self._plan_keys)} layer names (e.g. "
+                f"{sorted(self._plan_keys)[:3]}) names a variable being trained (e.g. "
+                f"{sorted(names)[:3]}): the plan was made for another model. Make the "
+                "plan from this model's source (deft.plan, then plan.apply).")
         self.inner_optimizer.build(var_list)
         super().build(var_list)
 
@@ -227,4 +236,5 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
             config.pop("inner_optimizer"), custom_objects=custom_objects)
         optimizer = cls(inner, **config)
         optimizer._given_keys = set()  # a saved map (a plan's included) was checked
+        optimizer._plan_keys = set()
         return optimizer

@@ -136,8 +136,16 @@ class Trainer:
         if isinstance(data, tf.data.Dataset):
             ds = data
         else:
-            x, y = data
-            ds = tf.data.Dataset.from_tensor_slices((np.asarray(x), np.asarray(y)))
+            if not (isinstance(data, (tuple, list)) and len(data) == 2):
+                raise ValueError("Training data must be a pair (x, y) of arrays or a "
+                                 f"batched tf.data.Dataset. Received: {type(data).__name__}"
+                                 + (f" of {len(data)}" if isinstance(data, (tuple, list))
+                                    else ""))
+            x, y = np.asarray(data[0]), np.asarray(data[1])
+            if len(x) != len(y):
+                raise ValueError(f"Training data holds {len(x)} inputs and {len(y)} labels; "
+                                 "give one label per input.")
+            ds = tf.data.Dataset.from_tensor_slices((x, y))
             if shuffle:
                 ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
             ds = ds.batch(batch_size)

@@ -116,10 +116,13 @@ def _parse_mlp(model) -> tuple:
             steps[-1].act_layer = layer
             steps[-1].activation = layer_activation(layer)
         else:
+            fold = (" A BatchNormalization after a Dense is affine at inference: fold it "
+                    "in first, `hope_keras.fold_batchnorm(model)`."
+                    if rule.normalization == "batch" and steps else "")
             raise ValueError(
                 f"Layer {layer.name!r} of type {type(layer).__name__} is not supported: "
                 "derivative matching compresses stacks of Dense layers (optionally each "
-                "followed by an Activation layer)."
+                f"followed by an Activation layer).{fold}"
             )
     if len(steps) < 2:
         raise ValueError(
