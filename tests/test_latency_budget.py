@@ -2,6 +2,8 @@
 loop is tested with deterministic timers (latency as a function of FLOPs); one smoke
 test times for real and checks only the structure (timings are the machine's)."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -93,23 +95,27 @@ def test_a_budget_met_at_the_first_measurement_is_one_round():
 
 def test_steps_stop_the_loop_and_the_ratio_reached_is_reported():
     model, timer = conv_net(3), FakeTimer(0.5)  # overhead 0.5: 0.6 is out of reach
-    result = hope_keras.compress(model, latency=LatencyBudget(0.6, timer=timer), steps=30,
-                                 verbose=False)
+    with pytest.warns(UserWarning, match=r"stopped before latency=0.6: steps= was reached\. "
+                                         r"The last measured latency ratio is 0\.\d{3}"):
+        result = hope_keras.compress(model, latency=LatencyBudget(0.6, timer=timer),
+                                     steps=30, verbose=False)
     assert result.stopped == "steps" and len(result.trajectory) == 30
     assert result.latency_ratio == timer.calls[-1] > 0.6
 
 
 def test_an_unreachable_ratio_stops_when_no_action_is_left():
     model = conv_net(4)
-    result = hope_keras.compress(model, actions=("prune",), verbose=False, latency=(
-        LatencyBudget(0.3, min_flops=0.0, timer=FakeTimer(0.5))))
+    with pytest.warns(UserWarning, match="latency=0.3: no admissible action is left"):
+        result = hope_keras.compress(model, actions=("prune",), verbose=False, latency=(
+            LatencyBudget(0.3, min_flops=0.0, timer=FakeTimer(0.5))))
     assert result.stopped == "no_action" and result.latency_ratio > 0.3
 
 
 def test_the_flops_target_stops_at_min_flops():
     model = conv_net(4)
-    result = hope_keras.compress(model, verbose=False,
-                                 latency=LatencyBudget(0.6, timer=FakeTimer(0.5)))
+    with pytest.warns(UserWarning, match="FLOPs floor min_flops=0.15 was reached"):
+        result = hope_keras.compress(model, verbose=False,
+                                     latency=LatencyBudget(0.6, timer=FakeTimer(0.5)))
     rounds = result.trajectory.meta["latency"]["rounds"]
     assert result.stopped == "min_flops" and result.latency_ratio > 0.6
     assert result.trajectory.meta["latency"]["min_flops"] == 0.15
@@ -165,8 +171,12 @@ def test_bad_options_and_budget_mixes_are_refused():
 def test_a_real_measurement_is_reported_and_the_model_slims():
     model = conv_net(5)
     params0 = model.count_params()
-    result = hope_keras.compress(model, latency=LatencyBudget(0.5, repeats=3, warmup=1),
-                                 steps=40, verbose=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = hope_keras.compress(model, latency=LatencyBudget(0.5, repeats=3, warmup=1),
+                                     steps=40, verbose=False)
+    unmet = [w for w in caught if "stopped before latency=0.5" in str(w.message)]
+    assert len(unmet) == (result.latency_ratio > 0.5)  # warned exactly when unmet
     meta = result.trajectory.meta["latency"]
     assert result.stopped in ("budget", "steps")
     assert isinstance(result.latency_ratio, float) and result.latency_ratio > 0

@@ -527,7 +527,7 @@ class Encoder:
                                 flops=budget.flops, steps=steps))
         except KeyboardInterrupt as e:
             raise CompressionInterrupted(self.trajectory, self) from e
-        budget.warn_unmet(self, None if timed is not None else stopped)
+        (timed if timed is not None else budget).warn_unmet(self, stopped)
         return CompressionResult.of(self, stopped, timed and timed.measured)
 
     def check_budget(self, density=None, params=None, flops=None) -> None:
@@ -699,7 +699,7 @@ def compress(model, *, density: Optional[float] = None, params: Optional[float] 
     Warns:
         UserWarning: when the run stops for want of an action before its budget
             (``stopped == "no_action"``; e.g. only evictions that would overshoot
-            ``density`` are left), with what it reached.
+            ``density`` are left), or above ``latency``, with what it reached.
 
     Example:
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numbers
 import time
+import warnings
 from typing import Callable, Optional
 
 from hope_keras.deploy.fold import fold_batchnorm
@@ -197,6 +198,22 @@ class LatencyBudget:
             target = max(min(target * r / measured, target * (1.0 - MIN_STEP),
                              encoder.sizes.flops_ratio * (1.0 - MIN_STEP)), self.min_flops)
         return "no_action"
+
+    def warn_unmet(self, encoder, stopped: str) -> None:
+        """Warns when `reach` stopped above the target latency (`stopped` is not
+        ``"budget"``), saying what stopped it and what was measured."""
+        if stopped == "budget" or self.measured is None or self.measured <= self.ratio:
+            return
+        why = {"min_flops": f"the FLOPs floor min_flops={self.min_flops:g} was reached "
+                            "(LatencyBudget(..., min_flops=) lowers it; on a small model "
+                            "fixed per-layer costs dominate, and fewer FLOPs stop paying)",
+               "steps": "steps= was reached",
+               "no_action": "no admissible action is left"}.get(stopped, stopped)
+        warnings.warn(
+            f"The run on '{encoder.model.name}' stopped before latency={self.ratio}: {why}. "
+            f"The last measured latency ratio is {self.measured:.3f}, at FLOPs ratio "
+            f"{encoder.sizes.flops_ratio:.4f} in {len(encoder.trajectory)} step(s).",
+            UserWarning, stacklevel=4)
 
     def record(self) -> dict:
         """The budget and its rounds, as ``trajectory.meta["latency"]`` holds them."""
