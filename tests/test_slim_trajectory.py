@@ -145,6 +145,10 @@ def test_replay_refuses_another_model_and_leaves_it_untouched(compressed):
         result.trajectory.replay(model, step=3)  # already compressed
     for a, b in zip(before, other.get_weights()):
         np.testing.assert_array_equal(a, b)
+    mlp_model = mlp()  # other layers altogether: said so, not as other weights
+    with pytest.raises(ValueError, match=r"with other layers than model .*channel groups "
+                                         r"differ: \['"):
+        result.trajectory.replay(mlp_model, step=3)
 
 
 def test_corrupt_trajectory_files_raise_clear_errors(compressed, tmp_path):

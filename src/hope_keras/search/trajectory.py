@@ -346,11 +346,16 @@ class Trajectory:
             current = {name: size for name, size in sizes if name in recorded}
             if current != recorded or fingerprint(model, g) != self.meta["fingerprint"]:
                 name = self.meta.get("model_name", "?")
+                differ = sorted(set(recorded) ^ set(current)) or sorted(
+                    k for k in recorded if recorded[k] != current[k])
+                what = (f"other layers than model '{model.name}' (its channel groups "
+                        f"differ: {differ[:4]})" if current != recorded else
+                        f"other weights than model '{model.name}' has now (fingerprint "
+                        "mismatch)")
                 raise ValueError(
-                    f"This trajectory was recorded on model '{name}' "
-                    f"with other weights than model '{model.name}' has now (fingerprint "
-                    "mismatch). Replay it on the original, uncompressed model "
-                    "(e.g. reload it from its file), or pass check=False."
+                    f"This trajectory was recorded on model '{name}' with {what}. Replay "
+                    "it on the original, uncompressed model (e.g. reload it from its "
+                    "file), or pass check=False."
                 )
         where = (f"Trajectory {'file ' + repr(self.source) + ' ' if self.source else ''}"
                  f"does not fit model '{model.name}'")
