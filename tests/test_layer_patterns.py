@@ -235,6 +235,18 @@ def test_channels_first_pooling_on_channels_last_tensors_pins_with_a_reason():
         hope_keras.compress(model, density=0.5, verbose=False)
 
 
+def test_a_wrapped_convolution_is_listed_as_pinned_with_its_wrapper():
+    """TimeDistributed(Conv2D) writes channels hope_keras cannot edit: the wrapper is
+    named in `pinned` (it was absent, and the refusal named only the output layer)."""
+    inputs = keras.Input((3, 6, 6, 2))
+    x = bn_relu(L.TimeDistributed(L.Conv2D(4, 3), name="td")(inputs))
+    model = keras.Model(inputs, L.Dense(2)(L.GlobalAveragePooling3D()(x)))
+    reasons = {p.layer: p.reason for p in hope_keras.analyze(model).pinned}
+    assert "TimeDistributed" in reasons["td"]
+    with pytest.raises(ValueError, match="no compressible neuron group.*'td': TimeDistributed"):
+        hope_keras.compress(model, density=0.5, verbose=False)
+
+
 @pytest.mark.parametrize("pattern", [concatenate, residual_stream, channels_first_flatten],
                          ids=lambda p: p.__name__)
 def test_baselines_on_coupled_patterns_slim_exactly(pattern):

@@ -535,10 +535,13 @@ class _Walker:
             out.append(Pinned(key, sp.pin[r] or sp.pin[s] or "pinned"))
         # Unsupported layers are listed when they are what pinned some channels
         # (not, e.g., a preprocessing layer on the model input), or when they hold a
-        # kernel themselves (e.g. a channels_first convolution).
+        # kernel themselves (e.g. a channels_first convolution) or wrap a layer that
+        # does (TimeDistributed(Conv2D(...))).
         causes = {sp.pin[r] for r in set(root_map.tolist()) if sp.pin[r]}
         for p in self.unsupported:
-            has_kernel = any(getattr(fg.layers.get(p.layer), a, None) is not None
+            layer = fg.layers.get(p.layer)
+            has_kernel = any(getattr(owner, a, None) is not None
+                             for owner in (layer, getattr(layer, "layer", None))
                              for a in ("kernel", "depthwise_kernel", "pointwise_kernel"))
             if p.layer not in seen and (f"it feeds '{p.layer}': {p.reason}" in causes
                                         or "shared layer" in p.reason or has_kernel):
