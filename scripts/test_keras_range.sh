@@ -22,6 +22,11 @@ TESTS=(
     src/hope_keras/graph/adapter.py src/hope_keras/graph/layers.py
     # A pass that computes from copied weights (keras.StatelessScope) while they change.
     tests/test_correction.py::test_the_originals_pass_reads_the_weights_as_they_were_at_the_start
+    # keras.ops reductions traced from a subclassed model; data of a model of two
+    # inputs (a list or dict of arrays, datasets) read through keras.tree.
+    "tests/test_tracing.py::test_a_spatial_reduction_between_a_group_and_its_reader_is_seen_through"
+    "tests/test_correction.py::test_data_for_a_model_of_two_inputs_in_every_form_moves_the_stale_batchnorms"
+    src/hope_keras/stats/inputs.py
     # What sets the floor (docs/architecture.md): training wrappers on Keras internals.
     tests/test_recover.py::test_labels_and_teacherless_training
     tests/test_deft_training.py::test_optimizer_config_roundtrip_and_model_save
