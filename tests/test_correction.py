@@ -239,7 +239,8 @@ def _two_input_model():
     return randomize_bn(keras.Model([image, meta], L.Dense(2)(z)))
 
 
-@pytest.mark.parametrize("form", ["list", "dict", "labelled", "dataset", "dataset_dict"])
+@pytest.mark.parametrize("form", ["list", "dict", "labelled", "dataset", "dataset_dict",
+                                  "dataset_features"])
 def test_data_for_a_model_of_two_inputs_in_every_form_moves_the_stale_batchnorms(form):
     """``compress(data=...)`` on a model of two inputs: a list of one array per input,
     a dict keyed by the input names, ``(x, y)``, a dataset of ``((x1, x2),)`` or of
@@ -251,7 +252,10 @@ def test_data_for_a_model_of_two_inputs_in_every_form_moves_the_stale_batchnorms
     named = {"image": xs[0], "meta": xs[1]}
     data = {"list": xs, "dict": named, "labelled": (xs, np.zeros(96)),
             "dataset": tf.data.Dataset.from_tensor_slices((tuple(xs),)).batch(32),
-            "dataset_dict": tf.data.Dataset.from_tensor_slices(named).batch(32)}[form]
+            "dataset_dict": tf.data.Dataset.from_tensor_slices(named).batch(32),
+            # (features, labels), the features holding a key that is no input: ignored.
+            "dataset_features": tf.data.Dataset.from_tensor_slices(
+                ({**named, "id": np.arange(96)}, np.zeros(96))).batch(32)}[form]
     model = _two_input_model()
     before, inputs0 = _bn_stats(model), _bn_inputs(model, xs)
     result = hope_keras.compress(model, density=0.6, data=data, actions=("prune",),
@@ -266,6 +270,15 @@ def test_data_for_a_model_of_two_inputs_in_every_form_moves_the_stale_batchnorms
         assert live.any()
         np.testing.assert_allclose((mu1 - m1)[live], (mu0 - m0)[live], atol=2e-4)
         np.testing.assert_allclose((var1 / v1)[live], (var0 / v0)[live], rtol=2e-3)
+
+
+def test_a_dict_keyed_by_the_input_name_of_a_one_input_model_is_its_array():
+    x = _images(96)
+    by_array, by_name = small_resnet(seed=3), small_resnet(seed=3)
+    hope_keras.compress(by_array, density=0.6, data=x, verbose=False)
+    hope_keras.compress(by_name, density=0.6, data={"image": x}, verbose=False)
+    for a, b in zip(by_array.get_weights(), by_name.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("data, match", [

@@ -5,8 +5,9 @@ take the same kinds of data, read by Keras' conventions:
 
 * an array (or tensor) of inputs, cut into batches;
 * for a model of several inputs, a list of arrays (one per input, in the order of
-  ``model.inputs``) or a dict of arrays keyed by the model's input names (the keys
-  of the dict it was built on, else its `keras.Input` names), cut alike;
+  ``model.inputs``); for any model, a dict of arrays keyed by its input names (the
+  keys of the dict it was built on, else its `keras.Input` names; other keys are
+  ignored), cut alike;
 * a tuple ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)``: ``x`` is read, labels
   are ignored;
 * a `tf.data.Dataset`, or any other iterable, of batches: each element is ``x`` (an
@@ -43,16 +44,17 @@ def input_shapes(model) -> list:
     return [tuple(t.shape) for t in keras.tree.flatten(kg.functional_of(model).inputs)]
 
 
-def _from_dict(model, data: Mapping) -> list:
-    """A dict of the model's inputs as the list of them in the order of
-    ``model.inputs``; refused, naming the keys, when they are not the model's."""
+def _from_dict(model, data: Mapping):
+    """A dict of the model's inputs (other keys are ignored, as Keras does) as the
+    list of them in the order of ``model.inputs`` (one input: its array); refused,
+    naming the keys, when one is missing."""
     names = kg.input_names(model)
-    if len(names) < 2 or set(map(str, data)) != set(names):
+    if not set(names) <= set(map(str, data)):
         raise TypeError(
-            f"A dict of data is read as the named inputs of a model of several inputs; "
-            f"model '{model.name}' takes {len(names)} input(s) named {names}. Received "
-            f"a dict with keys {sorted(map(str, data))}. Nothing was changed.")
-    return [data[name] for name in names]
+            f"A dict of data is read as the model's inputs by name; model '{model.name}' "
+            f"takes {len(names)} input(s) named {names}. Received a dict with keys "
+            f"{sorted(map(str, data))}. Nothing was changed.")
+    return [data[name] for name in names] if len(names) > 1 else data[names[0]]
 
 
 def _input_arrays(model, data):
@@ -62,7 +64,7 @@ def _input_arrays(model, data):
         return data
     if isinstance(data, Mapping):
         data = _from_dict(model, data)
-        if not all(_is_array(v) for v in data):
+        if not all(_is_array(v) for v in keras.tree.flatten(data)):
             raise TypeError("A dict of data holds the model's inputs as arrays (one per "
                             "input). For batches pass a tf.data.Dataset or an iterable.")
         return data
