@@ -156,6 +156,37 @@ def test_dataset_input_and_bn_only():
     assert model.compiled
 
 
+class _ImageBatches(keras.utils.PyDataset):
+    """Batches of 32 images, labelled or not."""
+
+    def __init__(self, x, y=None):
+        super().__init__()
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x) // 32
+
+    def __getitem__(self, i):
+        x = self.x[32 * i:32 * (i + 1)]
+        return x if self.y is None else (x, self.y[32 * i:32 * (i + 1)])
+
+
+@pytest.mark.parametrize("labelled", [False, True])
+def test_a_keras_pydataset_is_distilled_and_checked_on_like_a_dataset(labelled):
+    """recover refused a `keras.utils.PyDataset` (compress read it already); its
+    agreement check reads its first batches, as for a tf.data dataset."""
+    teacher, model = _compressed()
+    x = _images(128)
+    y = np.arange(128) % 3 if labelled else None
+    history = hope_keras.recover(model, _ImageBatches(x, y), teacher=teacher, epochs=1,
+                                 verbose=0, revert_if_worse=True)
+    assert len(history.history["distillation_loss"]) == 1
+    assert ("label_loss" in history.history) == labelled
+    r = history.revert
+    kept = r["agreement_before"] if r["reverted"] else r["agreement_after"]
+    assert kept == _agreement(model, teacher, x)
+
+
 def test_the_results_recover_takes_other_data_and_reestimates_on_it():
     """`CompressionResult.recover` distils on compress's data= by default; given
     data= (a data-free run has none), it re-estimates the statistics on that data

@@ -390,6 +390,9 @@ def _split(data):
         return dict(zip(names, data)), data[0], len(data) >= 2
     if isinstance(data, (np.ndarray, list, dict)) or ops.is_tensor(data):
         return {"x": data}, data, False
+    if isinstance(data, keras.utils.PyDataset):  # labelled if its batches are (x, y)
+        first = data[0]
+        return {"x": data}, data, isinstance(first, tuple) and len(first) >= 2
     try:
         import tensorflow as tf
 
@@ -401,8 +404,8 @@ def _split(data):
         pass
     raise TypeError(
         "data must be a numpy array or tensor of inputs, a tuple (x, y[, "
-        "sample_weight]) of arrays, or a batched tf.data.Dataset yielding x or "
-        f"(x, y). Received: data of type {type(data).__name__}")
+        "sample_weight]) of arrays, or a batched tf.data.Dataset or keras.utils.PyDataset "
+        f"yielding x or (x, y). Received: data of type {type(data).__name__}")
 
 
 def _check_arrays(model, fit_data) -> None:
@@ -476,7 +479,8 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
         data: Unlabelled inputs ``x`` (numpy array or tensor; a list or dict of
             arrays for a model of several inputs), a tuple ``(x, y)`` / ``(x, y,
             sample_weight)`` of arrays, or a batched ``tf.data.Dataset`` yielding
-            ``x`` or ``(x, y)`` (`hope_keras.stats.inputs`). Finite, or give
+            ``x`` or ``(x, y)``, or a ``keras.utils.PyDataset`` of such batches
+            (`hope_keras.stats.inputs`). Finite, or give
             ``steps_per_epoch`` (also the number of batches of each re-estimation).
         teacher: The uncompressed model (load it again, or copy it before
             compressing). ``None``: labels only (data must be labelled).
@@ -668,8 +672,12 @@ def _train(model, distiller, strategy, optimizer, fit_data, epochs, verbose, bat
 def _check_sample(fit_data) -> dict:
     """`revert_if_worse`'s inputs: ``fit``'s data cut to its first `CHECK_INPUTS`
     examples (a dataset: its first `CHECK_BATCHES` batches)."""
-    if _is_dataset(fit_data["x"]):
-        return {"x": fit_data["x"].take(CHECK_BATCHES)}
+    x = fit_data["x"]
+    if isinstance(x, keras.utils.PyDataset):  # its first batches, read once
+        count = CHECK_BATCHES if x.num_batches is None else min(CHECK_BATCHES, x.num_batches)
+        return {"x": _Batches(x[i] for i in range(count))}
+    if _is_dataset(x):
+        return {"x": x.take(CHECK_BATCHES)}
     return {k: keras.tree.map_structure(lambda a: a[:CHECK_INPUTS], v)
             for k, v in fit_data.items() if v is not None}
 
@@ -724,7 +732,15 @@ class _AgreementCheck:
         return same / max(total, 1)
 
 
+class _Batches(list):
+    """Batches read from a `keras.utils.PyDataset`, iterated as a dataset is."""
+
+
 def _is_dataset(x) -> bool:
+    """A `tf.data.Dataset`, a `keras.utils.PyDataset` (or batches read from one):
+    batched data that `fit` takes without ``batch_size``."""
+    if isinstance(x, (keras.utils.PyDataset, _Batches)):
+        return True
     try:
         import tensorflow as tf
     except ImportError:  # pragma: no cover
