@@ -60,25 +60,6 @@ def _batchnorm_layers(model):
     return bns
 
 
-def _check_input_shape(model, x) -> None:
-    """The first batch's arrays against the model's input shapes (their known
-    dimensions): a mismatch named here, not deep inside a traced function."""
-    want = inputs_lib.input_shapes(model)
-    parts = keras.tree.flatten(x)
-    if len(parts) != len(want):
-        raise ValueError(
-            f"The data's batches hold {len(parts)} array(s), but model '{model.name}' "
-            f"takes {len(want)} input(s) of shapes {want}. Nothing was changed.")
-    for k, (part, shape) in enumerate(zip(parts, want)):
-        got = tuple(getattr(part, "shape", np.shape(part)))
-        if len(got) != len(shape) or any(w is not None and w != g
-                                         for w, g in zip(shape[1:], got[1:])):
-            which = f" (input {k})" if len(want) > 1 else ""
-            raise ValueError(
-                f"The data's batches have shape {got}{which}, but model '{model.name}' "
-                f"takes inputs of shape {shape}. Nothing was changed.")
-
-
 def _make_step(model, bns):
     """One forward pass through ``model`` returning per-BN batch moments.
 
@@ -268,7 +249,7 @@ def reestimate_batchnorm_statistics(
         if batches is not None and seen >= batches:
             break
         if seen == 0:
-            _check_input_shape(model, x)
+            inputs_lib.check_shapes(model, x, "The data's batches have shape")
         moments = step(x)
         for i, (count_b, mean_b, m2_b) in enumerate(moments):
             count_b = float(count_b)

@@ -398,36 +398,12 @@ def _stream_readers(graph):
     return synthetic.stream_readers(graph)
 
 
-def _check_shapes(model, x) -> None:
-    """The arrays of a batch of data against the model's input shapes, named before
-    any edit."""
-    want = inputs_lib.input_shapes(model)
-    parts = keras.tree.flatten(x)
-    if len(parts) != len(want):
-        raise ValueError(f"data= holds {len(parts)} array(s) per batch, but model "
-                         f"'{model.name}' takes {len(want)} input(s) of shapes {want}: give "
-                         "a list (or dict) of one array per input. Nothing was changed.")
-    for k, (part, shape) in enumerate(zip(parts, want)):
-        got = tuple(np.shape(part))
-        if len(got) == len(shape) and all(w is None or w == g
-                                          for w, g in zip(shape[1:], got[1:])):
-            continue
-        # One axis short where the rest fits: single inputs read as batches.
-        short = len(got) == len(shape) - 1 and all(
-            w is None or w == g for w, g in zip(shape[2:], got[1:]))
-        hint = (" An array's first axis, and each item of a list or generator, is "
-                "read as a batch of inputs: stack single inputs first "
-                "(np.stack(items)).") if short else ""
-        which = f" (input {k})" if len(want) > 1 else ""
-        raise ValueError(f"data= holds inputs of shape {got}{which}, but model "
-                         f"'{model.name}' takes inputs of shape {shape}.{hint} Nothing "
-                         "was changed.")
+_SHAPE_ERROR = "data= holds inputs of shape"
 
 
 def _check_data(model, x) -> None:
-    """The sample drawn from data=: the model's input shapes, at least 2 inputs,
-    finite; named before any edit."""
-    _check_shapes(model, x)
+    """The sample drawn from data= (its batches' shapes checked by `_sample`): at
+    least 2 inputs, finite; named before any edit."""
     n = inputs_lib.count(x)
     if n < 2:
         raise ValueError(f"data= holds {n} input(s): a BatchNormalization needs at "
@@ -458,7 +434,7 @@ def _sample(model, data, flat, names):
     parts, got = [], 0
     for x in inputs_lib.batches(model, data, batch_size=want):
         x = keras.tree.map_structure(np.asarray, x)
-        _check_shapes(model, x)  # before joining batches
+        inputs_lib.check_shapes(model, x, _SHAPE_ERROR)  # before joining batches
         parts.append(x)
         got += inputs_lib.count(x)
         if got >= want:

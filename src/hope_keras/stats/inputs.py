@@ -27,7 +27,7 @@ import numpy as np
 
 from hope_keras.graph import adapter as kg
 
-__all__ = ["batches", "count", "concatenate", "take", "input_shapes"]
+__all__ = ["batches", "check_shapes", "count", "concatenate", "take", "input_shapes"]
 
 
 def _is_array(x) -> bool:
@@ -42,6 +42,32 @@ def input_shapes(model) -> list:
     """The shapes of the model's inputs (batch axis included), in the order of
     ``model.inputs`` (the order of the lists `batches` yields)."""
     return [tuple(t.shape) for t in keras.tree.flatten(kg.functional_of(model).inputs)]
+
+
+def check_shapes(model, x, shape_error: str) -> None:
+    """The arrays of a batch `x` against the model's input shapes (their known
+    dimensions), named before anything runs; `shape_error` starts the message of a
+    wrong shape (e.g. ``"data= holds inputs of shape"``)."""
+    want = input_shapes(model)
+    parts = keras.tree.flatten(x)
+    if len(parts) != len(want):
+        raise ValueError(f"The data holds {len(parts)} array(s) per batch, but model "
+                         f"'{model.name}' takes {len(want)} input(s) of shapes {want}: give "
+                         "a list (or dict) of one array per input. Nothing was changed.")
+    for k, (part, shape) in enumerate(zip(parts, want)):
+        got = tuple(np.shape(part))
+        if len(got) == len(shape) and all(w is None or w == g
+                                          for w, g in zip(shape[1:], got[1:])):
+            continue
+        # One axis short where the rest fits: single inputs read as batches.
+        short = len(got) == len(shape) - 1 and all(
+            w is None or w == g for w, g in zip(shape[2:], got[1:]))
+        hint = (" An array's first axis, and each item of a list or generator, is "
+                "read as a batch of inputs: stack single inputs first "
+                "(np.stack(items)).") if short else ""
+        which = f" (input {k})" if len(want) > 1 else ""
+        raise ValueError(f"{shape_error} {got}{which}, but model '{model.name}' takes "
+                         f"inputs of shape {shape}.{hint} Nothing was changed.")
 
 
 def _from_dict(model, data: Mapping):
