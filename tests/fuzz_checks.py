@@ -76,7 +76,9 @@ def _act_name(fn):
 _OP_ACTS = {"Relu": "relu_layer", "Relu6": "relu6", "LeakyRelu": "leaky_relu",
             "Silu": "swish", "HardSilu": "hard_swish", "Gelu": "gelu", "Tanh": "tanh",
             "Sigmoid": "sigmoid", "Selu": "selu", "Softplus": "softplus"}
-_SOURCES = (L.Dense, L.Conv1D, L.Conv2D, L.Conv3D, L.SeparableConv1D, L.SeparableConv2D)
+_TRANSPOSED = (L.Conv1DTranspose, L.Conv2DTranspose, L.Conv3DTranspose)
+_SOURCES = (L.Dense, L.Conv1D, L.Conv2D, L.Conv3D, L.SeparableConv1D,
+            L.SeparableConv2D) + _TRANSPOSED
 
 
 def _node_patterns(node, fg):
@@ -92,6 +94,8 @@ def _node_patterns(node, fg):
             out.add(f"conv{d}d" if groups == 1 else "grouped_depthwise")
     if isinstance(op, (L.DepthwiseConv1D, L.DepthwiseConv2D)):
         out.add("depthwise")
+    if isinstance(op, _TRANSPOSED):
+        out.add("conv_transpose")
     if isinstance(op, (L.SeparableConv1D, L.SeparableConv2D)):
         out.add("separable")
         if int(op.depth_multiplier) > 1:
@@ -145,8 +149,7 @@ def _node_patterns(node, fg):
         out.add("layernorm_stream")
     if type(op).__name__ == "LayerScale":
         out.add("layer_scale")
-    if isinstance(op, (L.UnitNormalization, L.GroupNormalization, L.Conv1DTranspose,
-                       L.Conv2DTranspose, L.Conv3DTranspose)):
+    if isinstance(op, (L.UnitNormalization, L.GroupNormalization)):
         out.add("pinned_layer")
     if fg.calls.get(node.key, 1) > 1:
         out.add("shared_producer" if isinstance(op, _SOURCES) else "shared_inside_group")

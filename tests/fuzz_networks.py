@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 
 import fuzz_plan  # noqa: E402
 from hope_keras.graph import adapter as kg  # noqa: E402
+from hope_keras.graph import layers as layer_rules  # noqa: E402
 
 L = keras.layers
 CONV = {1: L.Conv1D, 2: L.Conv2D, 3: L.Conv3D}
@@ -135,6 +136,9 @@ class _Builder:
         if spec["type"] == "separable":
             return self.make(SEPARABLE[self.dims], spec["width"], base="sep",
                              depth_multiplier=spec["depth_multiplier"], **conv, **common)
+        if spec["type"] == "transpose":
+            return self.make(TRANSPOSE[self.dims], spec["width"], base="convT", **conv,
+                             **common)
         return self.make(CONV[self.dims], spec["width"], base="conv", **conv, **common)
 
     def bn(self, spec):
@@ -174,13 +178,10 @@ class _Builder:
         return x
 
     def pinned(self, spec, x):
-        width = self.width(x)
         if spec["layer"] == "unit_norm":
             layer = self.make(L.UnitNormalization, axis=-1)
-        elif spec["layer"] == "group_norm":
-            layer = self.make(L.GroupNormalization, groups=1)
         else:
-            layer = self.make(TRANSPOSE[self.dims], width, 2, padding="same", base="convT")
+            layer = self.make(L.GroupNormalization, groups=1)
         return self.call(layer, x)
 
     def width(self, x):
@@ -447,7 +448,8 @@ def plant_twins(graph, rng) -> int:
         noise = float(rng.uniform(0.01, 0.1))
         p, bn = graph.layer(g.producer), graph.layer(g.bn)
         k = p.kernel.numpy()
-        k[..., dst] = k[..., src] * (1 + noise * rng.normal(size=k[..., src].shape))
+        kv = np.moveaxis(k, layer_rules.output_axis(p), -1)  # a view: filters last
+        kv[..., dst] = kv[..., src] * (1 + noise * rng.normal(size=kv[..., src].shape))
         p.kernel.assign(k)
         if p.use_bias:
             bias = p.bias.numpy()
@@ -457,12 +459,13 @@ def plant_twins(graph, rng) -> int:
             a = w.numpy()
             a[dst] = a[src]
             w.assign(a)
-        for c in g.readers:  # Dense / ConvND kernels: input positions on axis -2
+        for c in g.readers:  # Dense / ConvND / ConvNDTranspose kernels
             layer = graph.layer(c.layer)
             u = layer.kernel.numpy()
+            axis = layer_rules.get(layer).in_weights(layer)[0].axis
+            uv = np.moveaxis(u, axis, 0)  # a view: input positions first
             rows_src, rows_dst = c.positions[src], c.positions[dst]
-            u[..., rows_dst, :] = u[..., rows_src, :] * (
-                1 + noise * rng.normal(size=u[..., rows_src, :].shape))
+            uv[rows_dst] = uv[rows_src] * (1 + noise * rng.normal(size=uv[rows_src].shape))
             layer.kernel.assign(u)
         planted += 1
     return planted

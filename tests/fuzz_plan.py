@@ -44,6 +44,7 @@ PATTERNS = {
     "depthwise": "DepthwiseConv1D/2D",
     "grouped_depthwise": "ConvND with groups = channels",
     "separable": "SeparableConv1D/2D",
+    "conv_transpose": "Conv1D/2D/3DTranspose producers (strided or not)",
     "separable_multiplier": "SeparableConv with depth_multiplier 2",
     "strides": "strided convolutions",
     "dilation": "dilated convolutions",
@@ -82,7 +83,7 @@ PATTERNS = {
     "layer_scale": "ConvNeXt LayerScale",
     "shared_producer": "a producer called twice",
     "shared_inside_group": "a channelwise layer shared by two groups",
-    "pinned_layer": "a layer the registry pins (unit/group norm, transposed conv)",
+    "pinned_layer": "a layer the registry pins (unit or group normalization)",
     # pass-through layers
     "max_pool": "max pooling",
     "avg_pool": "average pooling",
@@ -228,15 +229,23 @@ class _Drawer:
         dims = self.dims
         if kind is None:
             kind = "dense" if dims == 0 else self.pick(
-                ["conv", "separable", "dense"], [80, 14 if dims < 3 else 0, 6])
+                ["conv", "separable", "dense", "transpose"], [80, 14 if dims < 3 else 0, 6, 6])
         spec = {"type": kind, "width": int(width), "bias": not self.p(0.3)}
         if not spec["bias"]:
             self.tags.add("no_bias")
         if kind == "dense":
             self.tags.add("dense" if dims == 0 else "dense_on_spatial")
             return spec
-        self.tags.add(f"conv{dims}d" if kind == "conv" else "separable")
+        self.tags.add(f"conv{dims}d" if kind == "conv" else {"separable": "separable",
+                                                             "transpose": "conv_transpose"}[kind])
         k = kernel or int(self.pick([1, 2, 3], [35, 15, 50]))
+        if kind == "transpose":  # "same" padding: the spatial size grows by the stride
+            s = 2 if self.spatial <= 6 and not same and strides is None and self.p(0.3) else 1
+            spec.update(kernel=k, strides=s, dilation=1, padding="same")
+            if s > 1:
+                self.tags.add("strides")
+                self.spatial *= s
+            return spec
         s = strides if strides is not None else (
             2 if self.spatial >= 4 and not same and self.p(0.2) else 1)
         d = 2 if s == 1 and k > 1 and self.p(0.15) else 1
@@ -427,8 +436,7 @@ class _Drawer:
 
     def pinned(self) -> dict:
         self.tags.add("pinned_layer")
-        options = ["unit_norm", "group_norm"] + (["transpose"] if self.dims else [])
-        return {"kind": "pinned", "layer": self.pick(options)}
+        return {"kind": "pinned", "layer": self.pick(["unit_norm", "group_norm"])}
 
     def stage(self, width, kinds) -> dict:
         names, weights = zip(*[(k, w) for k, w in kinds

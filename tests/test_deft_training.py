@@ -269,3 +269,28 @@ def test_core_is_bit_identical_after_fine_tuning_with_shock_reduction():
             if isinstance(layer, keras.layers.BatchNormalization):
                 np.testing.assert_array_equal(layer.moving_variance.numpy(),
                                               applied[layer.moving_variance.path])
+
+
+def test_a_transposed_convolution_is_frozen_and_its_plan_applies():
+    """A transposed convolution's filters lie on its kernel's axis -2, which the
+    per-neuron elasticity (the last axis) does not address: DEFT freezes the layer,
+    and the rest of its group (the BN after it) still follows the plan."""
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    inputs = keras.Input((8, 8, 2))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(6, 3, strides=2, padding="same")(inputs)))
+    x = L.Conv2DTranspose(6, 3, strides=2, padding="same", name="up")(x)
+    x = L.ReLU()(L.BatchNormalization(name="up_bn")(x))
+    model = keras.Model(inputs, L.Dense(3, name="head")(L.GlobalAveragePooling2D()(x)))
+    p = deft.plan(model, percentile=30, verbose=False)
+    assert p.elasticity_map()["up"] == 0.0
+    assert isinstance(p.elasticity_map()["up_bn"], list)  # per channel
+    p.apply(model)
+    target = deft.replace_head(model, 2, seed=0)
+    up = target.get_layer("up").kernel.numpy().copy()
+    target.compile(deft.ElasticOptimizer(keras.optimizers.SGD(0.1), p),
+                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    target.fit(rng.normal(size=(32, 8, 8, 2)).astype("float32"), np.arange(32) % 2,
+               epochs=1, verbose=0)
+    np.testing.assert_array_equal(target.get_layer("up").kernel.numpy(), up)

@@ -43,6 +43,18 @@ def _single_group_model(consumer, center, scale, seed):
         x = L.ReLU(name="p_relu")(_bn(center, scale, "p_bn")(x))
         x = L.Conv2D(4, 3, name="c")(x)
         outputs = L.Dense(2, name="head")(L.GlobalAveragePooling2D()(x))
+    elif consumer == "conv_transpose":  # reads the channel on its kernel's last axis
+        inputs = keras.Input((6, 6, 3))
+        x = L.Conv2D(5, 3, padding="same", use_bias=bias, name="p")(inputs)
+        x = L.ReLU(name="p_relu")(_bn(center, scale, "p_bn")(x))
+        x = L.Conv2DTranspose(4, 3, strides=2, name="c")(x)
+        outputs = L.Dense(2, name="head")(L.GlobalAveragePooling2D()(x))
+    elif consumer == "conv_after_transpose":  # a producer whose filters are on axis -2
+        inputs = keras.Input((3, 3, 3))
+        x = L.Conv2DTranspose(5, 3, strides=2, padding="same", use_bias=bias, name="p")(inputs)
+        x = L.ReLU(name="p_relu")(_bn(center, scale, "p_bn")(x))
+        x = L.Conv2D(4, 3, name="c")(x)
+        outputs = L.Dense(2, name="head")(L.GlobalAveragePooling2D()(x))
     elif consumer == "flatten_dense":
         inputs = keras.Input((6, 6, 2))
         x = L.Conv2D(4, 3, use_bias=bias, name="p")(inputs)
@@ -84,11 +96,18 @@ def _channel_rows(model, activation, consumer, channel):
         x = lyr(x, training=False)
     x = np.asarray(x)[0]
     return np.flatnonzero(x.reshape(-1, x.shape[-1]).any(axis=0)) if isinstance(
-        layer, L.Conv2D) else np.flatnonzero(x.reshape(-1))
+        layer, (L.Conv2D, L.Conv2DTranspose)) else np.flatnonzero(x.reshape(-1))
 
 
-def _consumer_slice(kernel, is_conv, rows):
-    return kernel[..., rows, :] if is_conv else kernel[rows]
+def _layout(layer):
+    """Which kernel axis a consumer reads its input channels on."""
+    return ("transpose" if isinstance(layer, L.Conv2DTranspose)
+            else "conv" if isinstance(layer, L.Conv2D) else "dense")
+
+
+def _consumer_slice(kernel, layout, rows):
+    return {"conv": lambda: kernel[..., rows, :], "transpose": lambda: kernel[..., rows],
+            "dense": lambda: kernel[rows]}[layout]()
 
 
 def _check_merge(before, after, i, j, coef, x, tol=2e-5):
@@ -113,19 +132,19 @@ def _check_merge(before, after, i, j, coef, x, tol=2e-5):
     # Consumer: rows of i are m1·u_i + m2·u_j, rows of j are zero, the rest untouched.
     k0 = before.get_layer("c").kernel.numpy().astype(np.float64)
     k1 = after.get_layer("c").kernel.numpy().astype(np.float64)
-    is_conv = isinstance(before.get_layer("c"), L.Conv2D)
+    layout = _layout(before.get_layer("c"))
     n = y0.shape[-1]
     rows = [_channel_rows(before, "p_relu", "c", c) for c in range(n)]
-    ui, uj = _consumer_slice(k0, is_conv, rows[i]), _consumer_slice(k0, is_conv, rows[j])
-    np.testing.assert_allclose(_consumer_slice(k1, is_conv, rows[i]), m1 * ui + m2 * uj,
+    ui, uj = _consumer_slice(k0, layout, rows[i]), _consumer_slice(k0, layout, rows[j])
+    np.testing.assert_allclose(_consumer_slice(k1, layout, rows[i]), m1 * ui + m2 * uj,
                                rtol=1e-6, atol=1e-7 * np.abs(k0).max())
-    assert np.all(_consumer_slice(k1, is_conv, rows[j]) == 0.0)
+    assert np.all(_consumer_slice(k1, layout, rows[j]) == 0.0)
     for c in others:
-        np.testing.assert_array_equal(_consumer_slice(k1, is_conv, rows[c]),
-                                      _consumer_slice(k0, is_conv, rows[c]))
+        np.testing.assert_array_equal(_consumer_slice(k1, layout, rows[c]),
+                                      _consumer_slice(k0, layout, rows[c]))
 
 
-CONSUMERS = ["conv", "flatten_dense", "dense"]
+CONSUMERS = ["conv", "flatten_dense", "dense", "conv_transpose", "conv_after_transpose"]
 BN_FLAGS = [(True, True), (True, False), (False, True), (False, False)]
 
 

@@ -153,9 +153,20 @@ def convnext(x):
     return L.Dense(3)(x)
 
 
+def transposed(x):
+    """A U-Net decoder: transposed convolutions write and read groups (strided, with
+    and without bias), and one joins an encoder map through a Concatenate."""
+    skip = bn_relu(L.Conv2D(5, 3, padding="same")(x))
+    y = bn_relu(L.Conv2D(6, 3, strides=2, padding="same")(skip))
+    y = bn_relu(L.Conv2DTranspose(4, 3, strides=2, padding="same", use_bias=False)(y))
+    y = L.Concatenate()([y, skip])
+    y = bn_relu(L.Conv2DTranspose(5, 2, padding="same")(y))
+    return L.Conv2D(3, 1)(y)
+
+
 PATTERNS = [bn_after_activation, pre_activation, depthwise, separable, concatenate,
             squeeze_excite, keras_ops, residual_stream, channels_first_flatten, nested,
-            convnext]
+            convnext, transposed]
 
 
 def _model(pattern, seed):
@@ -217,6 +228,13 @@ def test_pattern_group_kinds():
              for p in PATTERNS}
     assert kinds["bn_after_activation"] == {"coupled"}
     assert "coupled" in kinds["depthwise"] and "coupled" in kinds["squeeze_excite"]
+    # The decoder's groups merge when plain (producer → BN → ReLU → readers), a
+    # transposed convolution on either side; the concatenated ones prune.
+    g = hope_keras.walk(_model(transposed, 0))
+    by_writer = {type(g.layer(grp.writers[0])).__name__: grp.kind for grp in g.groups.values()
+                 if grp.kind == "neurons"}
+    assert by_writer == {"Conv2D": "neurons", "Conv2DTranspose": "neurons"}, by_writer
+    assert kinds["transposed"] == {"neurons", "coupled"}
     g = hope_keras.walk(_model(pre_activation, 0))
     assert sum(b.evictable for b in g.blocks) == 2
     assert all(b.final_bn is None and b.input_reader_bn for b in g.blocks)

@@ -66,6 +66,34 @@ def test_propagated_moments_match_monte_carlo():
         np.testing.assert_allclose(var, emp_var, rtol=0.03, atol=1e-3, err_msg=name)
 
 
+@pytest.mark.parametrize("strides", [1, 2])
+def test_a_transposed_convolution_scatters_its_mean_and_phase_averaged_variance(strides):
+    """Kernel 2 and stride 2 tile the output: each position receives one tap, so the
+    channel's mean over positions is exact, and so is its variance averaged over the
+    stride's phases (what the propagation keeps per channel; the phases' means differ
+    too). Stride 1: every tap at every position, borders aside."""
+    rng = np.random.default_rng(1)
+    inputs = keras.Input((6, 6, 2))
+    bn = L.BatchNormalization(name="bn")
+    y = L.ReLU(name="relu")(bn(inputs))
+    y = L.Conv2DTranspose(3, 2, strides=strides, padding="same", name="up")(y)
+    model = keras.Model(inputs, y)
+    mu, sd = np.array([0.3, -0.2]), np.array([1.5, 0.7])
+    _set_bn(bn, mu, sd ** 2 - 1e-3, [2.0, 1.0], [1.0, 0.5])
+    up = model.get_layer("up")
+    up.bias.assign(np.array([0.2, -0.1, 0.4], dtype="float32"))
+    x = (mu + sd * rng.standard_normal((N // 10, 6, 6, 2))).astype("float32")
+    v = np.asarray(model.predict(x, batch_size=5000, verbose=0), dtype=np.float64)
+    fg = kg.flatten(model)
+    mean, var = moments_lib.propagate(fg)[fg.node_of("up").outputs[0]]
+    if strides == 1:
+        v = v[:, 1:, 1:]  # the first row and column miss a tap
+    np.testing.assert_allclose(mean, v.mean(axis=(0, 1, 2)), rtol=0.01, atol=2e-3)
+    phases = v.reshape(v.shape[0], -1, strides, v.shape[2] // strides, strides, 3)
+    phase_var = phases.var(axis=(0, 1, 3)).mean(axis=(0, 1))
+    np.testing.assert_allclose(var, phase_var, rtol=0.02)
+
+
 def test_anchored_flags_need_a_normalisation_upstream():
     inputs = keras.Input((4,))
     h = L.Dense(5, activation="relu", name="free")(inputs)

@@ -88,7 +88,10 @@ def elasticities_and_drift(model, graph, elasticity, head, pinned):
         any_in = any(np.any(p > 0) for p in parents)
         conservative = np.full(n_out, float(any_in))
         has_weights = bool(getattr(layer, "weights", None))
-        if fg.calls[key] > 1 or rule.check(layer) is not None and role != "unsupported":
+        # A shared layer, one its rule refuses, or a transposed convolution (its
+        # kernel holds the outputs on another axis than the optimizer scales): frozen.
+        if fg.calls[key] > 1 or rule.check(layer) is not None and role != "unsupported" \
+                or role == "source" and getattr(rule, "out_axis", -1) != -1:
             if has_weights:
                 layer_e[key] = 0.0
             drift[out_t] = conservative
@@ -267,9 +270,11 @@ def _compensate_cuts(fg, cuts, compensate):
 def _reinit_vessel(editor, group, j, rng):
     producer = editor.layer(group.producer)
     kernel = editor.array(group.producer, "kernel")
-    fan_in = int(np.prod(kernel.shape[:-1]))
-    col = rng.normal(0.0, math.sqrt(2.0 / fan_in), size=kernel[..., j].shape)
-    editor._write(group.producer, "kernel", (Ellipsis, j), col.astype(kernel.dtype))
+    axis = layer_rules.output_axis(producer) % kernel.ndim  # not the last when transposed
+    index = tuple(j if a == axis else slice(None) for a in range(kernel.ndim))
+    fan_in = kernel.size // kernel.shape[axis]
+    col = rng.normal(0.0, math.sqrt(2.0 / fan_in), size=kernel[index].shape)
+    editor._write(group.producer, "kernel", index, col.astype(kernel.dtype))
     if getattr(producer, "use_bias", False) and producer.bias is not None:
         editor._write(group.producer, "bias", j, 0.0)
     bn = editor.layer(group.bn)

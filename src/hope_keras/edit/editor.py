@@ -213,6 +213,12 @@ def _axis_index(ndim: int, axis: int, idx) -> tuple:
     return tuple(index)
 
 
+def _filter_index(ndim: int, axis: int, c) -> tuple:
+    """Filter `c` of a kernel whose filters lie on `axis`: ``(..., c)`` on the last
+    one (the form the column cache recognises), else a full index."""
+    return (Ellipsis, c) if axis == -1 else _axis_index(ndim, axis, c)
+
+
 class _ColumnCache:
     """Recently read columns (last axis) of one mirror array, transposed: a
     neuron's input weights are a strided column of its producer's kernel, and a
@@ -585,10 +591,6 @@ class ModelEditor:
             out.append((attr, _axis_index(ndim, axis, pos)))
         return out
 
-    def _in_indices(self, c: Coupling, i: int):
-        """(attr, index) of every weight slice reader `c.layer` applies to channel i."""
-        return self._slices(c, i)
-
     def _zero_coupling(self, c: Coupling, i: int) -> None:
         for attr, index in self._slices(c, i):
             self._write(c.layer, attr, index, 0.0)
@@ -624,7 +626,7 @@ class ModelEditor:
                 return out
             for c in g.readers:
                 rows = [self.array(c.layer, attr)[index].astype(np.float64)
-                        for attr, index in self._in_indices(c, i)]
+                        for attr, index in self._slices(c, i)]
                 kernel = rows[0]
                 out[c.layer] = m * kernel.reshape(-1, kernel.shape[-1]).sum(axis=0)
             return out
@@ -678,7 +680,8 @@ class ModelEditor:
             self.prune(group, i, compensate=False)
             self.prune(group, j, compensate=False)
             return
-        kernel = self.array(g.producer, "kernel")  # columns i, j are read in float64
+        # Filters i, j are read in float64; a transposed convolution's lie on axis -2.
+        kernel, axis = self.array(g.producer, "kernel"), layer_rules.output_axis(producer)
         has_bias = getattr(producer, "use_bias", False) and producer.bias is not None
         # The two channels' entries only, read as float64 (no whole-vector copies).
         bias = self.array(g.producer, "bias") if has_bias else None
@@ -690,8 +693,9 @@ class ModelEditor:
         def folded(c):
             s = ((float(gam[c]) if gam is not None else 1.0)
                  / np.sqrt(float(var[c]) + bn.epsilon))
-            w = s * self.columns(g.producer, "kernel", c).reshape(kernel.shape[:-1]).astype(
-                np.float64)
+            w = (self.columns(g.producer, "kernel", c).reshape(kernel.shape[:-1]) if axis == -1
+                 else kernel[_filter_index(kernel.ndim, axis, c)])  # (column cache: last axis)
+            w = s * w.astype(np.float64)
             b = (float(bet[c]) if bet is not None else 0.0) - s * (
                 float(mean[c]) - (float(bias[c]) if bias is not None else 0.0)
             )
@@ -707,12 +711,13 @@ class ModelEditor:
         new_mean = (beta_w - b_v) * s_k / gamma_w
         rows = []
         for c in g.readers:
-            for (attr, idx_i), (_, idx_j) in zip(self._in_indices(c, i), self._in_indices(c, j)):
+            for (attr, idx_i), (_, idx_j) in zip(self._slices(c, i), self._slices(c, j)):
                 k = self.array(c.layer, attr)
                 rows.append((c.layer, attr, idx_i, coef.m1 * k[idx_i].astype(np.float64)
                              + coef.m2 * k[idx_j].astype(np.float64)))
         # All values are computed; now write (atomic under step()).
-        self._write(g.producer, "kernel", (Ellipsis, i), new_filter.astype(dtype))
+        self._write(g.producer, "kernel", _filter_index(kernel.ndim, axis, i),
+                    new_filter.astype(dtype))
         if has_bias:
             self._write(g.producer, "bias", i, 0.0)
         if bn.scale:

@@ -7,8 +7,8 @@ walker, the editor, `slim`, the size counters and DEFT handle every layer throug
 one description:
 
 * ``"source"`` — makes new channels from all of its input channels (Dense, ConvND,
-  SeparableConvND): ``in_weights`` are sliced by input channel, ``out_weights`` by
-  output channel.
+  SeparableConvND, ConvNDTranspose): ``in_weights`` are sliced by input channel,
+  ``out_weights`` by output channel.
 * ``"channelwise"`` — channel ``c`` of its output depends on channel ``c`` of its
   (single) input only (BatchNormalization, activations, pooling, padding, dropout,
   DepthwiseConvND with multiplier 1, ``x + 3.0``…); ``channel_weights`` are sliced by
@@ -95,7 +95,7 @@ class LayerRule:
     Attributes:
         role: One of `ROLES`.
         kind: Sources: how the channels are made (``"dense"``, ``"conv"``,
-            ``"separable"``).
+            ``"separable"``, ``"transpose"``).
         op: Merges (and operations such as ``x + y``): the elementwise operation
             (``"add"``, ``"subtract"``, ``"multiply"``, ...).
         normalization: ``"batch"`` for a batch normalisation with per-channel moving
@@ -177,9 +177,15 @@ class LayerRule:
 
 
 class SourceRule(LayerRule):
-    """Dense / ConvND / SeparableConvND: makes new channels from all inputs."""
+    """Dense / ConvND / SeparableConvND: makes new channels from all inputs.
+
+    Attributes:
+        out_axis: The kernel axis of the output channels (-1; a transposed
+            convolution's kernel holds them on -2).
+    """
 
     role = "source"
+    out_axis = -1
 
     def __init__(self, in_attr="kernel", in_axis=-2, out_attr="kernel", kind="conv"):
         self.in_attr, self.in_axis, self.out_attr, self.kind = in_attr, in_axis, out_attr, kind
@@ -196,7 +202,8 @@ class SourceRule(LayerRule):
         return [WeightAxis(self.in_attr, self.in_axis)]
 
     def out_weights(self, layer):
-        out = [WeightAxis(self.out_attr if self.kind != "separable" else "pointwise_kernel", -1)]
+        out = [WeightAxis(self.out_attr if self.kind != "separable" else "pointwise_kernel",
+                          self.out_axis)]
         if getattr(layer, "use_bias", False) and getattr(layer, "bias", None) is not None:
             out.append(WeightAxis("bias", 0))
         return out
@@ -222,6 +229,32 @@ class SourceRule(LayerRule):
         config = dict(config)
         config["units" if self.kind == "dense" else "filters"] = int(out_live)
         return config
+
+    def taps_per_output(self, layer) -> float:
+        """How many kernel taps reach one output position on average: 1 of each
+        (a convolution reads every tap at every position, borders aside)."""
+        return 1.0
+
+
+class _TransposedConvRule(SourceRule):
+    """ConvNDTranspose: a source whose kernel is ``(*k, filters, in_channels)``.
+
+    Every input position scatters the whole kernel onto the output, so an output
+    position receives ``prod(k) / prod(strides)`` taps on average (`taps_per_output`):
+    the moments and capacities read a transposed reader's kernel with that factor.
+    """
+
+    out_axis = -2
+
+    def __init__(self):
+        super().__init__("kernel", -1, "kernel", kind="transpose")
+
+    def flops(self, layer, node, in_live, out_live, in_shape, out_shape):
+        k = _shape_prod(layer.kernel.shape[:-2])
+        return 2 * _shape_prod(in_shape[1:-1]) * k * in_live * out_live
+
+    def taps_per_output(self, layer) -> float:
+        return 1.0 / float(np.prod(layer.strides))
 
 
 class ChannelwiseRule(LayerRule):
@@ -548,14 +581,6 @@ class _SoftmaxRule(UnsupportedRule):
         return "softmax"
 
 
-class _TransposeRule(UnsupportedRule):
-    """Transposed convolutions: not compressible, but their FLOPs are counted (every
-    input position scatters the whole kernel)."""
-
-    def flops(self, layer, node, in_live, out_live, in_shape, out_shape):
-        return 2 * _shape_prod(in_shape[1:-1]) * _shape_prod(layer.kernel.shape)
-
-
 # ------------------------------------------------------------------------ the table
 _REGISTRY: Dict[type, LayerRule] = {}
 
@@ -601,6 +626,19 @@ def get(layer) -> LayerRule:
     return _DEFAULT
 
 
+def output_axis(layer) -> int:
+    """The kernel axis of a source's output channels (`SourceRule.out_axis`; -1 for
+    any other layer)."""
+    return int(getattr(get(layer), "out_axis", -1))
+
+
+def taps_per_output(layer) -> float:
+    """A source's `SourceRule.taps_per_output` (1 for any other layer): the factor
+    by which a transposed convolution's kernel counts in one output position."""
+    taps = getattr(get(layer), "taps_per_output", None)
+    return 1.0 if taps is None else float(taps(layer))
+
+
 _DEFAULT = UnsupportedRule()
 _GROUPED_DEPTHWISE = _GroupedDepthwiseRule()
 
@@ -613,7 +651,7 @@ def _register_builtins():
     for c in (L.SeparableConv1D, L.SeparableConv2D):
         register(c, SourceRule(kind="separable"))
     for c in (L.Conv1DTranspose, L.Conv2DTranspose, L.Conv3DTranspose):
-        register(c, _TransposeRule("is a transposed convolution (not supported yet)"))
+        register(c, _TransposedConvRule())
     register(L.BatchNormalization, _BatchNormRule())
     for c in (L.DepthwiseConv1D, L.DepthwiseConv2D):
         register(c, _DepthwiseRule())

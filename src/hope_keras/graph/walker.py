@@ -582,7 +582,7 @@ def _as_neurons(fg, group: NeuronGroup) -> NeuronGroup:
         return only(f"{len(outs)} layers write these channels (coupled through "
                     "Add/Multiply)")
     producer = fg.node_of(outs[0].layer)
-    if layer_rules.get(producer.op).kind not in ("dense", "conv"):  # Dense, ConvND
+    if layer_rules.get(producer.op).kind not in ("dense", "conv", "transpose"):
         return only(f"written by a {type(producer.op).__name__}")
     act_fused = layer_rules.get(producer.op).activation(producer.op)
     if act_fused is not None:
@@ -604,7 +604,7 @@ def _as_neurons(fg, group: NeuronGroup) -> NeuronGroup:
         for kid in fg.children(node):
             rule = layer_rules.get(kid.op)
             role = layer_rules.role_of(kid.op, kid)
-            if role == "source" and rule.kind in ("dense", "conv"):
+            if role == "source" and rule.kind in ("dense", "conv", "transpose"):
                 consumers.append(Consumer(kid.key, rule.kind))
             elif role in ("channelwise", "flatten") and rule.is_passthrough(kid.op, kid) \
                     and not rule.channel_weights(kid.op):

@@ -45,7 +45,9 @@ def extract_rows(array, get, group, rows, dtype=np.float64, columns=None):
     """
     rows = np.asarray(rows, dtype=np.intp)
     producer, bn = get(group.producer), get(group.bn)
-    kernel = array(group.producer, "kernel")
+    axis = layer_rules.output_axis(producer)
+    kernel = np.moveaxis(array(group.producer, "kernel"), axis, -1)
+    columns = columns if axis == -1 else None  # a column cache holds last-axis columns
     n = kernel.shape[-1]
     contiguous = rows.size and rows[-1] - rows[0] == rows.size - 1 and np.all(np.diff(rows) == 1)
     flat = kernel.reshape(-1, n)
@@ -179,7 +181,8 @@ def build_sketch_cache(get, group, kernel: str = "approx", chunk_rows: int = 512
         if split is None:
             split = _u_split(get, group, rows[:1])
     producer = get(group.producer)
-    nnz += np.count_nonzero(array(group.producer, "kernel").reshape(-1, n), axis=0)
+    nnz += np.count_nonzero(np.moveaxis(array(group.producer, "kernel"), layer_rules.output_axis(
+        producer), -1).reshape(-1, n), axis=0)
     has_bias = 1 if getattr(producer, "use_bias", False) else 0
     bias = (array(group.producer, "bias").astype(np.float64) if has_bias else np.zeros(n))
     g = np.abs(gamma).astype(np.float64)

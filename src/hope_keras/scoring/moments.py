@@ -109,6 +109,8 @@ def _linear_source(layer, rule, mean, var):
         return _with_bias(layer, m, v)
     else:
         kernel = read_values(layer.kernel)  # no copy where TensorFlow allows
+        if kind == "transpose":  # (*k, out, in): as (*k, in, out)
+            kernel = np.swapaxes(kernel, -1, -2)
         n_out = kernel.shape[-1]
         k = kernel.reshape(-1, kernel.shape[-2], n_out)
         # Summed over the kernel's positions one (C_in, C_out) slice at a time in
@@ -123,7 +125,9 @@ def _linear_source(layer, rule, mean, var):
     if w_sum.shape[0] != mean.shape[0]:  # a shape we cannot map: unknown
         n = w_sum.shape[1]
         return np.zeros(n), np.ones(n)
-    return _with_bias(layer, mean @ w_sum, var @ w_sq)
+    # A transposed convolution's output position receives a fraction of the taps.
+    taps = layer_rules.taps_per_output(layer)
+    return _with_bias(layer, taps * (mean @ w_sum), taps * (var @ w_sq))
 
 
 def _with_bias(layer, m, v):

@@ -37,7 +37,8 @@ def consumer_rows(kernel: np.ndarray, kind: str, channels: int) -> np.ndarray:
     """Returns a consumer kernel as ``(channels, m)`` rows, one per input channel.
 
     For a conv kernel ``(*spatial, C, out)`` row ``c`` is ``kernel[..., c, :]``
-    flattened. For a Dense kernel ``(S·C, units)`` (``S = 1`` without a Flatten) row
+    flattened (a transposed convolution's ``(*spatial, out, C)``: ``kernel[..., c]``,
+    spatial axes first). For a Dense kernel ``(S·C, units)`` (``S = 1`` without a Flatten) row
     ``c`` gathers the kernel rows ``c, c + C, c + 2C, …`` (channel-last Flatten order).
 
     Example:
@@ -47,8 +48,8 @@ def consumer_rows(kernel: np.ndarray, kind: str, channels: int) -> np.ndarray:
     >>> consumer_rows(k, "dense", 2)[0].tolist()   # rows 0, 2, 4
     [0.0, 1.0, 4.0, 5.0, 8.0, 9.0]
     """
-    if kind == "conv":
-        return np.moveaxis(kernel, -2, 0).reshape(channels, -1)
+    if kind in ("conv", "transpose"):
+        return np.moveaxis(kernel, -2 if kind == "conv" else -1, 0).reshape(channels, -1)
     s = kernel.shape[0] // channels
     return kernel.reshape(s, channels, -1).transpose(1, 0, 2).reshape(channels, -1)
 
@@ -56,9 +57,10 @@ def consumer_rows(kernel: np.ndarray, kind: str, channels: int) -> np.ndarray:
 def rows_to_kernel(rows: np.ndarray, kind: str, shape: Tuple[int, ...]) -> np.ndarray:
     """Inverse of `consumer_rows`: rebuilds a kernel of `shape` from its rows."""
     channels = rows.shape[0]
-    if kind == "conv":
-        moved = rows.reshape((channels,) + tuple(shape[:-2]) + (shape[-1],))
-        return np.moveaxis(moved, 0, -2)
+    if kind in ("conv", "transpose"):
+        kept = -1 if kind == "conv" else -2  # the output axis
+        moved = rows.reshape((channels,) + tuple(shape[:-2]) + (shape[kept],))
+        return np.moveaxis(moved, 0, -2 if kind == "conv" else -1)
     s = shape[0] // channels
     return rows.reshape(channels, s, -1).transpose(1, 0, 2).reshape(shape)
 
@@ -171,6 +173,7 @@ def producer_arrays(layer, native: bool = False) -> Tuple[np.ndarray, np.ndarray
     # analyze spent a fifth of its time writing fresh float64 copies of its kernels.
     kernel = np.array(_read(layer.kernel)) if native else _read(layer.kernel).astype(np.float64)
     check_finite(layer.name, "kernel", kernel)
+    kernel = np.moveaxis(kernel, layer_rules.output_axis(layer), -1)
     n = kernel.shape[-1]
     w = kernel.reshape(-1, n).T
     if getattr(layer, "use_bias", False) and layer.bias is not None:
@@ -407,6 +410,7 @@ def coupled_capacity(get, group: NeuronGroup, moments) -> Tuple[np.ndarray, np.n
         for rows in reader_slices(layer, c.positions):
             per = (rows ** 2).reshape(n, c.positions.shape[1], -1).sum(axis=2)
             gain = gain * per
+        gain = gain * layer_rules.taps_per_output(layer)
         cap2 += (gain * s2).sum(axis=1)
         unorm2 += gain.sum(axis=1)
     second = np.where(unorm2 > 0, cap2 / np.where(unorm2 > 0, unorm2, 1.0), 0.0)
@@ -434,9 +438,10 @@ def reader_means(get, coupling: Coupling, moments) -> np.ndarray:
         return (out * m[:, :, None]).sum(axis=1)
     w = weights[0]
     arr = _np(getattr(layer, w.attr)).astype(np.float64)
-    taken = np.take(arr, coupling.positions.reshape(-1), axis=w.axis)
-    rows = np.moveaxis(taken, w.axis, 0).reshape(n, k, -1, arr.shape[-1]).sum(axis=2)
-    return (rows * m[:, :, None]).sum(axis=1)
+    moved = np.moveaxis(np.take(arr, coupling.positions.reshape(-1), axis=w.axis), w.axis, 0)
+    rows = moved.reshape(n, k, -1, moved.shape[-1]).sum(axis=2)  # (n, k, outputs)
+    return layer_rules.taps_per_output(layer) * (rows * m[:, :, None]).sum(axis=1)
+
 
 
 def eviction_p_init(get, block: ResidualBlock, groups) -> float:

@@ -298,11 +298,11 @@ def neuron_merging(model, density: float, criterion: str = "auto", bn_aware: boo
             for r, k in zip(*np.nonzero(coef)):
                 p = int(rem[r])
                 for reader in grp.readers:
-                    slices = editor._in_indices(reader, int(k))
+                    slices = editor._slices(reader, int(k))
                     if len(slices) != 1:  # a separable reader: no linear merge exists
                         continue
                     for (attr, idx_k), (_, idx_p) in zip(slices,
-                                                         editor._in_indices(reader, p)):
+                                                         editor._slices(reader, p)):
                         arr = editor.array(reader.layer, attr)
                         value = arr[idx_k].astype(np.float64) + coef[r, k] * arr[idx_p]
                         editor._write(reader.layer, attr, idx_k, value.astype(arr.dtype))

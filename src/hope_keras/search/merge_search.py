@@ -18,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 
+from hope_keras.graph import layers as layer_rules
 from hope_keras.scoring import costs
 from hope_keras.search.actions import Action
 from hope_keras.search._threads import cpu_count as _cpu_count  # a module attribute tests patch
@@ -311,8 +312,12 @@ def neighbor_map(graph, priced_groups):
 def exact_source(editor, group, column_cache_bytes: int):
     """A sketched group's reader of exact rows (`SketchCache.source`): the producer
     kernel's columns through the editor's column cache (`column_cache_bytes` of
-    them, at least 16 columns)."""
-    kernel = editor.layer(group.producer).kernel
+    them, at least 16 columns; none for a transposed convolution, whose filters are
+    not the kernel's columns)."""
+    producer = editor.layer(group.producer)
+    if layer_rules.output_axis(producer) != -1:
+        return functools.partial(extract_rows, editor.array, editor.layer, group)
+    kernel = producer.kernel
     column = int(np.prod(kernel.shape[:-1])) * np.dtype(kernel.dtype).itemsize
     editor.cache_columns(group.producer, "kernel",
                          max(16, min(column_cache_bytes // column, group.size)))

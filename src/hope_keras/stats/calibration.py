@@ -71,7 +71,7 @@ def _activation_name(fn) -> str:
 def calibration_targets(model) -> Dict[str, str]:
     """Producers `calibrate` will split: ``{producer: "fused" | activation_layer}``.
 
-    A target is a source layer (Dense, ConvND, SeparableConvND — not grouped,
+    A target is a source layer (Dense, ConvND, SeparableConvND, ConvNDTranspose — not grouped,
     channels-last), called once, whose output is not a model output, and whose
     elementwise activation is
     fused into it (``"fused"``: any activation but linear and softmax) or is its only
@@ -83,7 +83,7 @@ def calibration_targets(model) -> Dict[str, str]:
     for node in fg.nodes:
         layer = node.op
         rule = layer_rules.get(layer)
-        if rule.kind not in ("dense", "conv", "separable") or fg.calls[node.key] > 1:
+        if rule.kind not in ("dense", "conv", "separable", "transpose") or fg.calls[node.key] > 1:
             continue
         if rule.check(layer) is not None or fg.is_output(node.outputs[0]):
             continue
