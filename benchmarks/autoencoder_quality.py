@@ -14,6 +14,8 @@ At each density, the same trained model is compressed by
 * ``hope``: ``compress(density=d)``, data-free (no residual stream: nothing
   synthetic is made);
 * ``hope_data``: ``compress(density=d, data=x)`` on 1024 training images;
+* ``hope_recover``: ``hope_data``, then ``recover(teacher=original,
+  distillation="mse", epochs=2)`` on 2048 training images (the 1024 among them);
 * ``l1`` / ``bn_scale``: `hope_keras.baselines.prune` with the ℓ1 norm of each
   neuron's filter or its BN's |γ|, one global ranking;
 * ``l1_data``: ``l1``, then `hope_keras.reestimate_batchnorm_statistics` on the
@@ -49,7 +51,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
 from _common import add_quick, write_results  # noqa: E402
 
-METHODS = ("hope", "hope_data", "l1", "l1_data", "bn_scale", "nm")
+METHODS = ("hope", "hope_data", "hope_recover", "l1", "l1_data", "bn_scale", "nm")
 
 
 def build(keras):
@@ -92,13 +94,16 @@ def mse(model, x) -> float:
     return float(np.mean((np.asarray(y, dtype=np.float64) - x) ** 2))
 
 
-def compress_with(method, model, density, x_data):
+def compress_with(method, model, density, x_data, x_recover, teacher):
     import hope_keras
     from hope_keras import baselines
 
-    if method in ("hope", "hope_data"):
-        data = x_data if method == "hope_data" else None
+    if method.startswith("hope"):
+        data = x_data if method != "hope" else None
         r = hope_keras.compress(model, density=density, data=data, verbose=False)
+        if method == "hope_recover":
+            hope_keras.recover(model, x_recover, teacher=teacher, epochs=2, verbose=0,
+                               distillation="mse")
         return r.params_ratio
     if method == "nm":
         baselines.neuron_merging(model, density)
@@ -132,7 +137,8 @@ def main(argv=None):
     fm = load_fashion_mnist()
     x_train = (fm["x_train"][:args.train].astype("float32") / 255.0)[..., None]
     x_test = (fm["x_test"][-args.heldout:].astype("float32") / 255.0)[..., None]
-    x_data = x_train[np.random.default_rng(1).choice(len(x_train), args.data, replace=False)]
+    pick = np.random.default_rng(1).choice(len(x_train), 2 * args.data, replace=False)
+    x_data, x_recover = x_train[pick[:args.data]], x_train[pick]
     if args.model is None:  # --quick: trained here, not saved
         import tempfile
         path = Path(tempfile.mkdtemp()) / "autoencoder.keras"
@@ -149,7 +155,7 @@ def main(argv=None):
         row = {"density": d}
         for method in METHODS:
             model = keras.models.load_model(path, compile=False)
-            params = compress_with(method, model, d, x_data)
+            params = compress_with(method, model, d, x_data, x_recover, original)
             row[method] = {"mse": mse(model, x_test), "params_ratio": params}
         rows.append(row)
         print(f"{d:>7.2f} " + " ".join(

@@ -29,6 +29,7 @@ TESTS=(
     src/hope_keras/stats/inputs.py
     # What sets the floor (docs/architecture.md): training wrappers on Keras internals.
     tests/test_recover.py::test_labels_and_teacherless_training
+    tests/test_recover.py::test_a_one_unit_output_is_refused_by_kl_and_distilled_by_its_mean_squared_difference
     tests/test_deft_training.py::test_optimizer_config_roundtrip_and_model_save
     src/hope_keras/deft/optimizer.py
 )

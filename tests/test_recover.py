@@ -383,3 +383,71 @@ def test_subclassed_student_is_distilled_as_logits():
                                  learning_rate=1e-2, reestimate=False)
     kd = history.history["distillation_loss"]
     assert kd[-1] < kd[0], kd
+
+
+def _one_channel_map(seed=0):
+    """An image-to-image model ending in a one-channel sigmoid (a mask, a
+    reconstruction): a transposed convolution reads a group."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 1))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(8, 3, strides=2, padding="same")(inputs)))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2DTranspose(6, 3, strides=2, padding="same")(x)))
+    model = keras.Model(inputs, L.Conv2D(1, 3, padding="same", activation="sigmoid")(x))
+    hope_keras.reestimate_batchnorm_statistics(model, _maps(256, seed + 1))
+    return model
+
+
+def _maps(n, seed=0):
+    return np.random.default_rng(seed).uniform(size=(n, 8, 8, 1)).astype("float32")
+
+
+def test_a_one_unit_output_is_refused_by_kl_and_distilled_by_its_mean_squared_difference():
+    teacher = _one_channel_map()
+    model = copy_model(teacher)
+    hope_keras.compress(model, density=0.5, verbose=False)
+    x = _maps(256, seed=3)
+    weights = model.get_weights()
+    with pytest.raises(ValueError, match="one unit.*distillation='mse'"):
+        hope_keras.recover(model, x, teacher=teacher)
+    for a, b in zip(model.get_weights(), weights):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="distillation must be one of"):
+        hope_keras.recover(model, x, teacher=teacher, distillation="l2")
+    history = hope_keras.recover(model, x, teacher=teacher, epochs=4, verbose=0,
+                                 learning_rate=3e-3, distillation="mse")
+    kd = history.history["distillation_loss"]
+    assert kd[-1] < 0.7 * kd[0], kd
+    # The check's value is the outputs' mean squared difference, computed by hand.
+    r = history.revert
+    assert set(r) == {"mse_before", "mse_after", "reverted"} and not r["reverted"]
+    by_hand = np.mean((np.asarray(model(x, training=False), np.float64)
+                       - np.asarray(teacher(x, training=False), np.float64)) ** 2)
+    assert r["mse_after"] == pytest.approx(by_hand, rel=1e-4)
+    assert r["mse_after"] < r["mse_before"]
+    assert isinstance(model.loss, keras.losses.MeanSquaredError)
+
+
+def test_mse_distillation_and_label_terms_are_their_formulas():
+    teacher = _one_channel_map(1)
+    student = copy_model(teacher)
+    student.get_layer(index=1).kernel.assign(student.get_layer(index=1).kernel * 0.5)
+    x, y = _maps(16, seed=5), _maps(16, seed=6)
+    distiller = Distiller(student, teacher, distillation="mse", label_weight=0.25)
+    s = np.asarray(student(x, training=False), np.float64)
+    t = np.asarray(teacher(x, training=False), np.float64)
+    loss = float(distiller.compute_loss(x, y, student(x, training=False), training=False))
+    expected = np.mean((s - t) ** 2) + 0.25 * np.mean((s - y) ** 2)
+    assert loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_revert_if_worse_under_mse_puts_back_a_model_that_training_made_worse():
+    teacher = _one_channel_map(2)
+    model = copy_model(teacher)
+    x = _maps(128, seed=7)
+    with pytest.warns(UserWarning, match="raised the mean squared difference.*put back"):
+        history = hope_keras.recover(model, x, teacher=teacher, epochs=1, verbose=0,
+                                     reestimate="after", optimizer=keras.optimizers.SGD(5.0),
+                                     distillation="mse", shuffle=False)
+    assert history.revert["reverted"] and history.revert["mse_before"] == 0.0
+    for a, b in zip(model.get_weights(), teacher.get_weights()):
+        np.testing.assert_array_equal(a, b)

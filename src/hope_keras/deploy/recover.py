@@ -40,14 +40,15 @@ from hope_keras.stats.bn_stats import reestimate_batchnorm_statistics
 from hope_keras.progress import interactive
 from hope_keras.graph import layers as layer_rules
 from hope_keras.activations.lookup import activation_name, layer_activation
+from hope_keras.deploy.recover_check import (  # noqa: F401 - CHECK_*: documented here
+    CHECK_BATCHES, CHECK_INPUTS, AgreementCheck, Batches, is_dataset)
 
 __all__ = ["Distiller", "recover"]
 
 _BN_MODES = ("train", "frozen")
-#: ``revert_if_worse``: the agreement is measured on at most this many of the inputs
-#: (array data) or this many batches (a dataset).
-CHECK_INPUTS = 1024
-CHECK_BATCHES = 16
+#: ``"kl"``: class scores on the output's last axis; ``"mse"``: outputs matched as they
+#: are (regression, reconstruction, one-channel sigmoid maps).
+DISTILLATIONS = ("kl", "mse")
 
 
 # ----------------------------------------------------------------- output kinds
@@ -118,6 +119,21 @@ class _Overrides:
         return False
 
 
+def _check_distillation(distillation, model) -> None:
+    """`distillation` is known, and ``"kl"`` has classes to compare."""
+    if distillation not in DISTILLATIONS:
+        raise ValueError(f"distillation must be one of {DISTILLATIONS}. Received: "
+                         f"distillation={distillation!r}")
+    if distillation == "kl" and getattr(model, "outputs", None) \
+            and model.outputs[0].shape[-1] == 1:
+        raise ValueError(
+            f"distillation='kl' compares class distributions on the output's last axis; "
+            f"model {model.name!r} outputs {tuple(model.outputs[0].shape)}, one unit "
+            "there, whose softmax is constant (the loss would be zero). For a "
+            "regression, a reconstruction or a one-channel sigmoid map pass "
+            "distillation='mse'. Nothing was changed.")
+
+
 def _logits(y, kind):
     """Logits (up to a per-example constant) from a model output of the given kind."""
     y = ops.cast(y, "float32")
@@ -142,7 +158,9 @@ class Distiller(keras.Model):
     labels ``y``, ``label_weight ·`` sparse categorical cross-entropy of the student
     (integer labels), plus the student's own losses (regularizers). Without a teacher
     only the label term remains. ``fit`` reports ``loss``, ``distillation_loss``
-    (``T²·KL``, unweighted; with a teacher) and ``label_loss`` (with labels).
+    (``T²·KL``, unweighted; with a teacher) and ``label_loss`` (with labels). With
+    ``distillation="mse"`` both terms are mean squared differences of the outputs as
+    they are (no softmax, no temperature): from the teacher's, and from the labels.
 
     Trainable weight entries that are exactly zero when the Distiller is created
     stay zero: their gradients are masked (with zero gradients, SGD, Adam, AdamW,
@@ -174,6 +192,10 @@ class Distiller(keras.Model):
             rate is set to 0 while ``fit`` runs, so that the student is compared
             with the teacher on the same deterministic function.
         freeze_zeros: Keep exactly-zero trainable entries at zero (default True).
+        distillation: ``"kl"`` (default): the output's last axis holds class scores;
+            ``"mse"``: the outputs are matched as they are (regression,
+            reconstruction, a one-channel sigmoid map), for an output whose last
+            axis has one unit too, where the softmax is constant.
 
     Example:
 
@@ -193,8 +215,9 @@ class Distiller(keras.Model):
     def __init__(self, student, teacher=None, temperature: float = 4.0,
                  distillation_weight: float = 1.0, label_weight: float = 1.0,
                  batchnorm: str = "train", dropout: bool = False,
-                 freeze_zeros: bool = True, **kwargs):
+                 freeze_zeros: bool = True, distillation: str = "kl", **kwargs):
         super().__init__(**kwargs)
+        _check_distillation(distillation, student)
         if not (isinstance(temperature, numbers.Real) and temperature > 0):
             raise ValueError(f"temperature must be > 0. Received: temperature={temperature!r}")
         if batchnorm not in _BN_MODES:
@@ -215,8 +238,10 @@ class Distiller(keras.Model):
         self.label_weight = float(label_weight)
         self.batchnorm = batchnorm
         self.dropout = bool(dropout)
-        _, self._student_kind = _softmax_head(student)
-        self._teacher_kind = _softmax_head(teacher)[1] if teacher is not None else None
+        self.distillation = distillation
+        kl = distillation == "kl"  # only class scores are read before a softmax
+        self._student_kind = _softmax_head(student)[1] if kl else None
+        self._teacher_kind = _softmax_head(teacher)[1] if kl and teacher is not None else None
         if teacher is not None and getattr(teacher, "outputs", None) and getattr(
                 student, "outputs", None):
             ts, ss = tuple(teacher.outputs[0].shape[1:]), tuple(student.outputs[0].shape[1:])
@@ -283,7 +308,12 @@ class Distiller(keras.Model):
                 return ops.mean(per_example)
             return ops.sum(per_example * weights) / ops.maximum(ops.sum(weights), 1e-12)
 
-        if self.teacher is not None:
+        if self.teacher is not None and self.distillation == "mse":
+            t = ops.stop_gradient(ops.cast(self.teacher(x, training=False), "float32"))
+            kd = mean(ops.mean(ops.reshape(ops.square(s - t), (ops.shape(s)[0], -1)), axis=1))
+            self.distillation_tracker.update_state(kd)
+            total = total + self.distillation_weight * kd
+        elif self.teacher is not None:
             t = ops.stop_gradient(_logits(self.teacher(x, training=False), self._teacher_kind))
             tau = self.temperature
             log_p = ops.log_softmax(t / tau, axis=-1)
@@ -292,7 +322,12 @@ class Distiller(keras.Model):
             kd = mean(ops.reshape(kl, (-1,))) * (tau * tau)
             self.distillation_tracker.update_state(kd)
             total = total + self.distillation_weight * kd
-        if y is not None:
+        if y is not None and self.distillation == "mse":
+            d = ops.square(s - ops.reshape(ops.cast(y, "float32"), ops.shape(s)))
+            ce = mean(ops.mean(ops.reshape(d, (ops.shape(s)[0], -1)), axis=1))
+            self.label_tracker.update_state(ce)
+            total = total + self.label_weight * ce
+        elif y is not None:
             ce = keras.losses.sparse_categorical_crossentropy(
                 ops.reshape(y, (-1,)), ops.reshape(s, (-1, s.shape[-1])), from_logits=True)
             ce = mean(ce)
@@ -408,12 +443,12 @@ def _split(data):
         f"yielding x or (x, y). Received: data of type {type(data).__name__}")
 
 
-def _check_arrays(model, fit_data) -> None:
-    """Array data is checked before anything is written: finite inputs, and integer
-    labels that index the model's output (a dataset is checked as it streams: the
-    BN re-estimation refuses non-finite statistics)."""
+def _check_arrays(model, fit_data, classes: bool = True) -> None:
+    """Array data is checked before anything is written: finite inputs, and (with
+    `classes`) integer labels that index the model's output (a dataset is checked as
+    it streams: the BN re-estimation refuses non-finite statistics)."""
     x = fit_data["x"]
-    if _is_dataset(x):
+    if is_dataset(x):
         return
     if isinstance(x, (list, tuple)) and len(x) != len(model.inputs):
         raise ValueError(
@@ -429,7 +464,7 @@ def _check_arrays(model, fit_data) -> None:
             raise ValueError(f"The inputs hold {bad} NaN/Inf value(s) (input {k}, shape "
                              f"{arr.shape}). Clean the data first. Nothing was changed.")
     y = fit_data.get("y")
-    if y is None or isinstance(y, (dict, list)):
+    if y is None or isinstance(y, (dict, list)) or not classes:
         return
     y = np.asarray(y)
     classes = model.outputs[0].shape[-1]
@@ -447,7 +482,7 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             optimizer=None, learning_rate: float = 1e-3, batch_size: int = 64,
             batchnorm: str = "train", dropout: bool = False, reestimate: bool = True,
             freeze_zeros: bool = True, revert_if_worse: bool = True,
-            steps_per_epoch: Optional[int] = None, **fit_kwargs):
+            steps_per_epoch: Optional[int] = None, distillation: str = "kl", **fit_kwargs):
     """Recovers a compressed model's accuracy: BN re-estimation, then distillation.
 
     Works on the in-place compressed model (pruned neurons stay exactly zero, so
@@ -467,7 +502,11 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
     The model's output is a class score vector on the last axis: logits,
     log-probabilities, or probabilities. A head with ``activation="softmax"`` (or an
     ``Activation("softmax")`` output layer) is read before the softmax, so the KL is
-    computed on exact logits; a ``keras.layers.Softmax`` output through ``log``.
+    computed on exact logits; a ``keras.layers.Softmax`` output through ``log``. Any
+    other output (a regression, a reconstruction, a sigmoid map) takes
+    ``distillation="mse"``: the outputs are matched as they are, labels are targets
+    of the same shape, the check of ``revert_if_worse`` is the mean squared
+    difference, and the model is compiled with a mean squared error.
 
     Under a ``tf.distribute`` strategy: create or load the model (and the teacher)
     inside ``strategy.scope()``; `recover` runs ``fit`` in the model's strategy.
@@ -475,7 +514,8 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
     replicas during `recover`, so the result matches a single-device run.
 
     Args:
-        model: The compressed `keras.Model` (classification head), edited in place.
+        model: The compressed `keras.Model`, edited in place: class scores on its
+            output's last axis, or any output with ``distillation="mse"``.
         data: Unlabelled inputs ``x`` (numpy array or tensor; a list or dict of
             arrays for a model of several inputs), a tuple ``(x, y)`` / ``(x, y,
             sample_weight)`` of arrays, or a batched ``tf.data.Dataset`` yielding
@@ -518,6 +558,8 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             costs three inference passes over those inputs (the model before and
             after training, the teacher once).
         steps_per_epoch: Passed to ``fit``; needed for an infinite dataset.
+        distillation: ``"kl"`` (default, class scores) or ``"mse"`` (outputs matched
+            as they are; see above).
         **fit_kwargs: More ``fit`` arguments: ``callbacks``, ``validation_data``
             (labelled), ``shuffle``, ...
 
@@ -526,7 +568,7 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
         ``distillation_loss`` with a teacher, ``label_loss`` with labels); an empty
         one when ``epochs=0``. With ``revert_if_worse`` and ``epochs > 0`` its
         ``revert`` attribute is ``{"agreement_before", "agreement_after",
-        "reverted"}``.
+        "reverted"}`` (``"mse"``: ``{"mse_before", "mse_after", "reverted"}``).
 
     Raises:
         ValueError: on a bad argument, no teacher and no labels, or output shapes
@@ -569,7 +611,8 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
         raise ValueError(f"batchnorm must be one of {_BN_MODES}. Received: "
                          f"batchnorm={batchnorm!r}")
     fit_data, bn_data, labelled = _split(data)
-    _check_arrays(model, fit_data)
+    _check_distillation(distillation, model)
+    _check_arrays(model, fit_data, classes=distillation == "kl")
     if teacher is None and not labelled and epochs > 0:
         raise ValueError(
             "recover needs a teacher (the uncompressed model) or labelled data (x, y) "
@@ -582,7 +625,7 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
         distiller = Distiller(model, teacher, temperature=temperature,
                               distillation_weight=1.0, label_weight=label_weight,
                               batchnorm=batchnorm, dropout=dropout,
-                              freeze_zeros=freeze_zeros)
+                              freeze_zeros=freeze_zeros, distillation=distillation)
         if optimizer is None:
             optimizer = keras.optimizers.Adam(learning_rate)
 
@@ -602,7 +645,7 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
     try:
         if reestimate is True:
             reestimate_bn()
-        check = (_AgreementCheck(model, teacher, fit_data, batch_size)
+        check = (AgreementCheck(model, teacher, fit_data, batch_size, distillation)
                  if revert_if_worse and epochs > 0 else None)
         if check is not None:
             # What training would be undone to: `before` unless re-estimated since.
@@ -612,24 +655,29 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
                          verbose, batch_size, steps_per_epoch, fit_kwargs, reestimate_bn)
         if check is not None:
             end = check()
-            history.revert = {"agreement_before": start, "agreement_after": end,
-                              "reverted": end < start}
-            if end < start:
+            worse = check.worse(start, end)
+            history.revert = {f"{check.measure}_before": start, f"{check.measure}_after": end,
+                              "reverted": worse}
+            if worse:
                 model.set_weights(untrained)
+                what = ("lowered the agreement" if check.measure == "agreement"
+                        else "raised the mean squared difference")
                 warnings.warn(
-                    f"recover: training lowered the agreement with the "
+                    f"recover: training {what} with the "
                     f"{'teacher' if teacher is not None else 'labels'} on the check "
-                    f"inputs from {start:.4f} to {end:.4f}; the weights from before "
+                    f"inputs from {start:.4g} to {end:.4g}; the weights from before "
                     "training were put back (revert_if_worse=True).", stacklevel=2)
     except Exception:
         model.set_weights(before)
         raise
-    _, kind = _softmax_head(model)
     with strategy.scope():
-        model.compile(optimizer=optimizer,
-                      loss=keras.losses.SparseCategoricalCrossentropy(
-                          from_logits=kind is None),
-                      metrics=["accuracy"])
+        if distillation == "mse":
+            model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError())
+        else:
+            model.compile(optimizer=optimizer,
+                          loss=keras.losses.SparseCategoricalCrossentropy(
+                              from_logits=_softmax_head(model)[1] is None),
+                          metrics=["accuracy"])
     return history
 
 
@@ -645,7 +693,7 @@ def _train(model, distiller, strategy, optimizer, fit_data, epochs, verbose, bat
             # Its slots made now, not inside the first traced step: one trace, not two.
             if not distiller.optimizer.built:
                 distiller.optimizer.build(distiller.trainable_variables)
-        if _is_dataset(fit_data["x"]):
+        if is_dataset(fit_data["x"]):
             fit_kwargs.setdefault("shuffle", False)  # a dataset shuffles itself
         else:
             fit_kwargs.setdefault("batch_size", batch_size)
@@ -667,82 +715,3 @@ def _train(model, distiller, strategy, optimizer, fit_data, epochs, verbose, bat
                 f"Lower the learning rate (learning_rate=, or your optimizer's).")
         reestimate_bn()
     return history
-
-
-def _check_sample(fit_data) -> dict:
-    """`revert_if_worse`'s inputs: ``fit``'s data cut to its first `CHECK_INPUTS`
-    examples (a dataset: its first `CHECK_BATCHES` batches)."""
-    x = fit_data["x"]
-    if isinstance(x, keras.utils.PyDataset):  # its first batches, read once
-        count = CHECK_BATCHES if x.num_batches is None else min(CHECK_BATCHES, x.num_batches)
-        return {"x": _Batches(x[i] for i in range(count))}
-    if _is_dataset(x):
-        return {"x": x.take(CHECK_BATCHES)}
-    return {k: keras.tree.map_structure(lambda a: a[:CHECK_INPUTS], v)
-            for k, v in fit_data.items() if v is not None}
-
-
-def _inference(model):
-    """``model(x, training=False)`` traced once: an eager call of a small model costs
-    tens of milliseconds of Python (the demo CNN: 16 batches of 64 through it and its
-    teacher took 1.4 s eager, through it alone traced 0.18 s)."""
-    import tensorflow as tf
-
-    return tf.function(lambda x: model(x, training=False), reduce_retracing=True)
-
-
-class _AgreementCheck:
-    """How often the model's top class (last axis) is the teacher's (no teacher:
-    the label) on `_check_sample`'s inputs, both models in inference mode. Each
-    call measures the model as it is then; for arrays the teacher's classes are
-    computed once, a dataset is read in one pass per call (a reshuffling dataset
-    stays paired)."""
-
-    def __init__(self, model, teacher, fit_data, batch_size: int):
-        self.sample = _check_sample(fit_data)
-        self.model_fn = _inference(model)
-        self.teacher_fn = None if teacher is None else _inference(teacher)
-        self.batch_size = batch_size
-        self.want = None  # arrays: the teacher's (or the labels') classes, per batch
-
-    def _batches(self):
-        x = self.sample["x"]
-        if _is_dataset(x):
-            return (e if isinstance(e, tuple) else (e,) for e in x)
-        n, y, b = len(keras.tree.flatten(x)[0]), self.sample.get("y"), self.batch_size
-        return ((keras.tree.map_structure(lambda a: a[k:k + b], x),
-                 None if y is None else y[k:k + b]) for k in range(0, n, b))
-
-    def _wanted(self, batch, top) -> np.ndarray:
-        if self.teacher_fn is not None:
-            out = self.teacher_fn(batch[0])
-            return np.argmax(ops.convert_to_numpy(out), axis=-1)
-        return np.reshape(np.asarray(batch[1]), top.shape)
-
-    def __call__(self) -> float:
-        wants, same, total = [], 0, 0
-        for k, batch in enumerate(self._batches()):
-            top = np.argmax(ops.convert_to_numpy(self.model_fn(batch[0])), axis=-1)
-            want = self._wanted(batch, top) if self.want is None else self.want[k]
-            wants.append(want)
-            same += int(np.sum(top == want))
-            total += top.size
-        if not _is_dataset(self.sample["x"]):
-            self.want = wants
-        return same / max(total, 1)
-
-
-class _Batches(list):
-    """Batches read from a `keras.utils.PyDataset`, iterated as a dataset is."""
-
-
-def _is_dataset(x) -> bool:
-    """A `tf.data.Dataset`, a `keras.utils.PyDataset` (or batches read from one):
-    batched data that `fit` takes without ``batch_size``."""
-    if isinstance(x, (keras.utils.PyDataset, _Batches)):
-        return True
-    try:
-        import tensorflow as tf
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(x, tf.data.Dataset)
