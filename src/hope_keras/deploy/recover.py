@@ -41,7 +41,7 @@ from hope_keras.progress import interactive
 from hope_keras.graph import layers as layer_rules
 from hope_keras.activations.lookup import activation_name, layer_activation
 from hope_keras.deploy.recover_check import (  # noqa: F401 - CHECK_*: documented here
-    CHECK_BATCHES, CHECK_INPUTS, AgreementCheck, Batches, is_dataset)
+    CHECK_BATCHES, CHECK_INPUTS, AgreementCheck, Batches, is_dataset, output_names)
 
 __all__ = ["Distiller", "recover"]
 
@@ -52,23 +52,19 @@ DISTILLATIONS = ("kl", "mse")
 
 
 # ----------------------------------------------------------------- output kinds
-def _output_layer(model):
-    """The layer that produces the model's (single) output, inside nested models
-    (None for a subclassed model, which has no graph to read)."""
+def _output_layer(model, k: int = 0):
+    """The layer that produces the model's output `k`, inside nested models (None
+    for a subclassed model, which has no graph to read)."""
     if not getattr(model, "outputs", None):
         return None
-    if len(model.outputs) != 1:
-        raise ValueError(
-            f"recover distils a model with one output; model {model.name!r} has "
-            f"{len(model.outputs)}. Received: outputs={[t.name for t in model.outputs]}")
-    op = kg.producer_layer_of(model.outputs[0])
+    op = kg.producer_layer_of(model.outputs[k])
     while isinstance(op, keras.Model) and getattr(op, "outputs", None):
         op = kg.producer_layer_of(op.outputs[0])
     return op
 
 
-def _softmax_head(model):
-    """``(layer, kind)``: how the model's output relates to its logits.
+def _softmax_head(model, k: int = 0):
+    """``(layer, kind)``: how the model's output `k` relates to its logits.
 
     ``kind`` is ``"activation"`` when ``layer.activation`` is a softmax (a Dense or
     Conv head with ``activation="softmax"``, or an ``Activation("softmax")`` layer):
@@ -76,7 +72,7 @@ def _softmax_head(model):
     ``keras.layers.Softmax`` output (its log is used). ``None``: the output is taken
     as logits (or log-probabilities, the same up to a constant per example).
     """
-    layer = _output_layer(model)
+    layer = _output_layer(model, k)
     if layer is None or activation_name(layer_activation(layer)) != "softmax":
         return layer, None
     if getattr(layer, "activation", None) is not None:
@@ -119,19 +115,35 @@ class _Overrides:
         return False
 
 
-def _check_distillation(distillation, model) -> None:
-    """`distillation` is known, and ``"kl"`` has classes to compare."""
-    if distillation not in DISTILLATIONS:
-        raise ValueError(f"distillation must be one of {DISTILLATIONS}. Received: "
-                         f"distillation={distillation!r}")
-    if distillation == "kl" and getattr(model, "outputs", None) \
-            and model.outputs[0].shape[-1] == 1:
+def _distillations(distillation, model) -> tuple:
+    """One of `DISTILLATIONS` per output of `model` (in ``model.outputs`` order):
+    `distillation` for all, or a list of one per output, or a dict keyed by the
+    output names; ``"kl"`` needs classes to compare."""
+    outputs = list(getattr(model, "outputs", None) or [None])  # subclassed: one
+    names = output_names(model, len(outputs))
+    if isinstance(distillation, str):
+        modes = [distillation] * len(outputs)
+    elif isinstance(distillation, dict) and sorted(distillation) == sorted(names):
+        modes = [distillation[n] for n in names]
+    elif isinstance(distillation, (list, tuple)) and len(distillation) == len(outputs):
+        modes = list(distillation)
+    else:
         raise ValueError(
-            f"distillation='kl' compares class distributions on the output's last axis; "
-            f"model {model.name!r} outputs {tuple(model.outputs[0].shape)}, one unit "
-            "there, whose softmax is constant (the loss would be zero). For a "
-            "regression, a reconstruction or a one-channel sigmoid map pass "
-            "distillation='mse'. Nothing was changed.")
+            f"distillation must be one of {DISTILLATIONS}, or one per output of model "
+            f"{model.name!r} (a list of {len(outputs)}, or a dict keyed by {names}). "
+            f"Received: distillation={distillation!r}")
+    for mode, out, name in zip(modes, outputs, names):
+        if mode not in DISTILLATIONS:
+            raise ValueError(f"distillation must be one of {DISTILLATIONS} (each output's). "
+                             f"Received: {mode!r} for output {name!r}")
+        if mode == "kl" and out is not None and out.shape[-1] == 1:
+            raise ValueError(
+                f"distillation='kl' compares class distributions on an output's last "
+                f"axis; output {name!r} of model {model.name!r} has shape "
+                f"{tuple(out.shape)}, one unit there, whose softmax is constant (the "
+                "loss would be zero). For a regression, a reconstruction or a "
+                "one-channel sigmoid map pass distillation='mse'. Nothing was changed.")
+    return tuple(modes)
 
 
 def _logits(y, kind):
@@ -153,7 +165,8 @@ class _Untracked:
 class Distiller(keras.Model):
     """Trains ``student`` to match ``teacher`` (and labels, when given) with ``fit``.
 
-    The loss per batch is ``distillation_weight · T² · KL(softmax(t/T) ‖ softmax(s/T))``
+    The loss per batch (per output, summed) is
+    ``distillation_weight · T² · KL(softmax(t/T) ‖ softmax(s/T))``
     with ``t``, ``s`` the teacher's and the student's logits, plus, for batches with
     labels ``y``, ``label_weight ·`` sparse categorical cross-entropy of the student
     (integer labels), plus the student's own losses (regularizers). Without a teacher
@@ -195,7 +208,8 @@ class Distiller(keras.Model):
         distillation: ``"kl"`` (default): the output's last axis holds class scores;
             ``"mse"``: the outputs are matched as they are (regression,
             reconstruction, a one-channel sigmoid map), for an output whose last
-            axis has one unit too, where the softmax is constant.
+            axis has one unit too, where the softmax is constant. Several outputs:
+            one per output (a list, or a dict keyed by the output names).
 
     Example:
 
@@ -217,7 +231,7 @@ class Distiller(keras.Model):
                  batchnorm: str = "train", dropout: bool = False,
                  freeze_zeros: bool = True, distillation: str = "kl", **kwargs):
         super().__init__(**kwargs)
-        _check_distillation(distillation, student)
+        modes = _distillations(distillation, student)
         if not (isinstance(temperature, numbers.Real) and temperature > 0):
             raise ValueError(f"temperature must be > 0. Received: temperature={temperature!r}")
         if batchnorm not in _BN_MODES:
@@ -238,13 +252,16 @@ class Distiller(keras.Model):
         self.label_weight = float(label_weight)
         self.batchnorm = batchnorm
         self.dropout = bool(dropout)
-        self.distillation = distillation
-        kl = distillation == "kl"  # only class scores are read before a softmax
-        self._student_kind = _softmax_head(student)[1] if kl else None
-        self._teacher_kind = _softmax_head(teacher)[1] if kl and teacher is not None else None
+        self.distillations = modes  # one per output
+        # Only class scores are read before a softmax.
+        self._student_kinds = [_softmax_head(student, k)[1] if m == "kl" else None
+                               for k, m in enumerate(modes)]
+        self._teacher_kinds = [_softmax_head(teacher, k)[1] if m == "kl" and teacher
+                               is not None else None for k, m in enumerate(modes)]
         if teacher is not None and getattr(teacher, "outputs", None) and getattr(
                 student, "outputs", None):
-            ts, ss = tuple(teacher.outputs[0].shape[1:]), tuple(student.outputs[0].shape[1:])
+            ts = [tuple(t.shape[1:]) for t in teacher.outputs]
+            ss = [tuple(t.shape[1:]) for t in student.outputs]
             if ts != ss:
                 raise ValueError(
                     f"The teacher {teacher.name!r} outputs shape {ts}, the student "
@@ -279,12 +296,13 @@ class Distiller(keras.Model):
     def overrides(self):
         """``(layer, attribute, value)`` set while ``fit`` runs (see the class doc)."""
         changes = []
-        if self._student_kind == "activation":
-            changes.append((_softmax_head(self.student)[0], "activation",
-                            keras.activations.linear))
-        if self._teacher_kind == "activation":
-            changes.append((_softmax_head(self.teacher)[0], "activation",
-                            keras.activations.linear))
+        for k, (sk, tk) in enumerate(zip(self._student_kinds, self._teacher_kinds)):
+            if sk == "activation":
+                changes.append((_softmax_head(self.student, k)[0], "activation",
+                                keras.activations.linear))
+            if tk == "activation":
+                changes.append((_softmax_head(self.teacher, k)[0], "activation",
+                                keras.activations.linear))
         if not self.dropout:
             for layer, attr in _noise_layers(self.student):
                 changes.append((layer, attr, 0.0))
@@ -299,7 +317,9 @@ class Distiller(keras.Model):
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
                      training=True):
-        s = _logits(y_pred, self._student_kind)
+        outs = [_logits(p, kind) for p, kind in zip(keras.tree.flatten(y_pred),
+                                                     self._student_kinds)]
+        s = outs[0]
         total = ops.zeros((), "float32")
         weights = None if sample_weight is None else ops.cast(sample_weight, "float32")
 
@@ -308,21 +328,27 @@ class Distiller(keras.Model):
                 return ops.mean(per_example)
             return ops.sum(per_example * weights) / ops.maximum(ops.sum(weights), 1e-12)
 
-        if self.teacher is not None and self.distillation == "mse":
-            t = ops.stop_gradient(ops.cast(self.teacher(x, training=False), "float32"))
-            kd = mean(ops.mean(ops.reshape(ops.square(s - t), (ops.shape(s)[0], -1)), axis=1))
+        if self.teacher is not None:  # every output's term, summed
+            kd = ops.zeros((), "float32")
+            targets = keras.tree.flatten(self.teacher(x, training=False))
+            for s_k, t_k, mode, kind in zip(outs, targets, self.distillations,
+                                            self._teacher_kinds):
+                t_k = ops.stop_gradient(_logits(t_k, kind))
+                if mode == "mse":
+                    d = ops.reshape(ops.square(s_k - t_k), (ops.shape(s_k)[0], -1))
+                    kd = kd + mean(ops.mean(d, axis=1))
+                    continue
+                tau = self.temperature
+                log_p = ops.log_softmax(t_k / tau, axis=-1)
+                log_q = ops.log_softmax(s_k / tau, axis=-1)
+                kl = ops.sum(ops.exp(log_p) * (log_p - log_q), axis=-1)
+                kd = kd + mean(ops.reshape(kl, (-1,))) * (tau * tau)
             self.distillation_tracker.update_state(kd)
             total = total + self.distillation_weight * kd
-        elif self.teacher is not None:
-            t = ops.stop_gradient(_logits(self.teacher(x, training=False), self._teacher_kind))
-            tau = self.temperature
-            log_p = ops.log_softmax(t / tau, axis=-1)
-            log_q = ops.log_softmax(s / tau, axis=-1)
-            kl = ops.sum(ops.exp(log_p) * (log_p - log_q), axis=-1)
-            kd = mean(ops.reshape(kl, (-1,))) * (tau * tau)
-            self.distillation_tracker.update_state(kd)
-            total = total + self.distillation_weight * kd
-        if y is not None and self.distillation == "mse":
+        if y is not None and len(outs) > 1:
+            raise ValueError("Labels are read for a model of one output; this one has "
+                             f"{len(outs)}: distil from the teacher (unlabeled data).")
+        if y is not None and self.distillations[0] == "mse":
             d = ops.square(s - ops.reshape(ops.cast(y, "float32"), ops.shape(s)))
             ce = mean(ops.mean(ops.reshape(d, (ops.shape(s)[0], -1)), axis=1))
             self.label_tracker.update_state(ce)
@@ -515,7 +541,8 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
 
     Args:
         model: The compressed `keras.Model`, edited in place: class scores on its
-            output's last axis, or any output with ``distillation="mse"``.
+            output's last axis, or any output with ``distillation="mse"``; several
+            outputs with one ``distillation`` each.
         data: Unlabelled inputs ``x`` (numpy array or tensor; a list or dict of
             arrays for a model of several inputs), a tuple ``(x, y)`` / ``(x, y,
             sample_weight)`` of arrays, or a batched ``tf.data.Dataset`` yielding
@@ -559,7 +586,10 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
             after training, the teacher once).
         steps_per_epoch: Passed to ``fit``; needed for an infinite dataset.
         distillation: ``"kl"`` (default, class scores) or ``"mse"`` (outputs matched
-            as they are; see above).
+            as they are; see above); for a model of several outputs, one per output
+            (a list in ``model.outputs`` order, or a dict keyed by the output names:
+            a dict output's keys, else the output layers' names), their terms
+            summed; its data are unlabeled.
         **fit_kwargs: More ``fit`` arguments: ``callbacks``, ``validation_data``
             (labelled), ``shuffle``, ...
 
@@ -568,7 +598,9 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
         ``distillation_loss`` with a teacher, ``label_loss`` with labels); an empty
         one when ``epochs=0``. With ``revert_if_worse`` and ``epochs > 0`` its
         ``revert`` attribute is ``{"agreement_before", "agreement_after",
-        "reverted"}`` (``"mse"``: ``{"mse_before", "mse_after", "reverted"}``).
+        "reverted"}`` (``"mse"``: ``{"mse_before", "mse_after", "reverted"}``;
+        several outputs: one such pair per output name, and ``"reverted"``, True when
+        training made any output's measure worse).
 
     Raises:
         ValueError: on a bad argument, no teacher and no labels, or output shapes
@@ -611,8 +643,12 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
         raise ValueError(f"batchnorm must be one of {_BN_MODES}. Received: "
                          f"batchnorm={batchnorm!r}")
     fit_data, bn_data, labelled = _split(data)
-    _check_distillation(distillation, model)
-    _check_arrays(model, fit_data, classes=distillation == "kl")
+    modes = _distillations(distillation, model)
+    if labelled and len(modes) > 1:
+        raise ValueError(f"Labels are read for a model of one output; model {model.name!r} "
+                         f"has {len(modes)}: distil from the teacher on unlabeled data. "
+                         "Nothing was changed.")
+    _check_arrays(model, fit_data, classes=modes == ("kl",))
     if teacher is None and not labelled and epochs > 0:
         raise ValueError(
             "recover needs a teacher (the uncompressed model) or labelled data (x, y) "
@@ -645,7 +681,7 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
     try:
         if reestimate is True:
             reestimate_bn()
-        check = (AgreementCheck(model, teacher, fit_data, batch_size, distillation)
+        check = (AgreementCheck(model, teacher, fit_data, batch_size, modes)
                  if revert_if_worse and epochs > 0 else None)
         if check is not None:
             # What training would be undone to: `before` unless re-estimated since.
@@ -655,29 +691,29 @@ def recover(model, data, teacher=None, epochs: int = 1, verbose="auto",
                          verbose, batch_size, steps_per_epoch, fit_kwargs, reestimate_bn)
         if check is not None:
             end = check()
-            worse = check.worse(start, end)
-            history.revert = {f"{check.measure}_before": start, f"{check.measure}_after": end,
-                              "reverted": worse}
+            history.revert, worse = check.report(start, end)
             if worse:
                 model.set_weights(untrained)
-                what = ("lowered the agreement" if check.measure == "agreement"
-                        else "raised the mean squared difference")
                 warnings.warn(
-                    f"recover: training {what} with the "
+                    f"recover: training {worse[0]} with the "
                     f"{'teacher' if teacher is not None else 'labels'} on the check "
-                    f"inputs from {start:.4g} to {end:.4g}; the weights from before "
-                    "training were put back (revert_if_worse=True).", stacklevel=2)
+                    f"inputs ({worse[1]}); the weights from before training were put "
+                    "back (revert_if_worse=True).", stacklevel=2)
     except Exception:
         model.set_weights(before)
         raise
     with strategy.scope():
-        if distillation == "mse":
-            model.compile(optimizer=optimizer, loss=keras.losses.MeanSquaredError())
-        else:
-            model.compile(optimizer=optimizer,
-                          loss=keras.losses.SparseCategoricalCrossentropy(
-                              from_logits=_softmax_head(model)[1] is None),
-                          metrics=["accuracy"])
+        losses = [keras.losses.MeanSquaredError() if m == "mse" else
+                  keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=_softmax_head(model, k)[1] is None)
+                  for k, m in enumerate(modes)]
+        metrics = [["accuracy"] if m == "kl" else [] for m in modes]
+        if len(modes) > 1 and isinstance(getattr(model, "output", None), dict):
+            keys = output_names(model)  # the order of model.outputs
+            losses, metrics = dict(zip(keys, losses)), dict(zip(keys, metrics))
+        elif len(modes) == 1:
+            losses, metrics = losses[0], metrics[0]
+        model.compile(optimizer=optimizer, loss=losses, metrics=metrics)
     return history
 
 
