@@ -25,9 +25,9 @@ sample photographs, split by a fixed rule (no method sees the evaluation split):
 Per model and FLOPs target 0.8 / 0.6 / 0.5: the default (`hope_keras.compress`)
 and the magnitude baselines (`hope_keras.baselines.prune`, ``l1_input``, global
 and per layer, their density searched to the same FLOPs ratio by the engine's
-counter), data-free, then after recovery on the selection split (`recover` for the
-classifier; BN re-estimation for the dense and multi-output models, which
-`recover`'s distillation does not cover).
+counter), data-free, then after `recover` on the selection split (2 epochs; the
+classifier's scores by KL, the edge maps, boxes and landmarks by their mean squared
+difference: ``distillation=``).
 
 Usage::
 
@@ -344,12 +344,13 @@ def fresh(model):
 def recover_step(kind, model, teacher, sel):
     import hope_keras
 
-    if kind == "classifier":
-        history = hope_keras.recover(model, sel, teacher=teacher, epochs=2, batch_size=32,
-                                     verbose=False)
-        return getattr(history, "revert", None)  # revert_if_worse's agreements
-    hope_keras.reestimate_batchnorm_statistics(model, sel, batch_size=32)
-    return None
+    # A class-score output by KL; an edge map, boxes and landmarks as they are (MSE):
+    # ONet's face scores are its two-unit output, in model.outputs order.
+    distillation = {"classifier": "kl", "dense": "mse"}.get(kind) or [
+        "kl" if t.shape[-1] == 2 else "mse" for t in model.outputs]
+    history = hope_keras.recover(model, sel, teacher=teacher, epochs=2, batch_size=32,
+                                 verbose=False, distillation=distillation)
+    return getattr(history, "revert", None)  # revert_if_worse's measures
 
 
 def run_model(name, targets, with_recover):
@@ -556,9 +557,9 @@ def main(argv=None):
         old = json.loads(previous.read_text())
         infos = {k: v for k, v in old["infos"].items() if k not in args.models}
         rows = [r for r in old["rows"] if r["model"] not in args.models]
-    for name in args.models:
-        info, r = run_model(name, TARGETS, with_recover=not args.no_recover)
-        infos[name] = info
+    for model_name in args.models:  # (`name` is the results' file name)
+        info, r = run_model(model_name, TARGETS, with_recover=not args.no_recover)
+        infos[model_name] = info
         rows += r
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"keras": keras.__version__, "infos": infos, "rows": rows}
