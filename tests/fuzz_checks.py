@@ -437,24 +437,42 @@ def _compress(case: _Case):
         assert reachable, f"seed {seed}: nothing reachable with every action"
     info.update(actions=actions, targets=targets, cost=cost)
     start = (enc.active, enc.sizes.params_ratio, enc.sizes.flops_ratio)
+    try:
+        result, after = _run(case, enc, encoder, cost, actions, targets, data)
+    except FloatingPointError as e:
+        # Without prunes, a merge whose parent would overflow float32 is refused, the
+        # steps before it kept (docs/hope.md, "Choices the paper leaves open"); then
+        # every action.
+        assert "prune" not in actions and "Allow prunes" in str(e), f"seed {seed}: {e}"
+        info["refusals"].append(str(e))
+        model.set_weights(case.original)
+        actions = fuzz_plan.ACTION_SETS["actions_all"]
+        enc = encoder(cost, actions, data)
+        targets, _ = choose_targets(run["budgets"], enc)
+        info.update(actions=actions, targets=targets)
+        start = (enc.active, enc.sizes.params_ratio, enc.sizes.flops_ratio)
+        result, after = _run(case, enc, encoder, cost, actions, targets, data)
+    _check_stop(seed, result, targets, start, after)
+    return result, data
+
+
+def _run(case, enc, encoder, cost, actions, targets, data):
+    """The planned run: ``(result, after)``, ``after()`` an encoder of the model as
+    the run left it."""
+    model, run, seed = case.model, case.run, case.seed
     if not targets:
         # No budget: `compress` refuses before any edit; `Encoder.run` goes to the end.
-        info["refusals"].append(_expect_refusal(
+        case.info["refusals"].append(_expect_refusal(
             lambda: (hope_keras.compress(model, cost=cost, actions=actions, data=data,
                                          verbose=False) if run["api"] == "compress"
                      else enc.compress()),
             ["needs a budget"], model, case.original, f"seed {seed}: no budget"))
-        result = hope_keras.CompressionResult.of(enc, enc.run())
-        after = lambda: enc  # noqa: E731
-    elif run["api"] == "compress":
+        return hope_keras.CompressionResult.of(enc, enc.run()), lambda: enc
+    if run["api"] == "compress":
         result = hope_keras.compress(model, cost=cost, actions=actions, data=data,
                                      verbose=False, **targets)
-        after = lambda: encoder(cost, actions, None)  # noqa: E731 (on the compressed model)
-    else:
-        result = enc.compress(**targets)
-        after = lambda: enc  # noqa: E731
-    _check_stop(seed, result, targets, start, after)
-    return result, data
+        return result, lambda: encoder(cost, actions, None)  # (on the compressed model)
+    return enc.compress(**targets), lambda: enc
 
 
 def _check_result(case: _Case, result, data):

@@ -103,27 +103,46 @@ def test_a_run_left_only_overshooting_evictions_warns_and_changes_nothing():
     assert result.stopped == "budget" and [s.kind for s in result.trajectory] == ["evict"]
 
 
-def test_a_dead_parent_merge_of_a_groups_last_two_leaves_one_counted_neuron():
-    """A merge whose parent is inactive (γ_k² < ε) removes both neurons, but not a
-    group's last two: `slim` keeps one (zero) channel of a layer, and the counts now
-    say so too (they counted the group empty: the run's parameter ratio was not
-    slim's, fuzz seed 60127)."""
+def _weak_pair(chain=False):
+    """A group of two weak neurons: the parent of their merge has a pre-activation
+    spread below the BN's ε (inactive, γ_k² < ε: both neurons would go). `chain`: a
+    group before it, read by it alone."""
     keras.utils.set_random_seed(1)
     inputs = keras.Input((4,))
-    x = L.Dense(2, name="pair")(inputs)
+    x = inputs
+    if chain:
+        x = L.ReLU()(L.BatchNormalization(name="first_bn")(L.Dense(3, name="first")(x)))
+    x = L.Dense(2, name="pair")(x)
     bn = L.BatchNormalization(epsilon=1e-3, name="pair_bn")
     x = L.ReLU()(bn(x))
     model = keras.Model(inputs, L.Dense(3, name="head")(x))
-    # Two weak neurons: their parent's pre-activation spread is below the BN's ε.
     bn.set_weights([np.array([0.01, 0.012], "float32"), np.array([0.3, 0.2], "float32"),
                     np.zeros(2, "float32"), np.ones(2, "float32")])
-    count0 = model.count_params()
-    result = hope_keras.compress(model, density=0.5, actions=("merge",), verbose=False)
-    (step,) = result.trajectory.steps
-    assert step.kind == "merge" and step.coef[4] ** 2 < 1e-3  # the parent is dead
-    assert step.active_after == 1 and result.density == 0.5
-    small = hope_keras.slim(model)
-    assert small.get_layer("pair").units == 1
-    assert small.count_params() == round(result.params_ratio * count0)
-    again = hope_keras.Encoder(model, actions=("merge",), verbose=False)
-    assert again.active == 1
+    return model
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_a_merge_that_would_empty_a_group_is_not_taken(chain):
+    """A merge of a group's last two neurons into an inactive parent would leave the
+    layer no live neuron; with a group before it (read by it alone), `slim` then
+    dropped that group's channels too, which the run's counts did not follow (fuzz
+    seeds 60127, 150501). Such a merge is not admissible, as a prune of a layer's
+    last neuron is not: merges alone stop there; with prunes, one neuron is pruned."""
+    for actions, density in ((("merge",), 0.5 if not chain else 0.4),
+                             (("prune", "merge"), 0.5 if not chain else 0.6)):
+        model = _weak_pair(chain)
+        weights, count0 = model.get_weights(), model.count_params()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = hope_keras.compress(model, density=density, actions=actions,
+                                         verbose=False)
+        pair = [s for s in result.trajectory.steps if s.unit == "pair"]
+        if actions == ("merge",):  # the pair stays whole: the run stops short, and says so
+            assert not pair and result.stopped == "no_action"
+            assert any("stopped before" in str(w.message) for w in caught)
+            if not chain:
+                assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), weights))
+        small = hope_keras.slim(model)
+        assert small.get_layer("pair").units >= 1 and small.get_layer("first" if chain
+                                                                        else "pair").units
+        assert small.count_params() == round(result.params_ratio * count0)

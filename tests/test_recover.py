@@ -397,8 +397,9 @@ def _one_channel_map(seed=0):
     return model
 
 
-def _maps(n, seed=0):
-    return np.random.default_rng(seed).uniform(size=(n, 8, 8, 1)).astype("float32")
+def _maps(n, seed=0, channels=1):
+    """Inputs of the image-to-image and two-head models: n maps of 8 × 8."""
+    return np.random.default_rng(seed).uniform(size=(n, 8, 8, channels)).astype("float32")
 
 
 def test_a_one_unit_output_is_refused_by_kl_and_distilled_by_its_mean_squared_difference():
@@ -462,19 +463,15 @@ def _two_heads(seed=0):
     x = L.ReLU()(L.BatchNormalization()(L.Dense(12)(x)))
     model = keras.Model(inputs, [L.Dense(3, activation="softmax", name="cls")(x),
                                  L.Dense(4, name="box")(x)])
-    hope_keras.reestimate_batchnorm_statistics(model, _two_head_x(256, seed + 1))
+    hope_keras.reestimate_batchnorm_statistics(model, _maps(256, seed + 1, channels=3))
     return model
-
-
-def _two_head_x(n, seed=0):
-    return np.random.default_rng(seed).normal(size=(n, 8, 8, 3)).astype("float32")
 
 
 def test_a_model_of_two_outputs_is_distilled_per_output_and_checked_per_output():
     teacher = _two_heads()
     model = copy_model(teacher)
     hope_keras.compress(model, density=0.6, verbose=False)
-    x = _two_head_x(256, seed=3)
+    x = _maps(256, seed=3, channels=3)
     weights = model.get_weights()
     for bad, match in (({"cls": "kl"}, "one per output"), (["kl"], "one per output"),
                        ({"cls": "kl", "box": "l2"}, "Received: 'l2' for output 'box'")):
@@ -508,7 +505,7 @@ def test_two_outputs_loss_is_the_sum_of_their_terms():
     student = copy_model(teacher)
     student.get_layer("box").kernel.assign(student.get_layer("box").kernel * 0.5)
     student.get_layer("cls").kernel.assign(student.get_layer("cls").kernel * 2.0)
-    x = _two_head_x(16, seed=5)
+    x = _maps(16, seed=5, channels=3)
     distiller = Distiller(student, teacher, temperature=2.0, distillation=["kl", "mse"])
     with hope_keras.deploy.recover._Overrides(distiller.overrides()):
         (s_cls, s_box), (t_cls, t_box) = student(x), teacher(x)  # logits: softmax bypassed

@@ -291,7 +291,7 @@ class Encoder:
         # The cost says which groups it can price (the paper's: its neuron layers).
         scope = getattr(self.cost, "groups", "all")
         self.groups = {name: GroupState(name, a.caches[name], a.states[name].p_init,
-                                         self.graph.groups[name].num_readers)
+                                         self.graph.groups[name].num_readers, a.states[name].eps)
                        for name in a.caches
                        if costs.in_scope(scope, self.graph.groups[name])}
         self.evictions = Evictions(self.graph, self.groups, a.blocks, self.actions)

@@ -151,8 +151,9 @@ class SearchOptions:
 class GroupState:
     """A group's live state during a run: active set, n, C, merge table."""
 
-    def __init__(self, name, cache, p_init, num_readers: int = 1):
+    def __init__(self, name, cache, p_init, num_readers: int = 1, eps: float = 1e-3):
         self.name = name
+        self.eps = float(eps)  # its BatchNormalization's epsilon (a merge's dead parent)
         # Layers reading the group: its actions' J counts once per reader (costs).
         self.readers = float(num_readers)
         self.cache = cache
@@ -240,12 +241,14 @@ class GroupState:
         self.remove(i)
         self.cache.clear(i)
 
-    def merge_parent(self, i: int, j: int, merge_scale: str, eps: float):
+    def merge_parent(self, i: int, j: int, merge_scale: str, eps: float,
+                     prefetch: bool = True):
         """The parent of merging neurons `i` and `j`: ``(coefficients, C after,
         dead)`` (`costs.parent_coefficients`; dead: its BN input variance is below
         the BN's `eps`, and both neurons go). A sketched cache starts computing
-        the parent's rows (while the model is edited). Raises FloatingPointError,
-        before any edit, on coefficients that are not finite or overflow float32."""
+        the parent's rows (while the model is edited) unless `prefetch` is False.
+        Raises FloatingPointError, before any edit, on coefficients that are not
+        finite or overflow float32."""
         cache = self.cache
         sol = cache.solve_pair(i, j)
         cap = cache.capacity
@@ -263,7 +266,8 @@ class GroupState:
                 f"before it). Allow prunes (actions=...) so that neurons of "
                 f"negligible capacity are pruned instead.")
         dead_parent = coef[4] ** 2 < eps
-        if isinstance(cache, SketchCache) and not dead_parent and self.table is not None:
+        if prefetch and isinstance(cache, SketchCache) and not dead_parent \
+                and self.table is not None:
             cache.prefetch_parent_rows(i, j, *coef[:4])  # while the model is edited
         c_after = max(c_rem + (0.0 if dead_parent else float(scale)), costs.FLOOR)
         return coef, c_after, dead_parent
@@ -285,6 +289,20 @@ class GroupState:
             cache.replace_with_parent(i, j, *coef)
             self.table.on_merge(i, self.pair_ok())
 
+
+
+def _empties(gs: GroupState, i: int, j: int, cost) -> bool:
+    """Whether merging `i` and `j` would leave the group no live neuron: its last two
+    into a parent that never fires (both go). Not admissible: a layer keeps one live
+    neuron, as under prunes; emptied, its all-zero readers of the channels before it
+    would let `slim` drop those too, which the run's counts do not follow. (Overflowing
+    coefficients are left for the merge itself to refuse.)"""
+    if gs.n != 2:
+        return False
+    try:
+        return gs.merge_parent(i, j, cost.merge_scale, gs.eps, prefetch=False)[2]
+    except FloatingPointError:
+        return False
 
 
 def neighbor_map(graph, priced_groups):
@@ -423,7 +441,7 @@ class MergeSearch:
             found = self.best(gs, price, cutoff, scale)
             if found is not None:
                 dr, J, i, j = found
-                if best is None or dr < best.DR:
+                if (best is None or dr < best.DR) and not _empties(gs, i, j, cost):
                     best = Action("merge", gs.name, i, j, J, dr, float(gs.p_init[j]), 1)
         return best
 
