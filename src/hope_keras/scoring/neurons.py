@@ -443,7 +443,6 @@ def reader_means(get, coupling: Coupling, moments) -> np.ndarray:
     return layer_rules.taps_per_output(layer) * (rows * m[:, :, None]).sum(axis=1)
 
 
-
 def eviction_p_init(get, block: ResidualBlock, groups) -> float:
     """Static footprint of evicting a block (docs/theory.md §3, appendix B.2.2).
 
