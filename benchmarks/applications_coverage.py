@@ -35,8 +35,10 @@ from _common import quick_requested  # noqa: E402
 A = keras.applications
 FAMILIES = ("ResNet50", "ResNet101", "ResNet152", "ResNet50V2", "DenseNet121",
             "InceptionV3", "Xception", "MobileNet", "MobileNetV2", "MobileNetV3Small",
-            "EfficientNetB0", "ConvNeXtTiny", "VGG16", "nested")
+            "EfficientNetB0", "ConvNeXtTiny", "VGG16", "nested", "EfficientNetV2B0",
+            "NASNetMobile", "InceptionResNetV2")
 CALIBRATED = ("VGG16", "ConvNeXtTiny")
+SIZES = {"InceptionV3": 75, "Xception": 71, "InceptionResNetV2": 75}  # the smallest they take
 
 
 def build(name):
@@ -45,12 +47,12 @@ def build(name):
         return keras.Sequential([keras.Input((32, 32, 3)), backbone,
                                  keras.layers.GlobalAveragePooling2D(),
                                  keras.layers.Dense(10)])
-    size = {"InceptionV3": 75, "Xception": 71}.get(name, 32)
+    size = SIZES.get(name, 32)
     # Logits, not softmax: a random deep network's softmax saturates to exact 0/1,
     # which would hide any slim-vs-in-place difference.
     kw = dict(weights=None, input_shape=(size, size, 3), classes=10,
               classifier_activation=None)
-    if name.startswith("MobileNetV3") or name.startswith("ConvNeXt"):
+    if name.startswith(("MobileNetV3", "ConvNeXt", "EfficientNetV2")):
         kw["include_preprocessing"] = False
     return getattr(A, name)(**kw)
 
@@ -98,7 +100,7 @@ def main(names):
           "| count exact | reload | s (load) |")
     print("|---|---|---:|---|---|---:|---|---:|---|---:|---:|")
     for r in rows:
-        size = {"InceptionV3": 75, "Xception": 71}.get(r["name"], 32)
+        size = SIZES.get(r["name"], 32)
         print(f"| {r['name']} | {size}×{size} | {100 * r['coverage']:.1f}% "
               f"| {r['kinds'].get('neurons', 0)} / {r['kinds'].get('coupled', 0)} "
               f"| {r['blocks']} ({r['evictable']}) | {r['pinned']} "

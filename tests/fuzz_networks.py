@@ -30,6 +30,9 @@ from hope_keras.graph import layers as layer_rules  # noqa: E402
 
 L = keras.layers
 CONV = {1: L.Conv1D, 2: L.Conv2D, 3: L.Conv3D}
+# keras.applications' Inception-ResNet sum, x + scale · r.
+SCALED_SUM = kg.optional_classes("applications.inception_resnet_v2",
+                                 ("CustomScaleLayer",))["CustomScaleLayer"]
 SEPARABLE = {1: L.SeparableConv1D, 2: L.SeparableConv2D}
 DEPTHWISE = {1: L.DepthwiseConv1D, 2: L.DepthwiseConv2D}
 TRANSPOSE = {1: L.Conv1DTranspose, 2: L.Conv2DTranspose, 3: L.Conv3DTranspose}
@@ -219,7 +222,10 @@ class _Builder:
             shortcut = self.by_dims("max_pool", 1, strides=1)(x)
         else:
             shortcut = x
-        x = self.make(L.Add)([shortcut, y])
+        if spec.get("scale", 1.0) != 1.0:
+            x = self.make(SCALED_SUM, spec["scale"], base="scaled_sum")([shortcut, y])
+        else:
+            x = self.make(L.Add)([shortcut, y])
         return self.activation(spec["post_act"], x) if spec["post_act"] else x
 
     def preact(self, spec, x):
@@ -238,7 +244,16 @@ class _Builder:
             if br["pool"]:
                 y = self.by_dims("avg_pool", 3, strides=1, padding="same")(y)
             ys.append(y)
-        return self.make(L.Concatenate)(ys)
+        x = self.make(L.Concatenate)(ys)
+        added = spec.get("added")
+        if added:  # Inception-ResNet: x + scale · r, r a producer of the concatenation
+            r = self.producer(added["producer"])(x)
+            if added["bn"]:
+                r = self.bn(added["bn"])(r)
+            if added["scale"] == 1.0:
+                return self.make(L.Add)([x, r])
+            return self.make(SCALED_SUM, added["scale"], base="scaled_sum")([x, r])
+        return x
 
     def densenet(self, spec, x):
         for k, prod in enumerate(spec["growth"]):

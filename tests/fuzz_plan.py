@@ -77,6 +77,8 @@ PATTERNS = {
     "inverted_residual": "MobileNetV2 inverted residual (depthwise)",
     "concatenate": "Concatenate of branches",
     "densenet_concat": "DenseNet concatenation",
+    "concat_stream_add": "a concatenation added to one producer's output (Inception-ResNet)",
+    "scaled_sum": "Inception-ResNet's scaled sum x + scale · r (CustomScaleLayer)",
     "se_gate": "squeeze-excitation gate (Multiply)",
     "hard_sigmoid_ops": "hard-sigmoid gate from keras ops (x + 3) / 6",
     "layernorm_stream": "a residual stream read through LayerNormalization",
@@ -324,7 +326,11 @@ class _Drawer:
         final = self.producer(new_width, same=True, kind="conv" if self.dims else None)
         shortcut = (self.producer(new_width, kind="conv" if self.dims else None, kernel=1,
                                   strides=1, same=True) if projection else None)
+        scale = float(self.pick([0.2, 0.5], [1, 1])) if self.p(0.2) else 1.0
+        if scale != 1.0:
+            self.tags.add("scaled_sum")
         return {"kind": "residual", "projection": projection, "strides": strides,
+                "scale": scale,
                 "shortcut": shortcut, "shortcut_bn": self.bn() if projection else None,
                 "branch": branch, "final": final,
                 "final_bn": self.bn() if not self.p(0.1) else None, "pooled": pooled,
@@ -377,7 +383,17 @@ class _Drawer:
             if pool:
                 self.tags.add("avg_pool")
             branches.append({"group": g, "pool": pool})
-        return {"kind": "concat", "branches": branches}
+        added = None
+        if self.p(0.6):  # the producer's channels split where the branches meet
+            self.tags.add("concat_stream_add")
+            width = sum(b["group"]["producer"]["width"] for b in branches)
+            scale = float(self.pick([1.0, 0.2, 0.5], [50, 25, 25]))
+            if scale != 1.0:
+                self.tags.add("scaled_sum")
+            added = {"producer": self.producer(width, kind="conv" if self.dims else None,
+                                               kernel=1, same=True),
+                     "bn": self.bn() if self.p(0.6) else None, "scale": scale}
+        return {"kind": "concat", "branches": branches, "added": added}
 
     def se(self, width) -> dict:
         self.tags.add("se_gate")
@@ -476,7 +492,7 @@ def stage_width(stage, width) -> int:
 
 # Stage kinds by model form: (kind, weight).
 _BODY = [("group", 18), ("pass", 18), ("residual", 14), ("preact", 8), ("inverted", 18),
-         ("concat", 12), ("se", 11), ("layernorm", 7), ("fork", 9), ("shared_act", 8),
+         ("concat", 16), ("se", 11), ("layernorm", 7), ("fork", 9), ("shared_act", 8),
          ("pinned", 5)]
 _CHAIN = [("group", 50), ("pass", 25), ("inverted", 15), ("pinned", 6)]
 _BN_FREE = [("group", 70), ("pass", 30)]

@@ -52,6 +52,10 @@ FAMILIES = {
     "MobileNetV3Small": _app("MobileNetV3Small", include_preprocessing=False),
     "EfficientNetB0": _app("EfficientNetB0"),
     "ConvNeXtTiny": _app("ConvNeXtTiny"),
+    "EfficientNetV2B0": _app("EfficientNetV2B0", include_preprocessing=False),
+    # A stream added to a concatenation: the adds split their writers' channels.
+    "NASNetMobile": _app("NASNetMobile"),
+    "InceptionResNetV2": _app("InceptionResNetV2", 75),
 }
 # The README's claim for every family: >= 99.8 % of the hidden channels compressible
 # (measured: MobileNet 99.83 %, MobileNetV3Small 99.87 %, the others 100 %; the

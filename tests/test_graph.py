@@ -235,3 +235,38 @@ def test_relu_variants_are_not_plain_relu():
         groups = walk(model).groups.values()
         assert {g.kind for g in groups} == {"coupled"}
         assert all("not plain ReLU" in g.note for g in groups)
+
+
+def test_an_add_of_concatenations_splits_their_writers_where_their_channels_meet():
+    """Add(concat(a, b), concat(d, e)) with a, b, d, e writing 3, 2, 2, 3 channels:
+    position by position a[0:2] meets d, a[2] meets e[0], b meets e[1:3]. The walk
+    splits a and e there into three groups, each writer coupled at its own
+    positions (a misaligned Add pinned all four before); a prune of one group, slim,
+    and the outputs agree."""
+    import hope_keras
+    from hope_keras.edit.editor import ModelEditor
+
+    inputs = keras.Input((4,))
+    a, b, d, e = (L.Dense(n, name=k)(inputs) for k, n in (("a", 3), ("b", 2), ("d", 2), ("e", 3)))
+    s = L.Add(name="sum")([L.Concatenate()([a, b]), L.Concatenate()([d, e])])
+    model = keras.Model(inputs, L.Dense(2, name="head")(L.ReLU()(s)))
+    g = walk(model)
+    assert not g.pinned or {p.layer for p in g.pinned} == {"head"}
+    outs = {name: {c.layer: c.positions[:, 0].tolist() for c in grp.couplings
+                   if c.role == "out"} for name, grp in g.groups.items()}
+    # Named after the group's first writer in the walk's order, with its slice.
+    assert outs == {"d": {"a": [0, 1], "d": [0, 1]}, "e[0:1]": {"a": [2], "e": [0]},
+                    "e[1:3]": {"b": [0, 1], "e": [1, 2]}}
+    assert {grp.kind for grp in g.groups.values()} == {"coupled"}
+    assert g.coverage() == 1.0
+    x = np.random.default_rng(0).normal(size=(5, 4)).astype("float32")
+    editor = ModelEditor(model, g)
+    with editor.step():
+        editor.prune("e[1:3]", 1)  # b's channel 1 and e's channel 2
+    editor.commit()
+    assert not model.get_layer("b").kernel.numpy()[:, 1].any()
+    assert not model.get_layer("e").kernel.numpy()[:, 2].any()
+    assert model.get_layer("e").kernel.numpy()[:, :2].all()
+    small = hope_keras.slim(model)
+    assert [small.get_layer(k).units for k in "abde"] == [3, 1, 2, 2]
+    assert outputs_equal(model, small, x)

@@ -164,9 +164,23 @@ def transposed(x):
     return L.Conv2D(3, 1)(y)
 
 
+def inception_resnet(x, scales=(0.2, 0.5)):
+    """Inception-ResNet: the stream is a concatenation of two branches, and each block
+    adds a 1 × 1 convolution of its own concatenated branches to it, scaled
+    (keras.applications' CustomScaleLayer): the convolutions' channels split where
+    the stream's concatenation does, into two stream groups."""
+    scaled = kg.optional_classes("applications.inception_resnet_v2", ("CustomScaleLayer",))
+    x = L.Concatenate()([bn_relu(L.Conv2D(3, 3, padding="same")(x)), bn_relu(L.Conv2D(4, 1)(x))])
+    for scale in scales:
+        b = L.Concatenate()([bn_relu(L.Conv2D(2, 1)(x)),
+                             bn_relu(L.Conv2D(3, 3, padding="same")(x))])
+        x = L.ReLU()(scaled["CustomScaleLayer"](scale)([x, L.Conv2D(7, 1)(b)]))
+    return L.Dense(3)(L.GlobalAveragePooling2D()(x))
+
+
 PATTERNS = [bn_after_activation, pre_activation, depthwise, separable, concatenate,
             squeeze_excite, keras_ops, residual_stream, channels_first_flatten, nested,
-            convnext, transposed]
+            convnext, transposed, inception_resnet]
 
 
 def _model(pattern, seed):
@@ -238,6 +252,40 @@ def test_pattern_group_kinds():
     g = hope_keras.walk(_model(pre_activation, 0))
     assert sum(b.evictable for b in g.blocks) == 2
     assert all(b.final_bn is None and b.input_reader_bn for b in g.blocks)
+
+
+def test_a_scaled_sum_is_a_block_whose_branch_counts_with_its_scale():
+    """Inception-ResNet's ``x + scale · r`` is an evictable block; its eviction prices
+    the branch as the sum adds it: scale × the same model's unscaled branch RMS."""
+    g = hope_keras.walk(_model(inception_resnet, 0))
+    assert [(b.branch_scale, b.evictable) for b in g.blocks] == [(0.2, True), (0.5, True)]
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 3))
+    unscaled = _randomize(keras.Model(inputs, inception_resnet(inputs, scales=(1.0, 1.0))), 0)
+    scaled = hope_keras.analyze(_model(inception_resnet, 0)).blocks
+    plain = hope_keras.analyze(unscaled).blocks
+    assert [b.c_branch for b in scaled] == pytest.approx(
+        [0.2 * plain[0].c_branch, 0.5 * plain[1].c_branch], rel=1e-6)
+    assert plain[0].c_branch > 0
+
+
+def test_a_split_writer_takes_each_groups_elasticity_at_its_positions():
+    """DEFT: a convolution whose outputs two stream groups share (Inception-ResNet's)
+    is scaled per output channel by the elasticity of the group that channel is in."""
+    from hope_keras.deft import application
+
+    model = _model(inception_resnet, 0)
+    graph = hope_keras.walk(model)
+    elasticity = {name: np.linspace(0.1, 1.0, g.size) for name, g in graph.groups.items()}
+    layer_e, _ = application.elasticities_and_drift(model, graph, elasticity, "dense", 0.0)
+    split = [c for g in graph.groups.values() for c in g.couplings
+             if c.role == "out" and c.positions.size < model.get_layer(c.layer).filters]
+    assert len({c.layer for c in split}) == 2  # each block's 1 × 1 convolution
+    for name, g in graph.groups.items():
+        for c in g.couplings:
+            if c in split:
+                np.testing.assert_allclose(layer_e[c.layer][c.positions[:, 0]],
+                                           elasticity[name])
 
 
 def test_channels_first_pooling_on_channels_last_tensors_pins_with_a_reason():

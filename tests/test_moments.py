@@ -1,6 +1,7 @@
 """The data-free moment propagation against Monte Carlo, where its rules are exact:
 BatchNormalization with the true input statistics, activations of Gaussians, linear
-maps and sums of independent inputs, Concatenate, Flatten, scalar operations."""
+maps and sums of independent inputs (scaled too), Concatenate, Flatten, scalar
+operations."""
 
 import keras
 import numpy as np
@@ -38,7 +39,10 @@ def test_propagated_moments_match_monte_carlo():
     # Independent branches meet: Add and Concatenate. (A Dense over `flat` would read
     # overlapping, hence correlated, depthwise windows: not an exact case.)
     s = L.Add(name="sum")([L.Dense(2, name="dc")(c_in), da])
-    out = L.Concatenate(name="cat")([s, da, flat])
+    # Inception-ResNet's scaled sum, x + 0.3 · r (keras.applications' CustomScaleLayer).
+    scaled = kg.optional_classes("applications.inception_resnet_v2", ("CustomScaleLayer",))
+    ss = scaled["CustomScaleLayer"](0.3, name="scaled_sum")([L.Dense(2, name="dc2")(c_in), da])
+    out = L.Concatenate(name="cat")([s, da, flat, ss])
     model = keras.Model([a_in, b_in, c_in], out)
     mu_a, sd_a = np.array([0.5, -1.0, 2.0]), np.array([1.0, 0.5, 2.0])
     mu_b, sd_b = np.array([0.3, -0.2]), np.array([1.5, 0.7])
@@ -49,7 +53,7 @@ def test_propagated_moments_match_monte_carlo():
     xc = rng.standard_normal((N, 2)).astype("float32")  # the placeholder moments: N(0, 1)
     fg = kg.flatten(model)
     table = moments_lib.propagate(fg)
-    probe_layers = ["gelu", "da", "dw", "flat", "sum", "cat"]
+    probe_layers = ["gelu", "da", "dw", "flat", "sum", "scaled_sum", "cat"]
     probe = keras.Model(model.inputs, [model.get_layer(n).output for n in probe_layers])
     values = probe.predict([xa, xb, xc], batch_size=20_000, verbose=0)
     # Every call's output tensor key, by layer name.

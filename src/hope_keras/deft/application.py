@@ -66,8 +66,10 @@ def elasticities_and_drift(model, graph, elasticity, head, pinned):
         if e is None:
             continue
         for c in grp.couplings:
-            if c.role == "out":
-                writer_e[c.layer] = np.asarray(e, dtype=np.float64)
+            if c.role == "out":  # the group's part of the writer's outputs
+                vec = writer_e.setdefault(
+                    c.layer, np.full(_channels_of(fg, c.tensor), float(pinned)))
+                vec[c.positions[:, 0]] = np.asarray(e, dtype=np.float64)
             elif c.role == "channel":
                 vec = channel_e.setdefault(c.layer, np.zeros(_width(fg, c.layer)))
                 vec[c.positions[:, 0]] = np.asarray(e, dtype=np.float64)

@@ -522,12 +522,45 @@ ReshapeRule = _ReshapeRule
 
 class MergeRule(LayerRule):
     """Add, Subtract, Multiply, Average, Maximum, Minimum: channel c of every input
-    is tied to channel c of the output."""
+    is tied to channel c of the output.
+
+    Args:
+        op: The elementwise operation (`LayerRule.op`).
+        scales: For a layer that multiplies each input by a constant before `op`
+            (keras.applications' Inception-ResNet ``CustomScaleLayer``:
+            ``x + scale · r``), a function of the layer giving one factor per input;
+            None: all 1.
+
+    Example:
+
+    >>> import keras
+    >>> from hope_keras import layers as hl
+    >>> class ScaledAdd(keras.layers.Layer):
+    ...     def __init__(self, scale, **kwargs):
+    ...         super().__init__(**kwargs)
+    ...         self.scale = scale
+    ...     def call(self, inputs):
+    ...         return inputs[0] + inputs[1] * self.scale
+    >>> hl.register(ScaledAdd, hl.MergeRule("add", scales=lambda layer: (1.0, layer.scale)))
+    >>> hl.get(ScaledAdd(0.2)).input_scales(ScaledAdd(0.2), 2)
+    (1.0, 0.2)
+    """
 
     role = "merge"
 
-    def __init__(self, op="add"):
+    def __init__(self, op="add", scales=None):
         self.op = op
+        self.scales = scales
+
+    def input_scales(self, layer, n: int) -> tuple:
+        """The factor of each of the layer's `n` inputs (`scales`)."""
+        if self.scales is None:
+            return (1.0,) * n
+        out = tuple(float(s) for s in self.scales(layer))
+        if len(out) != n:
+            raise ValueError(f"The merge rule of layer '{layer.name}' gives {len(out)} "
+                             f"input scale(s) for {n} inputs. Received: {out}")
+        return out
 
 
 class ConcatRule(LayerRule):
@@ -710,6 +743,11 @@ def _register_builtins():
     if "StochasticDepth" in convnext:
         register(convnext["StochasticDepth"], ChannelwiseRule(passthrough=True,
                                                               data_format=False))
+    # Inception-ResNet's residual sum, ``x + scale · r`` (keras.applications)
+    scaled = kg.optional_classes("applications.inception_resnet_v2", ("CustomScaleLayer",))
+    if "CustomScaleLayer" in scaled:
+        register(scaled["CustomScaleLayer"],
+                 MergeRule("add", scales=lambda layer: (1.0, float(layer.scale))))
 
 
 def role_of(layer, node=None) -> str:

@@ -23,9 +23,9 @@ of kind ``"neurons"``: HOPE can also merge its neurons. Other groups (residual
 streams, BN after the activation, pre-activation layouts, depthwise chains, SE
 gates, concatenations) are of kind ``"coupled"`` and are pruned channel by channel.
 
-A *residual block* is an ``Add`` of a shortcut and a branch that starts from the
-shortcut's source and holds at least one whole group; an identity (or pooled
-identity) shortcut makes it evictable.
+A *residual block* (`hope_keras.graph.blocks`) is an ``Add`` of a shortcut and a
+branch that starts from the shortcut's source and holds at least one whole group; an
+identity (or pooled identity) shortcut makes it evictable.
 
 The walkers only read the model; they never change it.
 """
@@ -40,7 +40,7 @@ import numpy as np
 
 from hope_keras.graph import adapter as kg
 from hope_keras.graph import layers as layer_rules
-from hope_keras.activations import registry as activations
+from hope_keras.graph.blocks import ResidualBlock, find_blocks, is_batch_norm, is_plain_relu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,9 @@ class Coupling:
 
     Attributes:
         layer: The layer's key.
-        role: ``"out"`` (a writer: output channel ``c``), ``"channel"`` (a
+        role: ``"out"`` (a writer: its output channel at ``positions[c]``, ``c``
+            itself unless an Add ties a part of its channels to another group's
+            concatenation: Inception-ResNet, NASNet), ``"channel"`` (a
             channelwise layer with weights: its channel at ``positions[c]``) or
             ``"in"`` (a reader: its input positions ``positions[c]``).
         positions: ``(n, k)`` int array: the positions on the layer's channel axis
@@ -161,45 +163,6 @@ class NeuronGroup:
             if c.layer not in seen:
                 seen.append(c.layer)
         return tuple(seen)
-
-
-@dataclasses.dataclass(frozen=True)
-class ResidualBlock:
-    """A residual block ``Add([shortcut, branch])``.
-
-    Attributes:
-        name: The block's name (the ``Add`` layer's name).
-        add: Name of the Add layer.
-        groups: Groups that lie wholly inside the branch, input side first.
-        final_producer: The branch's last source layer.
-        final_bn: The BatchNormalization that ends the branch (None when the branch
-            ends with the source itself, as in pre-activation networks); evicting
-            the block makes it output exactly zero.
-        shortcut: ``"identity"`` or ``"projection"``.
-        evictable: True for identity shortcuts (only those can be evicted).
-        input_bn: The BN that conditions the block input (docs/theory.md §5): the BN
-            producing it, or None.
-        block_input: The layer whose output is the block input.
-        branch_layers: Every layer of the branch (what ``slim`` removes when the
-            block is evicted).
-        input_reader_bn: Pre-activation layouts: the BN of the branch that reads the
-            block input (its moving statistics measure the stream), or None.
-        input_tensor: The flat graph's key of the block input tensor (the stream the
-            branch is added to).
-    """
-
-    name: str
-    add: str
-    groups: Tuple[str, ...]
-    final_producer: str
-    final_bn: Optional[str]
-    shortcut: str
-    evictable: bool
-    input_bn: Optional[str]
-    block_input: str
-    branch_layers: Tuple[str, ...]
-    input_reader_bn: Optional[str] = None
-    input_tensor: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,11 +271,25 @@ def _channels(shape) -> int:
     return int(shape[-1])
 
 
+#: Walks at most this many times to split the spaces an Add aligns at other offsets.
+_MAX_PASSES = 8
+
+
 class _Walker:
-    def __init__(self, model):
+    """One walk. ``cuts``: ``{source's output tensor: channel offsets}`` at which
+    that source's channels start new spaces, so that an Add of it and tensors
+    whose channels come from elsewhere at other offsets (a concatenation, as in
+    Inception-ResNet and NASNet) ties channel to channel; the offsets a walk finds
+    missing are in `new_cuts` (`walk` walks again with them)."""
+
+    def __init__(self, model, fg=None, cuts=None, final=True):
         self.model = model
-        self.fg = kg.flatten(model)
+        self.fg = fg if fg is not None else kg.flatten(model)
+        self.cuts = cuts or {}
+        self.new_cuts: Dict[str, set] = {}
+        self.final = final  # the last walk: a misaligned Add pins what it combines
         self.sp = _Spaces()
+        self.origin: List[Tuple[str, int]] = []  # space → (its tensor, first channel)
         # tensor key → (space ids, channel ids), one entry per channel position.
         self.pos: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
         self.writer_of: Dict[int, int] = {}  # space → source node index
@@ -324,10 +301,38 @@ class _Walker:
     # -- spaces of tensors
     def _fresh(self, tensor: str, pin: Optional[str], writer: Optional[int] = None):
         n = _channels(self.fg.shapes[tensor])
-        s = self.sp.new(n, pin)
-        if writer is not None:
-            self.writer_of[s] = writer
-        self.pos[tensor] = (np.full(n, s, dtype=np.int64), np.arange(n, dtype=np.int64))
+        bounds = [0] + sorted(c for c in self.cuts.get(tensor, ()) if 0 < c < n) + [n]
+        spaces = np.empty(n, dtype=np.int64)
+        chans = np.empty(n, dtype=np.int64)
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            s = self.sp.new(b - a, pin)
+            self.origin.append((tensor, a))
+            if writer is not None:
+                self.writer_of[s] = writer
+            spaces[a:b], chans[a:b] = s, np.arange(b - a)
+        self.pos[tensor] = (spaces, chans)
+
+    def _cut(self, sides) -> bool:
+        """For a merge of tensors whose channels (`sides`: ``(spaces, chans)`` each)
+        do not line up: records the offsets at which their sources must start new
+        spaces so that every run of positions where each side's channels are
+        consecutive in one space is whole spaces on every side (aligned in the next
+        walk). False when a space has no source to split."""
+        if self.final or not all(int(s) in self.writer_of
+                                 for spaces, _ in sides for s in np.unique(spaces)):
+            return False
+        start = np.zeros(len(sides[0][0]), dtype=bool)
+        start[0] = True
+        for spaces, chans in sides:
+            start[1:] |= (spaces[1:] != spaces[:-1]) | (chans[1:] != chans[:-1] + 1)
+        first = np.flatnonzero(start)
+        last = np.append(first[1:], len(start)) - 1
+        for spaces, chans in sides:
+            for a, b in zip(first, last):
+                tensor, base = self.origin[int(spaces[a])]
+                offsets = self.new_cuts.setdefault(tensor, set())
+                offsets.update((base + int(chans[a]), base + int(chans[b]) + 1))
+        return True
 
     def _pin_tensor(self, tensor: str, reason: str) -> None:
         spaces, _ = self.pos.get(tensor, (np.zeros(0, dtype=np.int64), None))
@@ -425,6 +430,8 @@ class _Walker:
         for t in full[1:]:
             s1, c1 = self.pos[t]
             if not np.array_equal(c0, c1):
+                if self._cut([(s0, c0), (s1, c1)]):
+                    continue  # aligned in the next walk
                 reason = f"'{node.key}' combines misaligned channels"
                 self._pin_tensor(full[0], reason)
                 self._pin_tensor(t, reason)
@@ -487,7 +494,7 @@ class _Walker:
             n = sp.size[r]
             for w in sorted(writers[r]):
                 couplings.append(Coupling(fg.nodes[w].key, "out",
-                                          np.arange(n, dtype=np.int64)[:, None],
+                                          table[fg.nodes[w].outputs[0]],
                                           fg.nodes[w].outputs[0]))
             for t, positions in table.items():
                 for idx in chan_by_tensor.get(t, ()):
@@ -496,20 +503,24 @@ class _Walker:
                         couplings.append(Coupling(node.key, "channel", positions, t))
                 for idx in readers_by_tensor.get(t, ()):
                     couplings.append(Coupling(fg.nodes[idx].key, "in", positions, t))
-            name = fg.nodes[min(writers[r])].key
+            first = fg.nodes[min(writers[r])]
+            name = first.key
+            mine = table[first.outputs[0]]
+            if mine.size != _channels(fg.shapes[first.outputs[0]]):  # a part of its channels
+                name = f"{name}[{mine.min()}:{mine.max() + 1}]"
             group = NeuronGroup(name=name, size=n, kind="coupled", couplings=tuple(couplings),
-                                producer=name, tensors=table,
+                                producer=first.key, tensors=table,
                                 stream=any(t in self.sums for t in table))
             groups[name] = _as_neurons(fg, group)
             group_of_root[r] = name
         pinned = self._pinned(root_map, groups_pos)
-        blocks = _find_blocks(fg, groups)
+        blocks = find_blocks(fg, groups)
         bn_after = {}
         for grp in groups.values():
             for c in grp.readers:
                 node = fg.node_of(c.layer)
                 kids = fg.children(node)
-                if len(kids) == 1 and _is_batch_norm(kids[0].op) \
+                if len(kids) == 1 and is_batch_norm(kids[0].op) \
                         and fg.calls[kids[0].key] == 1:
                     bn_after[c.layer] = kids[0].key
         hidden = 0
@@ -550,26 +561,6 @@ class _Walker:
         return out
 
 
-def _is_batch_norm(op) -> bool:
-    return layer_rules.get(op).normalization == "batch"
-
-
-def _is_residual_add(op) -> bool:
-    """An Add layer (blocks are not sought at ``x + y`` operation nodes)."""
-    rule = layer_rules.get(op)
-    return rule.role == "merge" and rule.op == "add"
-
-
-def _is_plain_relu(op) -> bool:
-    """ReLU with Keras' defaults (merges need it), whatever applies it: a ReLU layer,
-    ``Activation("relu")``, ``keras.ops.relu`` (as the activation registry reads it)."""
-    try:
-        spec = activations.get(layer_rules.get(op).activation(op))  # None: linear
-    except ValueError:  # not elementwise, unknown
-        return False
-    return spec.name == "relu" and not spec.params
-
-
 def _as_neurons(fg, group: NeuronGroup) -> NeuronGroup:
     """The group as the paper's neuron layer when it has that shape; otherwise the
     group with ``note`` saying why it is pruned only."""
@@ -581,6 +572,8 @@ def _as_neurons(fg, group: NeuronGroup) -> NeuronGroup:
     if len(outs) != 1:
         return only(f"{len(outs)} layers write these channels (coupled through "
                     "Add/Multiply)")
+    if outs[0].positions.size != _channels(fg.shapes[outs[0].tensor]):
+        return only(f"they are a part of the channels of '{outs[0].layer}'")
     producer = fg.node_of(outs[0].layer)
     if layer_rules.get(producer.op).kind not in ("dense", "conv", "transpose"):
         return only(f"written by a {type(producer.op).__name__}")
@@ -588,13 +581,13 @@ def _as_neurons(fg, group: NeuronGroup) -> NeuronGroup:
     if act_fused is not None:
         return only(f"the activation is fused into '{producer.key}'")
     kids = fg.children(producer)
-    if len(kids) != 1 or not _is_batch_norm(kids[0].op):
+    if len(kids) != 1 or not is_batch_norm(kids[0].op):
         return only(f"'{producer.key}' is not followed by a single BatchNormalization")
     bn = kids[0]
     kids = fg.children(bn)
     if len(kids) != 1 or layer_rules.get(kids[0].op).activation(kids[0].op) is None:
         return only(f"'{bn.key}' is not followed by a single activation")
-    if not _is_plain_relu(kids[0].op):
+    if not is_plain_relu(kids[0].op):
         return only(f"activation '{kids[0].key}' is not plain ReLU (merges need ReLU)")
     act = kids[0]
     consumers, passthrough = [], []
@@ -620,146 +613,6 @@ def _as_neurons(fg, group: NeuronGroup) -> NeuronGroup:
     return dataclasses.replace(group, kind="neurons", producer=producer.key, bn=bn.key,
                                activation=act.key, consumers=tuple(consumers),
                                passthrough=tuple(passthrough))
-
-
-# ----------------------------------------------------------------------------- blocks
-_MAX_BRANCH_NODES = 400
-
-
-def _passthrough_back(fg, tensor: str) -> List[str]:
-    """`tensor` and the tensors it comes from through single-input pass-through
-    layers (the candidates for a shortcut's source)."""
-    out = [tensor]
-    while True:
-        node = fg.producer_node(out[-1])
-        if node is None or len(node.inputs) != 1:
-            return out
-        rule = layer_rules.get(node.op)
-        if layer_rules.role_of(node.op, node) != "channelwise" or \
-                not rule.is_passthrough(node.op, node) or rule.channel_weights(node.op):
-            return out
-        out.append(node.inputs[0])
-
-
-def _branch_nodes(fg, end: str, source: str) -> Optional[List[int]]:
-    """Nodes computing `end` from `source` alone, or None."""
-    stop = fg.producer.get(source, (-1, 0))[0]
-    found, stack = set(), [end]
-    while stack:
-        t = stack.pop()
-        if t == source:
-            continue
-        p = fg.producer.get(t)
-        if p is None or p[0] <= stop:
-            return None
-        if p[0] in found:
-            continue
-        found.add(p[0])
-        if len(found) > _MAX_BRANCH_NODES:
-            return None
-        stack.extend(fg.nodes[p[0]].inputs)
-    return sorted(found)
-
-
-def _find_blocks(fg, groups: Dict[str, NeuronGroup]) -> List[ResidualBlock]:
-    group_layers = {name: set(c.layer for c in g.couplings) for name, g in groups.items()}
-    blocks: Dict[str, ResidualBlock] = {}
-    for node in fg.nodes:
-        if not _is_residual_add(node.op) or len(node.inputs) != 2 \
-                or fg.calls[node.key] != 1:
-            continue
-        for side in (0, 1):
-            block = _try_block(fg, node, node.inputs[side], node.inputs[1 - side],
-                               group_layers, blocks)
-            if block is not None:
-                blocks[block.name] = block
-                break
-    return list(blocks.values())
-
-
-def _try_block(fg, add, branch_end: str, shortcut: str, group_layers, blocks):
-    # The branch ends in [source → BN → pass-through*] or [source].
-    end_tensor = branch_end
-    end = fg.producer_node(end_tensor)
-    while end is not None and layer_rules.role_of(end.op, end) == "channelwise" and \
-            layer_rules.get(end.op).is_passthrough(end.op, end) and \
-            not _is_batch_norm(end.op):
-        end = fg.producer_node(end.inputs[0])
-    if end is None:
-        return None
-    final_bn = None
-    if _is_batch_norm(end.op):
-        final_bn = end
-        end = fg.producer_node(end.inputs[0])
-        if end is None:
-            return None
-    if layer_rules.role_of(end.op, end) != "source":
-        return None
-    for source in _passthrough_back(fg, shortcut):
-        nodes = _branch_nodes(fg, branch_end, source)
-        if nodes is not None:
-            kind = "identity"
-            break
-    else:
-        # Projection: shortcut = [BN ←] source ← x, with the branch from x.
-        sc = fg.producer_node(shortcut)
-        if sc is not None and _is_batch_norm(sc.op):
-            sc = fg.producer_node(sc.inputs[0])
-        if sc is None or layer_rules.role_of(sc.op, sc) != "source":
-            return None
-        source = sc.inputs[0]
-        nodes = _branch_nodes(fg, branch_end, source)
-        if nodes is None:
-            return None
-        kind = "projection"
-    keys = [fg.nodes[i].key for i in nodes]
-    inside = set(nodes)
-    # A branch layer used outside the branch would make eviction change other paths.
-    for i in nodes:
-        for kid in fg.children(fg.nodes[i]):
-            if kid.index not in inside and kid.index != add.index:
-                return None
-        if fg.calls[fg.nodes[i].key] != 1:
-            return None
-    key_set = set(keys)
-    internal = [name for name, layers in group_layers.items() if layers <= key_set]
-    if not internal:
-        return None
-    internal.sort(key=lambda name: fg.node_of(name).index)
-    src_node = fg.producer_node(source)
-    block_input = src_node.key if src_node is not None else source
-    input_bn = _conditioning_bn(fg, src_node, blocks)
-    reader_bn = None
-    for i in nodes:
-        n = fg.nodes[i]
-        if source in n.inputs and _is_batch_norm(n.op):
-            reader_bn = n.key
-            break
-    return ResidualBlock(
-        name=add.key, add=add.key, groups=tuple(internal), final_producer=end.key,
-        final_bn=final_bn.key if final_bn is not None else None, shortcut=kind,
-        evictable=kind == "identity", input_bn=input_bn, block_input=block_input,
-        branch_layers=tuple(keys), input_reader_bn=reader_bn, input_tensor=source)
-
-
-def _conditioning_bn(fg, node, blocks) -> Optional[str]:
-    """The BN that produces the block input, through pass-through layers, a ReLU and
-    the previous block's Add (its branch's final BN; docs/theory.md §5)."""
-    seen = 0
-    while node is not None and seen < 8:
-        seen += 1
-        if _is_batch_norm(node.op):
-            return node.key
-        rule = layer_rules.get(node.op)
-        if _is_residual_add(node.op):
-            block = blocks.get(node.key)
-            return block.final_bn if block is not None else None
-        if layer_rules.role_of(node.op, node) == "channelwise" and len(node.inputs) == 1 and (
-                rule.is_passthrough(node.op, node) or _is_plain_relu(node.op)):
-            node = fg.producer_node(node.inputs[0])
-            continue
-        return None
-    return None
 
 
 def walk(model: keras.Model) -> ModelGraph:
@@ -790,7 +643,18 @@ def walk(model: keras.Model) -> ModelGraph:
     >>> [(g.size, g.kind, len(g.consumers)) for g in graph.groups.values()]
     [(16, 'neurons', 1)]
     """
-    return _Walker(model).run()
+    fg, cuts = kg.flatten(model), {}
+    for k in range(_MAX_PASSES - 1):
+        walker = _Walker(model, fg=fg, cuts=cuts, final=False)
+        graph = walker.run()
+        if not walker.new_cuts:
+            return graph
+        more = {t: cuts.get(t, set()) | walker.new_cuts.get(t, set())
+                for t in cuts.keys() | walker.new_cuts.keys()}
+        if more == cuts:
+            break
+        cuts = more
+    return _Walker(model, fg=fg, cuts=cuts).run()  # what is still misaligned is pinned
 
 
 def rebuild(model: keras.Model, call_node, name: str, graph=None) -> keras.Model:

@@ -72,7 +72,8 @@ class BlockReport:
             initial internal capacity).
         c_branch: The summed RMS of the branch output: Σ_c sqrt(γ_c² + β_c²) over the
             branch's final BN, or from the propagated moments when the branch ends
-            in a convolution (the default cost's eviction numerator).
+            in a convolution, times the factor the sum applies to the branch (the
+            default cost's eviction numerator).
         p_init: Static footprint of evicting the block.
         c_stream: The summed RMS of the stream the branch is added to, Σ_c
             sqrt(μ_c² + σ_c²) of the block input under the propagated moments (the
@@ -250,10 +251,13 @@ def _c_identity(get, block, caches) -> float:
 
 
 def _c_branch(graph, block, moments) -> float:
+    """The branch's summed RMS as the sum adds it (times `ResidualBlock.branch_scale`)."""
     get = graph.layer
     if block.final_bn is not None:
-        return _bn_rms(get(block.final_bn))
-    return _moments_rms(moments, graph.flat.node_of(block.final_producer).outputs[0])
+        rms = _bn_rms(get(block.final_bn))
+    else:
+        rms = _moments_rms(moments, graph.flat.node_of(block.final_producer).outputs[0])
+    return abs(block.branch_scale) * rms
 
 
 def _moments_rms(moments, key) -> float:

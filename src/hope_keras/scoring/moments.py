@@ -279,6 +279,10 @@ def _node_moments(node, rule, role, layer, ins, flat, t_out):
         n = max(x[0].shape[0] for x in ins)
         ms = [np.broadcast_to(x[0], (n,)) for x in ins]
         vs = [np.broadcast_to(x[1], (n,)) for x in ins]
+        if isinstance(rule, layer_rules.MergeRule):  # inputs scaled before the op
+            scales = rule.input_scales(layer, len(ins))
+            ms = [s * m for s, m in zip(scales, ms)]
+            vs = [s * s * v for s, v in zip(scales, vs)]
         op = getattr(rule, "op", "add")
         if op == "add":
             return sum(ms), sum(vs)

@@ -21,7 +21,8 @@ import numpy as np
 
 from hope_keras.graph import layers as layer_rules
 from hope_keras._host_buffers import read_values
-from hope_keras.graph.walker import Consumer, Coupling, NeuronGroup, ResidualBlock
+from hope_keras.graph.blocks import ResidualBlock
+from hope_keras.graph.walker import Consumer, Coupling, NeuronGroup
 
 
 def _np(variable) -> np.ndarray:
@@ -360,6 +361,7 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
                 arr = _np(getattr(layer, w.attr))
                 check_finite(layer.name, w.attr, arr)
                 cols = np.moveaxis(arr, w.axis, 0).reshape(arr.shape[w.axis], -1)
+                cols = cols[c.positions[:, 0]]  # the group's part of its outputs
                 p_init += np.count_nonzero(cols, axis=1)
                 if w.attr == "bias":
                     bias = bias + cols[:, 0].astype(np.float64)
@@ -458,7 +460,8 @@ def eviction_p_init(get, block: ResidualBlock, groups) -> float:
             layer = get(c.layer)
             if c.role == "out":
                 for w in layer_rules.get(layer).out_weights(layer):
-                    total += np.count_nonzero(_np(getattr(layer, w.attr)))
+                    total += np.count_nonzero(np.take(_np(getattr(layer, w.attr)),
+                                                      c.positions[:, 0], axis=w.axis))
             elif c.role == "channel" and layer_rules.get(layer).normalization == "batch":
                 bns.append(layer)
     if block.final_bn is not None:
