@@ -270,3 +270,49 @@ def test_an_add_of_concatenations_splits_their_writers_where_their_channels_meet
     small = hope_keras.slim(model)
     assert [small.get_layer(k).units for k in "abde"] == [3, 1, 2, 2]
     assert outputs_equal(model, small, x)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_sums_of_concatenations_split_walk_prune_and_slim_exactly(seed):
+    """Random Dense writers concatenated in random widths and orders, summed (twice in
+    a row, so a split reaches a later sum), then ReLU and a head: every channel is in
+    a group, each writer's out couplings cover its channels exactly once, and pruning
+    half of every group then `slim` keeps the outputs."""
+    import hope_keras
+    from hope_keras.edit.editor import ModelEditor
+
+    rng = np.random.default_rng(seed)
+    width = int(rng.integers(4, 9))
+    inputs = keras.Input((5,))
+
+    def concatenation():
+        cuts = np.sort(rng.choice(np.arange(1, width), size=int(rng.integers(0, 3)),
+                                  replace=False))
+        sizes = np.diff(np.concatenate([[0], cuts, [width]]))
+        parts = [L.Dense(int(n))(inputs) for n in sizes]
+        return parts[0] if len(parts) == 1 else L.Concatenate()(parts)
+
+    s = L.Add()([concatenation(), concatenation()])
+    s = L.Add()([L.ReLU()(s), concatenation()])
+    model = keras.Model(inputs, L.Dense(2, name="head")(L.ReLU()(s)))
+    g = walk(model)
+    assert g.coverage() == 1.0
+    covered = {}
+    for grp in g.groups.values():
+        for c in grp.couplings:
+            if c.role == "out":
+                covered.setdefault(c.layer, []).extend(c.positions[:, 0].tolist())
+    for layer, positions in covered.items():
+        assert sorted(positions) == list(range(model.get_layer(layer).units)), layer
+    editor = ModelEditor(model, g)
+    pruned = 0
+    for name, grp in g.groups.items():
+        for i in rng.permutation(grp.size)[: grp.size // 2]:
+            with editor.step():
+                editor.prune(name, int(i))
+            pruned += 1
+    editor.commit()
+    small = hope_keras.slim(model)
+    x = rng.normal(size=(6, 5)).astype("float32")
+    assert outputs_equal(model, small, x)
+    assert small.count_params() < model.count_params() or not pruned
