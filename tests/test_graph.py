@@ -272,6 +272,18 @@ def test_an_add_of_concatenations_splits_their_writers_where_their_channels_meet
     assert outputs_equal(model, small, x)
 
 
+def test_a_writer_tied_twice_to_one_channel_is_pinned_with_the_reason():
+    """``concat([a, a]) + b``: b's channels c and 3 + c are both a's channel c, so b
+    has no single filter per channel of the group: pinned, and said why."""
+    inputs = keras.Input((4,))
+    a, b = L.Dense(3, name="a")(inputs), L.Dense(6, name="b")(inputs)
+    s = L.Add()([L.Concatenate()([a, a]), b])
+    g = walk(keras.Model(inputs, L.Dense(2, name="head")(L.ReLU()(s))))
+    assert not g.groups
+    reasons = {p.layer: p.reason for p in g.pinned}
+    assert reasons["a"] == reasons["b"] == "an Add ties two output channels of 'b' to one channel"
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_random_sums_of_concatenations_split_walk_prune_and_slim_exactly(seed):
     """Random Dense writers concatenated in random widths and orders, summed (twice in

@@ -473,12 +473,19 @@ class _Walker:
                 table[t] = sel[order].reshape(n, counts[0])
             else:
                 groups_pos[r] = table
-        # Writers per group, in topological order.
+        # Writers per group, in topological order. A writer whose two outputs are one
+        # channel of a group (`concat([x, x]) + conv`) has no single filter: pinned.
         writers: Dict[int, List[int]] = {}
         for s, node_idx in self.writer_of.items():
             r = int(root_map[s])
+            out = fg.nodes[node_idx].outputs[0]
+            if r in groups_pos and groups_pos[r][out].shape[1] > 1:
+                sp.pin[r] = (f"an Add ties two output channels of "
+                             f"'{fg.nodes[node_idx].key}' to one channel")
+                del groups_pos[r]
             if r in groups_pos:
                 writers.setdefault(r, []).append(node_idx)
+        writers = {r: w for r, w in writers.items() if r in groups_pos}
         groups: Dict[str, NeuronGroup] = {}
         order = sorted(writers, key=lambda r: min(writers[r]))
         readers_by_tensor: Dict[str, List[int]] = {}
