@@ -60,6 +60,7 @@ class ResidualBlock:
 
 
 def is_batch_norm(op) -> bool:
+    """A layer the registry knows as a batch normalization."""
     return layer_rules.get(op).normalization == "batch"
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from hope_keras.graph import adapter as kg
 from hope_keras.progress import WorkBar, resolve_verbose
 from hope_keras.graph import layers as layer_rules
+from hope_keras.graph.blocks import is_batch_norm
 from hope_keras.stats import moment_kernels
 
 __all__ = ["synthesize_inputs", "stream_readers", "StreamReference",
@@ -61,10 +62,6 @@ COARSE_SCALE = 2
 MEASURE_SCALE = 1
 #: ... with this many Adam steps there (None: `SYNTHETIC_STEPS`).
 MEASURE_STEPS = None
-
-
-def _is_bn(op) -> bool:
-    return layer_rules.get(op).normalization == "batch"
 
 
 def release_plan(flat) -> dict:
@@ -422,7 +419,7 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         if error is not None:
             raise ValueError(f"synthesize_inputs: model '{model.name}' does not run on "
                              f"inputs of shape {shape} (size={size!r}): {error}") from error
-    bns = [node for node in flat.nodes if _is_bn(node.op) and node.inputs]
+    bns = [node for node in flat.nodes if is_batch_norm(node.op) and node.inputs]
     if not bns:
         raise ValueError(f"synthesize_inputs: model '{model.name}' has no "
                          "BatchNormalization layer whose statistics inputs could match.")
@@ -545,7 +542,7 @@ def stream_readers(graph) -> list:
     flat = graph.flat
     reach, out = set(), []
     for node in flat.nodes:
-        if _is_bn(node.op):
+        if is_batch_norm(node.op):
             if node.inputs and node.inputs[0] in reach:
                 out.append(node)
             continue
@@ -596,7 +593,7 @@ class StreamReference:
         wanted = {}  # node index → reader index, for the node whose input is stored
         for node in self.readers:
             src = flat.producer_node(node.inputs[0])
-            ok = (src is not None and len(src.inputs) == 1 and not _is_bn(src.op)
+            ok = (src is not None and len(src.inputs) == 1 and not is_batch_norm(src.op)
                   and flat.calls.get(src.key) == 1 and len(src.outputs) == 1)
             self.source[node.index] = src.index if ok else None
             wanted[src.index if ok else node.index] = node.index
