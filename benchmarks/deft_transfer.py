@@ -160,8 +160,11 @@ def target_classes(task):
 
 
 # ------------------------------------------------------------------------ model
-def build_vgg(widths, bottleneck, classes=10, l2=5e-4, name="vgg_bn"):
-    """Appendix G.2 layout: [c1]-pool-[c2]-pool-[c3,c3]-pool-[c4,c4]-pool-GAP-fc-head."""
+def build_vgg(widths, bottleneck, classes=10, l2=5e-4, name="vgg_bn", activation="relu"):
+    """Appendix G.2 layout: [c1]-pool-[c2]-pool-[c3,c3]-pool-[c4,c4]-pool-GAP-fc-head.
+
+    ``activation="relu6"``: every ReLU is ``ReLU(max_value=6)``, as in MobileNets; the
+    paper's cost prices no group of such a network (its neurons are ReLU's)."""
     import keras
     from keras import layers
 
@@ -172,7 +175,10 @@ def build_vgg(widths, bottleneck, classes=10, l2=5e-4, name="vgg_bn"):
         x = layers.Conv2D(f, 3, padding="same", use_bias=False, name=n,
                           kernel_regularizer=reg())(x)
         x = layers.BatchNormalization(name=n + "_bn", gamma_regularizer=reg())(x)
-        return layers.ReLU(name=n + "_relu")(x)
+        return act(n + "_relu")(x)
+
+    def act(n):
+        return layers.ReLU(max_value=6.0 if activation == "relu6" else None, name=n)
 
     w1, w2, w3, w4 = widths
     inputs = keras.Input((28, 28, 1), name="image")
@@ -183,7 +189,7 @@ def build_vgg(widths, bottleneck, classes=10, l2=5e-4, name="vgg_bn"):
     x = layers.GlobalAveragePooling2D(name="gap")(x)
     x = layers.Dense(bottleneck, use_bias=False, name="fc", kernel_regularizer=reg())(x)
     x = layers.BatchNormalization(name="fc_bn", gamma_regularizer=reg())(x)
-    x = layers.ReLU(name="fc_relu")(x)
+    x = act("fc_relu")(x)
     outputs = layers.Dense(classes, name="head")(x)
     return keras.Model(inputs, outputs, name=name)
 
@@ -206,7 +212,8 @@ def source_path(args):
     return args.cache / (
         f"source_{args.task}_{'-'.join(map(str, args.widths))}_{args.bottleneck}_"
         f"{args.source_train}_{args.source_epochs}_b{args.source_batch}_"
-        f"l2{args.source_l2:g}.keras")
+        f"l2{args.source_l2:g}{'' if args.activation == 'relu' else '_' + args.activation}"
+        ".keras")
 
 
 def train_source(args, src):
@@ -219,7 +226,7 @@ def train_source(args, src):
         return keras.saving.load_model(path, compile=False), path, None
     keras.utils.set_random_seed(0)
     model = build_vgg(args.widths, args.bottleneck, len(source_classes(args.task)),
-                      args.source_l2)
+                      args.source_l2, activation=args.activation)
     steps = args.source_epochs * int(np.ceil(len(src["train"][0]) / args.source_batch))
     model.compile(
         keras.optimizers.SGD(keras.optimizers.schedules.CosineDecay(
@@ -412,6 +419,8 @@ def main(argv=None) -> int:
     ap.add_argument("--task", choices=["digits", "split"], default="digits")
     ap.add_argument("--widths", type=int, nargs=4, default=[16, 32, 48, 48])
     ap.add_argument("--bottleneck", type=int, default=64)
+    ap.add_argument("--activation", choices=["relu", "relu6"], default="relu",
+                    help="the network's activations (relu6: every group coupled)")
     ap.add_argument("--source-train", type=int, default=20000)
     ap.add_argument("--source-val", type=int, default=1000)
     ap.add_argument("--source-test", type=int, default=2000)

@@ -436,3 +436,42 @@ def test_plan_covers_exactly_the_groups_its_cost_prices(cost):
     scope = costs.get(cost).groups
     want = {k for k, g in walk(model).groups.items() if costs.in_scope(scope, g)}
     assert set(p.groups) == want and want
+
+
+def _relu6_cnn(seed=0):
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+    inputs = keras.Input((8, 8, 3))
+    x = L.ReLU(6.0)(L.BatchNormalization()(L.Conv2D(8, 3, padding="same")(inputs)))
+    x = L.ReLU(6.0)(L.BatchNormalization()(L.Conv2D(8, 3, padding="same")(x)))
+    return keras.Model(inputs, L.Dense(3, name="head")(L.GlobalAveragePooling2D()(x)))
+
+
+def test_the_default_cost_is_the_papers_where_a_neuron_layer_exists_else_the_width_free_one():
+    """ReLU6 groups are not the paper's neuron layers: with ``cost="paper"`` the plan
+    has nothing to price; ``"auto"`` (the default) then plans with the width-free
+    cost, and keeps the paper's wherever the model has a neuron layer."""
+    model = _relu6_cnn()
+    with pytest.raises(ValueError, match="no neuron group the cost 'paper' can price"):
+        deft.plan(model, cost="paper", verbose=False)
+    auto = deft.plan(model, percentile=30, verbose=False)
+    hope = deft.plan(model, percentile=30, cost="hope", verbose=False)
+    assert auto.options["cost"] == hope.options["cost"] != {}
+    assert auto.groups == hope.groups and len(auto.groups) == 2
+    for g in auto.groups:
+        np.testing.assert_array_equal(auto.elasticity[g], hope.elasticity[g])
+    resnet = small_resnet(seed=1)
+    assert deft.plan(resnet, percentile=20, verbose=False).options["cost"] == \
+        deft.plan(resnet, percentile=20, cost="paper", verbose=False).options["cost"]
+
+
+def test_a_convolution_head_is_refused_with_what_to_do_instead():
+    """MobileNetV3's top: a 1 × 1 Conv2D on pooled features, then Flatten."""
+    L = keras.layers
+    inputs = keras.Input((8, 8, 3))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(8, 3)(inputs)))
+    x = L.Conv2D(4, 1, name="logits")(L.GlobalAveragePooling2D(keepdims=True)(x))
+    model = keras.Model(inputs, L.Activation("softmax")(L.Flatten()(x)))
+    with pytest.raises(ValueError, match=r"'logits' is a Conv2D, not a Dense layer.*"
+                                         r"include_top=False"):
+        deft.plan(model, verbose=False)

@@ -294,3 +294,168 @@ def test_a_transposed_convolution_is_frozen_and_its_plan_applies():
     target.fit(rng.normal(size=(32, 8, 8, 2)).astype("float32"), np.arange(32) % 2,
                epochs=1, verbose=0)
     np.testing.assert_array_equal(target.get_layer("up").kernel.numpy(), up)
+
+
+def _mobile_block_model(seed=0):
+    """Depthwise and separable convolutions between ReLU6 groups (every group
+    coupled, so only the width-free cost prices them), with a residual sum."""
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+    inputs = keras.Input((10, 10, 3))
+    x = L.ReLU(6.0)(L.BatchNormalization()(L.Conv2D(12, 3, padding="same", name="stem")(inputs)))
+    y = L.DepthwiseConv2D(3, padding="same", name="dw")(x)
+    y = L.ReLU(6.0)(L.BatchNormalization(name="dw_bn")(y))
+    y = L.BatchNormalization(name="pw_bn")(L.Conv2D(12, 1, name="pw")(y))
+    x = L.Add()([x, y])
+    x = L.SeparableConv2D(16, 3, padding="same", name="sep")(x)
+    x = L.ReLU(6.0)(L.BatchNormalization(name="sep_bn")(x))
+    x = L.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, L.Dense(4, name="head")(x))
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, L.BatchNormalization):
+            n = layer.moving_mean.shape[0]
+            layer.moving_mean.assign(rng.normal(0, 0.5, n).astype("float32"))
+            layer.moving_variance.assign(rng.uniform(0.5, 2.0, n).astype("float32"))
+            layer.gamma.assign(rng.uniform(0.5, 1.5, n).astype("float32"))
+    return model
+
+
+@pytest.mark.parametrize("inner", ["sgd", "adam"])
+def test_depthwise_and_separable_layers_keep_their_core_through_fine_tuning(inner):
+    """A depthwise kernel's channels lie on its axis -2 and a separable convolution's
+    depthwise kernel feeds every output: the plan scales the first per channel and
+    freezes the second while an output is core, and masks the pointwise rows of
+    drifting channels into core outputs. The source model's logits then stay what
+    they were after `apply` (theorem H.2), while the slack moves."""
+    model = _mobile_block_model()
+    p = deft.plan(model, percentile=40, cost="hope", verbose=False)
+    emap = p.elasticity_map()
+    dw = np.asarray(emap["dw/kernel"])
+    assert dw.shape == (12, 1) and 0 < dw.sum() < 12  # core and slack channels
+    assert emap["sep/depthwise_kernel"] == 0.0  # some output of 'sep' is core
+    p.apply(model)
+    pointwise = model.get_layer("sep").pointwise_kernel.numpy()
+    drift = np.repeat(p.input_drift["sep"] > 0, 1)
+    core_out = np.asarray(emap["sep"]) == 0
+    assert drift.any() and core_out.any()
+    assert np.all(pointwise[:, :, drift][..., core_out] == 0)  # the cut rows
+    retention = deft.SourceRetention(model, plan=p)
+    target = deft.replace_head(model, 3, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(48, 10, 10, 3)).astype("float32")
+    y = (np.arange(48) % 3).astype("int64")
+    before = retention.logits(target, x)
+    start = {v.path: v.numpy().copy() for v in target.trainable_variables}
+    base = (keras.optimizers.SGD(0.2, momentum=0.9) if inner == "sgd"
+            else keras.optimizers.Adam(0.02))
+    opt = deft.ElasticOptimizer(base, p)
+    deft.Trainer(target, opt, retention=retention).fit((x, y), epochs=3, batch_size=8,
+                                                       restore_best=False)
+    np.testing.assert_allclose(retention.logits(target, x), before, rtol=0, atol=1e-5)
+    kernel = target.get_layer("dw").kernel.numpy()
+    moved = np.any(kernel != start["dw/kernel"], axis=(0, 1, 3))
+    np.testing.assert_array_equal(moved, dw[:, 0] > 0)  # exactly the slack channels
+    np.testing.assert_array_equal(target.get_layer("sep").depthwise_kernel.numpy(),
+                                  start["sep/depthwise_kernel"])
+    for v in target.trainable_variables:
+        s = _scale(opt, v)
+        np.testing.assert_array_equal(v.numpy()[s == 0], start[v.path][s == 0],
+                                      err_msg=v.path)
+
+
+def test_a_saved_plan_keeps_its_per_variable_elasticities(tmp_path):
+    model = _mobile_block_model(seed=1)
+    p = deft.plan(model, percentile=40, cost="hope", verbose=False)
+    path = str(tmp_path / "plan.npz")
+    p.save(path)
+    q = deft.DeftPlan.load(path)
+    assert set(q.variable_elasticity) == set(p.variable_elasticity) != set()
+    assert q.elasticity_map() == p.elasticity_map()
+
+
+def _layer_norm_block_model(seed=0, proj=True):
+    """A ConvNeXt-style block: depthwise convolution, LayerNormalization, a GELU MLP
+    (1 × 1 convolutions), a residual sum."""
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+    inputs = keras.Input((8, 8, 3))
+    x = L.BatchNormalization(name="stem_bn")(L.Conv2D(8, 2, strides=2, name="stem")(inputs))
+    y = L.DepthwiseConv2D(3, padding="same", name="dw")(x)
+    y = L.LayerNormalization(epsilon=1e-6, name="ln")(y)
+    y = L.Conv2D(32, 1, activation="gelu", name="pw1")(y)
+    y = L.Conv2D(8, 1, name="pw2")(y)
+    x = L.Add()([x, y])
+    if proj:
+        x = L.BatchNormalization(name="proj_bn")(L.Conv2D(16, 1, name="proj")(x))
+        x = L.Activation("gelu")(x)
+    model = keras.Model(inputs, L.Dense(4, name="head")(L.GlobalAveragePooling2D()(x)))
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if isinstance(layer, L.BatchNormalization):
+            n = layer.moving_mean.shape[0]
+            layer.moving_mean.assign(rng.normal(0, 0.5, n).astype("float32"))
+            layer.moving_variance.assign(rng.uniform(0.5, 2.0, n).astype("float32"))
+    return model
+
+
+def test_a_group_a_layer_normalization_reads_stays_core_and_the_core_keeps_its_outputs():
+    """A LayerNormalization mixes every channel's statistics: the plan keeps the
+    groups it reads core (the stream), and the source logits survive fine-tuning
+    (theorem H.2). The MLP's hidden slack feeds only the core stream, so the mask
+    cuts it off (docs/deft.md, "Limits"); the group after the stream learns."""
+    from hope_keras.deft.application import normalised_together
+    from hope_keras.graph.walker import walk
+
+    model = _layer_norm_block_model()
+    p = deft.plan(model, percentile=40, verbose=False)  # no ReLU neuron layer: "hope"
+    graph = walk(model)
+    read_by_norm = {g for g in p.groups if normalised_together(graph.flat, graph.groups[g])}
+    assert read_by_norm and read_by_norm != set(p.groups)
+    for g in p.groups:
+        assert (p.elasticity[g].any()) == (g not in read_by_norm), g
+    p.apply(model)
+    retention = deft.SourceRetention(model, plan=p)
+    target = deft.replace_head(model, 3, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(48, 8, 8, 3)).astype("float32")
+    y = (np.arange(48) % 3).astype("int64")
+    before = retention.logits(target, x)
+    proj = target.get_layer("proj").kernel.numpy().copy()
+    slack = p.elasticity["proj"] > 0
+    assert slack.any() and np.all(target.get_layer("pw2").kernel.numpy()[
+        0, 0, p.elasticity["pw1"] > 0] == 0)  # hidden slack → core stream: cut
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), p)
+    deft.Trainer(target, opt, retention=retention).fit((x, y), epochs=3, batch_size=8,
+                                                       restore_best=False)
+    np.testing.assert_allclose(retention.logits(target, x), before, rtol=0, atol=1e-5)
+    moved = np.any(target.get_layer("proj").kernel.numpy() != proj, axis=(0, 1, 2))
+    np.testing.assert_array_equal(moved, slack)  # the slack learned, the core did not
+
+
+def test_drift_into_a_layer_normalization_reaches_every_channel_after_it():
+    """Given slack in a group a LayerNormalization reads (an elasticity map by
+    hand), every channel after the normalization drifts, so the mask cuts them all
+    from core outputs."""
+    from hope_keras.deft.application import elasticities_and_drift
+    from hope_keras.graph.walker import walk
+
+    model = _layer_norm_block_model(seed=1)
+    graph = walk(model)
+    stream = next(g for g, grp in graph.groups.items() if grp.stream)
+    e = np.zeros(graph.groups[stream].size)
+    e[0] = 1.0
+    _, drift = elasticities_and_drift(model, graph, {stream: e}, "head", 0.0)
+    assert np.all(drift["pw1"] > 0)
+
+
+def test_a_plan_whose_slack_cannot_reach_the_head_says_so():
+    """Without the group after the stream, the only slack (the MLP's hidden group)
+    feeds the core stream: fine-tuning would move the head alone."""
+    import warnings
+
+    with pytest.warns(UserWarning, match="No slack channel of this plan reaches the head"):
+        deft.plan(_layer_norm_block_model(proj=False), percentile=40, verbose=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="No slack channel")
+        deft.plan(_layer_norm_block_model(), percentile=40, verbose=False)

@@ -114,6 +114,8 @@ def elasticities_and_drift(model, graph, elasticity, head, pinned):
             drift[out_t] = (e > 0).astype(np.float64)
         elif role == "channelwise":
             d_in = parents[0] if parents and parents[0].shape == (n_out,) else conservative
+            if getattr(rule, "normalises_channels", False):
+                d_in = conservative  # its statistics mix every channel (LayerNormalization)
             if has_weights:
                 if key in channel_e:
                     e = channel_e[key]
@@ -151,6 +153,51 @@ def elasticities_and_drift(model, graph, elasticity, head, pinned):
         for t in node.outputs[1:]:
             drift[t] = np.full(_channels_of(fg, t), float(any_in))
     return layer_e, input_drift
+
+
+def normalised_together(fg, group) -> bool:
+    """Whether a layer that normalises across channels (LayerNormalization) reads
+    `group`: one drifting channel there would move every other, so DEFT keeps such
+    a group core."""
+    return any(getattr(layer_rules.get(fg.node_of(c.layer).op), "normalises_channels", False)
+               for c in group.couplings if c.role == "channel")
+
+
+def variable_elasticities(fg, layer_e) -> Dict[str, object]:
+    """``{"layer/variable": elasticity}`` for the variables of a per-channel layer
+    elasticity whose channels are not on their last axis (`ElasticOptimizer` scales
+    a layer's other variables on that axis).
+
+    A depthwise convolution keeps its channels on its kernel's axis −2 (``(*spatial,
+    C, 1)``): its entry is the channels' elasticities shaped ``(C, 1)``. A separable
+    convolution's depthwise kernel feeds every output channel through the pointwise
+    one: it moves only when every output is elastic (the smallest elasticity), so a
+    core output keeps its depthwise filters.
+    """
+    out: Dict[str, object] = {}
+    for key, e in layer_e.items():
+        vec = np.asarray(e, dtype=np.float64)
+        if vec.ndim == 0:
+            continue  # one value for every variable: nothing to place
+        node = fg.node_of(key)
+        layer = node.op
+        rule = layer_rules.get(layer)
+        weights = (rule.out_weights(layer) if layer_rules.role_of(layer, node) == "source"
+                   else rule.channel_weights(layer))
+        axis_of = {id(getattr(layer, w.attr, None)): w.axis for w in weights}
+        for var in layer.trainable_weights:
+            name = f"{key}/{var.path.split('/')[-1]}"
+            ndim = len(var.shape)
+            axis = axis_of.get(id(var))
+            if axis is None:  # not indexed by the channels: moves with all of them
+                out[name] = float(vec.min())
+            elif axis % ndim != ndim - 1:  # the channels, then axes of size 1
+                trailing = tuple(int(d) for d in var.shape[axis % ndim + 1:])
+                if any(d != 1 for d in trailing) or var.shape[axis] != vec.size:
+                    out[name] = float(vec.min())
+                else:
+                    out[name] = vec.reshape((vec.size,) + trailing)
+    return out
 
 
 def _channels_of(fg, tensor) -> int:
@@ -220,19 +267,29 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
         compensate = plan.options.get("compensate", "none")
     check_compensate(compensate)
     if mask:
-        cuts = {}
+        cuts, pointwise = {}, {}
         for name in plan.input_drift:
             layer = g.layer(name)
-            if getattr(layer, "kernel", None) is None:
-                continue  # separable convolutions: not masked (docs/deft.md)
-            m = plan.mask(name, tuple(layer.kernel.shape))
-            if m is not None:
-                cuts[name] = m
+            if getattr(layer, "kernel", None) is not None:
+                m = plan.mask(name, tuple(layer.kernel.shape))
+                if m is not None:
+                    cuts[name] = m
+            elif getattr(layer, "pointwise_kernel", None) is not None:
+                # A separable convolution: the pointwise rows of a drifting channel
+                # (one per depthwise output) into core outputs; left uncompensated
+                # (the surrogate has no moments of the depthwise outputs).
+                m = plan.mask(name, tuple(layer.pointwise_kernel.shape),
+                              expand=int(layer.depth_multiplier))
+                if m is not None:
+                    pointwise[name] = m
         if compensate != "none" and cuts:
             _compensate_cuts(g.flat, cuts, compensate)
         for name, m in cuts.items():
             layer = g.layer(name)
             layer.kernel.assign(layer.kernel.numpy() * m)
+        for name, m in pointwise.items():
+            layer = g.layer(name)
+            layer.pointwise_kernel.assign(layer.pointwise_kernel.numpy() * m)
     return model
 
 

@@ -16,15 +16,16 @@ __all__ = ["ElasticOptimizer"]
 def _normalise_map(elasticity) -> Dict[str, object]:
     out = {}
     for key, value in dict(elasticity or {}).items():
-        arr = np.asarray(value, dtype=np.float64)
-        if arr.ndim > 1:
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
             raise ValueError(
-                f"Elasticity of '{key}' must be a number or a 1-D list over the output "
-                f"channels. Received shape {arr.shape}.")
+                f"Elasticity of '{key}' must be a number or a (nested) list of numbers. "
+                f"Received: {value!r}") from None
         if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(arr > 1):
             raise ValueError(f"Elasticity of '{key}' must be in [0, 1] (a gradient "
                              f"multiplier). Received: {value!r}")
-        out[str(key)] = float(arr) if arr.ndim == 0 else [float(x) for x in arr]
+        out[str(key)] = float(arr) if arr.ndim == 0 else arr.tolist()
     return out
 
 
@@ -49,7 +50,9 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
             kernel regularizer or an explicit L2 term instead (its gradient is scaled).
         plan: A `hope_keras.deft.DeftPlan` (its ``elasticity_map()`` is used).
         elasticity: Or a map ``{layer or "layer/variable": number or list over the
-            output channels}``; entries here override the plan's.
+            output channels}`` (a nested list over a variable's last axes where its
+            channels are not last: ``(C, 1)`` for a depthwise kernel); entries here
+            override the plan's.
         default: Elasticity of variables found in neither.
         name: Optimizer name.
 
@@ -126,14 +129,15 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
                 value = self.elasticity[key]
                 if isinstance(value, list):
                     value = np.asarray(value, dtype=np.float64)
-                    n = int(variable.shape[-1]) if len(variable.shape) else 0
-                    if value.shape != (n,):
+                    shape = tuple(int(d) for d in variable.shape)
+                    if value.ndim > len(shape) or value.shape != shape[len(shape) - value.ndim:]:
                         raise ValueError(
-                            f"Elasticity of '{key}' has {value.size} entries but variable "
-                            f"'{path}' has shape {tuple(variable.shape)}: the entries must "
-                            "match its last (output-channel) axis.")
-                    if np.all(value == value[0]):
-                        return float(value[0])
+                            f"Elasticity of '{key}' has shape {value.shape} but variable "
+                            f"'{path}' has shape {shape}: a list must match its last "
+                            "(output-channel) axis, or its last axes (a depthwise kernel's "
+                            "channels and multiplier).")
+                    if np.all(value == value.ravel()[0]):
+                        return float(value.ravel()[0])
                 return value
         return self.default
 

@@ -32,6 +32,7 @@ import json
 import math
 import numbers
 import os
+import warnings
 from typing import Dict, List, Optional, Tuple
 
 import keras
@@ -42,7 +43,8 @@ from hope_keras.scoring import costs
 from hope_keras.graph import walker as graph_lib
 from hope_keras.graph import layers as layer_rules
 from hope_keras.deft.application import (  # noqa: F401 - COMPENSATIONS, apply_plan: given here
-    COMPENSATIONS, apply_plan, as_vector, check_compensate, elasticities_and_drift)
+    COMPENSATIONS, apply_plan, as_vector, check_compensate, elasticities_and_drift,
+    normalised_together, variable_elasticities)
 from hope_keras.graph.fingerprint import fingerprint
 from hope_keras.search.trajectory import Step
 from hope_keras.search.encoder import Encoder
@@ -126,9 +128,14 @@ def find_head(model) -> str:
             break
         node = fg.producer_node(node.inputs[0])
     if node is None or layer_rules.get(node.op).kind != "dense":
+        what = (f" '{node.key}' is a {type(node.op).__name__}, not a Dense layer (a "
+                "MobileNetV3 ends in a 1 × 1 Conv2D): build the model without its top "
+                "(include_top=False) and add a Dense head on pooled features."
+                if node is not None and getattr(node.op, "weights", None) else
+                " Pass head=<the name of a Dense layer>.")
         raise ValueError(
             f"No Dense head found behind the output of model '{model.name}' (walked "
-            f"back through {seen}). Pass head=<layer name>."
+            f"back through {seen}).{what} DEFT grafts and replaces Dense heads only."
         )
     return node.key
 
@@ -192,6 +199,9 @@ class DeftPlan:
         trajectory: The full encoder `Trajectory` (in memory only; not saved).
         tau_groups: Per group, the threshold its neurons were compared with
             (``tau_lock`` everywhere for ``threshold="global"``).
+        variable_elasticity: ``{"layer/variable": elasticity}`` where a layer's
+            channels are not on a variable's last axis: a depthwise kernel's
+            ``(C, 1)``, a separable convolution's depthwise kernel (one value).
     """
 
     percentile: float
@@ -214,6 +224,7 @@ class DeftPlan:
     options: dict
     trajectory: object = None
     tau_groups: Optional[Dict[str, float]] = None
+    variable_elasticity: Dict[str, object] = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:  # one line: the per-neuron arrays are in `summary`
         neurons = sum(self.groups.values())
@@ -248,12 +259,13 @@ class DeftPlan:
         return float(sum(np.count_nonzero(e > 0) for e in self.elasticity.values())
                      / max(total, 1))
 
-    def mask(self, layer: str, kernel_shape) -> Optional[np.ndarray]:
+    def mask(self, layer: str, kernel_shape, expand: int = 1) -> Optional[np.ndarray]:
         """The structural mask (eq. 28) of a kernel layer, broadcastable to its kernel,
-        or None when it masks nothing."""
+        or None when it masks nothing. ``expand``: kernel rows per input channel (a
+        separable convolution's pointwise kernel: its depth multiplier)."""
         if layer not in self.input_drift:
             return None
-        d_in = np.asarray(self.input_drift[layer]) > 0
+        d_in = np.repeat(np.asarray(self.input_drift[layer]) > 0, expand)
         e_out = as_vector(self.layer_elasticity.get(layer, 1.0), kernel_shape[-1])
         cut = np.outer(d_in, e_out == 0)
         if not cut.any():
@@ -262,14 +274,15 @@ class DeftPlan:
         return m.reshape((1,) * (len(kernel_shape) - 2) + m.shape)
 
     def elasticity_map(self) -> Dict[str, object]:
-        """``{layer: elasticity}`` for `ElasticOptimizer` (JSON-friendly)."""
+        """``{layer: elasticity}`` for `ElasticOptimizer` (JSON-friendly), and
+        ``{"layer/variable": elasticity}`` for `variable_elasticity`."""
         out = {}
-        for name, e in self.layer_elasticity.items():
+        for name, e in {**self.layer_elasticity, **self.variable_elasticity}.items():
             arr = np.asarray(e, dtype=np.float64)
             if arr.ndim == 0 or np.all(arr == arr.ravel()[0]):
                 out[name] = float(arr.ravel()[0])
             else:
-                out[name] = [float(x) for x in arr]
+                out[name] = arr.tolist()
         return out
 
     def summary(self, print_fn=print) -> None:
@@ -350,6 +363,7 @@ class DeftPlan:
             "options": self.options,
             "merges": [_step_to_json(s) for s in self.merges],
             "layer_elasticity_names": list(self.layer_elasticity),
+            "variable_elasticity_names": list(self.variable_elasticity),
             "input_drift_names": list(self.input_drift),
             "tau_groups": {g: float(t) for g, t in self.tau_groups.items()},
         }
@@ -360,6 +374,8 @@ class DeftPlan:
             arrays[f"e_{k}"] = self.elasticity[g]
         for k, n in enumerate(self.layer_elasticity):
             arrays[f"le_{k}"] = np.asarray(self.layer_elasticity[n], dtype=np.float32)
+        for k, n in enumerate(self.variable_elasticity):
+            arrays[f"ve_{k}"] = np.asarray(self.variable_elasticity[n], dtype=np.float32)
         for k, n in enumerate(self.input_drift):
             arrays[f"d_{k}"] = np.asarray(self.input_drift[n], dtype=np.float32)
         with open(path, "wb") as f:
@@ -432,6 +448,10 @@ class DeftPlan:
         for k, n in enumerate(meta["layer_elasticity_names"]):
             a = arrays[f"le_{k}"]
             le[n] = float(a) if a.ndim == 0 else a
+        ve = {}
+        for k, n in enumerate(meta.get("variable_elasticity_names", [])):
+            a = arrays[f"ve_{k}"]
+            ve[n] = float(a) if a.ndim == 0 else a
         return cls(
             percentile=meta["percentile"], eps=meta["eps"], tau_lock=meta["tau_lock"],
             tau_p=float(meta["tau_p"]), tau_sup=float(meta["tau_sup"]),
@@ -447,8 +467,16 @@ class DeftPlan:
             input_drift={n: arrays[f"d_{k}"]
                          for k, n in enumerate(meta["input_drift_names"])},
             fingerprint=meta["fingerprint"], options=meta["options"],
-            tau_groups=meta.get("tau_groups"),
+            tau_groups=meta.get("tau_groups"), variable_elasticity=ve,
         )
+
+
+def _auto_cost(model) -> str:
+    """``cost="auto"``: the paper's cost where it can price a group of `model` (a
+    Conv/Dense → BN → ReLU neuron layer), else the width-free one."""
+    paper = getattr(costs.get("paper"), "groups", "all")
+    groups = graph_lib.walk(model).groups.values()
+    return "paper" if any(costs.in_scope(paper, g) for g in groups) else "hope"
 
 
 def _whole(x, what: str) -> int:
@@ -479,7 +507,7 @@ def _step_from_json(d: dict) -> Step:
 def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
          actions=("prune", "merge"), eps: float = 1e-6,
          pinned_elasticity: float = 0.0, verbose="auto",
-         cost="paper", threshold: str = "layer", compensate: str = "mean_var"
+         cost="auto", threshold: str = "layer", compensate: str = "mean_var"
          ) -> DeftPlan:
     """Plans DEFT fine-tuning of a BN network (docs/theory.md §9).
 
@@ -503,11 +531,14 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
             producers such as the last convolution of a residual branch) and of
             their BN; 0 = core (the paper's default), 1 = elastic.
         verbose: ``"auto"`` (default), True or False: the encoder's progress bar.
-        cost: The encoder's cost (`hope_keras.costs.get`): ``"paper"`` (default:
-            the paper's ``J_prune`` over its neuron layers; residual streams stay
-            core) or ``"hope"`` (every group, residual streams included, width-free
-            costs), or a `hope_keras.costs.Cost` (its ``merge_scale`` is the scale
-            of the merges the plan replays).
+        cost: The encoder's cost (`hope_keras.costs.get`): ``"paper"`` (the
+            paper's ``J_prune`` over its neuron layers, Conv/Dense → BN → ReLU;
+            residual streams stay core) or ``"hope"`` (every group, residual streams
+            included, width-free costs), or a `hope_keras.costs.Cost` (its
+            ``merge_scale`` is the scale of the merges the plan replays). ``"auto"``
+            (default): ``"paper"`` when the model has a neuron layer, else
+            ``"hope"`` (MobileNets, EfficientNets, ConvNeXt: every group is then
+            pruned only, so no merge makes its neurons vessels; docs/deft.md).
         threshold: ``"layer"`` (default: eq. 26's ``τ_p`` within each group, so
             about ``percentile`` % of every group becomes slack; `layer_threshold`)
             or ``"global"`` (the
@@ -553,7 +584,7 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
     # Only the trajectory's costs are read: the copy's BN statistics do not matter.
-    cost = costs.get(cost)
+    cost = costs.get(_auto_cost(copy) if isinstance(cost, str) and cost == "auto" else cost)
     encoder = Encoder(copy, cost=cost, actions=actions, correction=False, verbose=verbose)
     encoder.run()
     traj = encoder.trajectory
@@ -578,12 +609,22 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
 
     merges, vessels = _choose_merges(model, graph, traj.steps, tau_groups)
     elasticity = {}
+    flat = graph.flat if getattr(graph, "flat", None) is not None else kg.flatten(model)
     for g, n in sizes.items():
         e = (j_prune[g] < tau_groups[g]).astype(np.float32)
+        if not vessels[g] and normalised_together(flat, graph.groups[g]):
+            e[:] = 0.0  # a LayerNormalization reads it: one drifting channel moves all
         e[vessels[g]] = 1.0
         elasticity[g] = e
     layer_e, drift = elasticities_and_drift(model, graph, elasticity, head,
                                              float(pinned_elasticity))
+    if any(e.any() for e in elasticity.values()) and not np.any(drift[head] > 0):
+        warnings.warn(
+            f"No slack channel of this plan reaches the head '{head}': every slack "
+            "neuron feeds only core layers, which the masks cut it from, so fine-tuning "
+            "will move the head alone (a model whose residual streams a "
+            "LayerNormalization reads, as ConvNeXt's, keeps them core). Head-only "
+            "fine-tuning does the same.", stacklevel=2)
     return DeftPlan(
         percentile=float(percentile), eps=float(eps), tau_lock=tau, tau_p=tau_p,
         tau_sup=tau_sup, num_costs=size, head=head, feature_layer=feature_layer,
@@ -597,6 +638,7 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
                  "bn_of": {g: grp.bn for g, grp in graph.groups.items()},
                  "encoder_steps": len(traj)},
         trajectory=traj, tau_groups=tau_groups,
+        variable_elasticity=variable_elasticities(flat, layer_e),
     )
 
 
