@@ -493,7 +493,8 @@ def main(argv=None) -> int:
           f"{src_val_acc:.4f} (trained in {src_seconds or 0:.0f} s; 0 = cached)")
     header = [
         f"Task {args.task}. Source: Fashion-MNIST classes {source_classes(args.task)}, "
-        f"VGG-BN widths {args.widths} + fc {args.bottleneck}, {args.source_train} "
+        f"VGG-BN widths {args.widths} + fc {args.bottleneck}"
+        f"{', every ReLU a ReLU6' if args.activation == 'relu6' else ''}, {args.source_train} "
         f"training images, {args.source_epochs} epochs, batch {args.source_batch}, L2 "
         f"{args.source_l2:g}; test-subset accuracy {100 * src_test_acc:.2f}% "
         f"({args.source_test} images), validation {100 * src_val_acc:.2f}% "

@@ -134,3 +134,60 @@ def test_convnext_streams_prune_through_layer_norms_and_slim_exactly(tmp_path):
     small.save(path)
     reloaded = keras.models.load_model(path, safe_mode=True)
     np.testing.assert_allclose(reloaded.predict(x, verbose=0), ys, rtol=1e-6, atol=1e-7)
+
+
+def _dense_topped(name):
+    """MobileNetV3 ends in a 1 × 1 Conv2D; DEFT needs a Dense head."""
+    def build():
+        base = getattr(A, name)(weights=None, input_shape=(32, 32, 3), include_top=False,
+                                include_preprocessing=False)
+        pooled = L.GlobalAveragePooling2D()(base.output)
+        return keras.Model(base.input, L.Dense(10, name="head")(pooled))
+    return build
+
+
+DEFT_FAMILIES = {  # no ReLU neuron layer: the default plans them with cost "hope"
+    "MobileNetV2": FAMILIES["MobileNetV2"],
+    "MobileNetV3Small": _dense_topped("MobileNetV3Small"),
+    "EfficientNetB0": FAMILIES["EfficientNetB0"],
+    "NASNetMobile": FAMILIES["NASNetMobile"],
+    "ConvNeXtTiny": FAMILIES["ConvNeXtTiny"],
+}
+
+
+@pytest.mark.parametrize("name", list(DEFT_FAMILIES))
+def test_deft_default_plan_keeps_the_source_through_fine_tuning(name):
+    """`deft.plan` with every default on families whose groups are all coupled
+    (ReLU6, swish, GELU; depthwise, separable, squeeze-excitation, LayerNormalization):
+    after `apply` and two epochs of fine-tuning a new head, the grafted source head
+    gives the same logits as before the fine-tuning (theorem H.2), and the slack moved
+    (on ConvNeXt none reaches the head: the plan says so, and only the head moves)."""
+    import warnings
+
+    from hope_keras import deft
+
+    rng = np.random.default_rng(0)
+    keras.utils.set_random_seed(0)
+    model, _ = _prepare(name, DEFT_FAMILIES[name](), rng)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = deft.plan(model, percentile=20, verbose=False)
+    cut_off = any("reaches the head" in str(w.message) for w in caught)
+    assert cut_off == (name == "ConvNeXtTiny")
+    assert plan.options["cost"]["name"] == "hope"
+    plan.apply(model)
+    retention = deft.SourceRetention(model, plan=plan)
+    target = deft.replace_head(model, 3, seed=0)
+    x = rng.uniform(0, 1, (16, 32, 32, 3)).astype("float32")
+    y = np.arange(16) % 3
+    before = retention.logits(target, x)
+    start = {v.path: v.numpy().copy() for v in target.trainable_variables}
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), plan)
+    deft.Trainer(target, opt, retention=retention).fit((x, y), epochs=2, batch_size=8,
+                                                       restore_best=False)
+    after = retention.logits(target, x)
+    assert np.abs(after - before).max() <= 1e-5 * max(1.0, float(np.abs(before).max()))
+    new_head = f"{plan.head}_target"  # `replace_head`'s name for the target head
+    moved = [v.path for v in target.trainable_variables
+             if v.path.split("/")[0] != new_head and np.any(v.numpy() != start[v.path])]
+    assert bool(moved) != cut_off
