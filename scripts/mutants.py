@@ -171,7 +171,7 @@ MUTANTS: List[Mutant] = [
       "            ms = list(ms)\n", ("tests/test_moments.py",)),
     M("split_writer_by_index", "a writer of part of its outputs is edited at the group's index",
       "edit/editor.py",
-      "by_pos = not np.array_equal(c.positions[:, 0], np.arange(len(c.positions)))",
+      "by_pos = not c.in_order",
       "by_pos = False", ("tests/test_graph.py", "tests/test_layer_patterns.py")),
     M("misaligned_add_not_split", "an Add of misaligned channels pins instead of splitting",
       "graph/walker.py", "        if self.final or not all(", "        if True or not all(",
@@ -232,6 +232,19 @@ MUTANTS: List[Mutant] = [
     M("restore_best_ignored", "fit(restore_best=True) keeps the last epoch",
       "deft/trainer.py", "if restore_best and best_weights is not None:", "if False:",
       ("tests/test_deft_trainer_options.py",)),
+    M("deft_separable_unmasked", "a separable convolution's pointwise rows are not cut",
+      "deft/application.py",
+      "            layer.pointwise_kernel.assign(layer.pointwise_kernel.numpy() * m)",
+      "            pass", ("tests/test_deft_training.py",)),
+    M("deft_depthwise_shared_max", "a separable depthwise kernel moves with any elastic output",
+      "deft/application.py", "                out[name] = float(vec.min())\n            elif",
+      "                out[name] = float(vec.max())\n            elif",
+      ("tests/test_deft_training.py",)),
+    M("deft_layer_norm_per_channel", "drift passes a LayerNormalization channel by channel",
+      "deft/application.py",
+      "                d_in = conservative  # its statistics mix every channel",
+      "                pass  # its statistics mix every channel",
+      ("tests/test_deft_training.py",)),
 ]
 
 

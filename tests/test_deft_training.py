@@ -336,7 +336,7 @@ def test_depthwise_and_separable_layers_keep_their_core_through_fine_tuning(inne
     assert emap["sep/depthwise_kernel"] == 0.0  # some output of 'sep' is core
     p.apply(model)
     pointwise = model.get_layer("sep").pointwise_kernel.numpy()
-    drift = np.repeat(p.input_drift["sep"] > 0, 1)
+    drift = p.input_drift["sep"] > 0  # depth multiplier 1: a row per channel
     core_out = np.asarray(emap["sep"]) == 0
     assert drift.any() and core_out.any()
     assert np.all(pointwise[:, :, drift][..., core_out] == 0)  # the cut rows

@@ -569,7 +569,7 @@ class ModelEditor:
             rule = layer_rules.get(layer)
             if c.role == "out":  # by position when it writes a part of its outputs
                 ws = rule.out_weights(layer)
-                by_pos = not np.array_equal(c.positions[:, 0], np.arange(len(c.positions)))
+                by_pos = not c.in_order
             elif c.role == "channel":
                 ws = [w for w in rule.channel_weights(layer) if w.attr != "moving_variance"]
                 by_pos = True

@@ -81,6 +81,13 @@ class Coupling:
     positions: np.ndarray
     tensor: str = ""
 
+    @property
+    def in_order(self) -> bool:
+        """Whether channel ``c`` sits at position ``c`` (``positions[:, 0]`` is
+        ``0, 1, …, n − 1``): a writer whose group holds its first outputs in order is
+        edited and read by channel index; one an Add split, by position."""
+        return bool(np.array_equal(self.positions[:, 0], np.arange(len(self.positions))))
+
     def __repr__(self) -> str:  # the positions' shape, not every position
         return (f"Coupling(layer={self.layer!r}, role={self.role!r}, "
                 f"positions={tuple(np.shape(self.positions))}, tensor={self.tensor!r})")

@@ -25,13 +25,13 @@ from hope_keras.graph.blocks import ResidualBlock
 from hope_keras.graph.walker import Consumer, Coupling, NeuronGroup
 
 
-def _part(arr: np.ndarray, positions: np.ndarray, axis: int) -> np.ndarray:
-    """`arr` at a writer's `positions` on `axis`: itself (no copy) when the writer's
-    group holds all its outputs, in order, as it does unless an Add split them."""
-    idx = positions[:, 0]
-    if idx.size == arr.shape[axis] and np.array_equal(idx, np.arange(idx.size)):
+def _part(arr: np.ndarray, coupling, axis: int) -> np.ndarray:
+    """`arr` at a writer coupling's positions on `axis`: itself (no copy) when the
+    writer's group holds all its outputs, in order, as it does unless an Add split
+    them."""
+    if coupling.in_order and len(coupling.positions) == arr.shape[axis]:
         return arr
-    return np.take(arr, idx, axis=axis)
+    return np.take(arr, coupling.positions[:, 0], axis=axis)
 
 
 def _np(variable) -> np.ndarray:
@@ -370,7 +370,7 @@ def _extract_coupled(get, group: NeuronGroup) -> LayerState:
                 arr = _np(getattr(layer, w.attr))
                 check_finite(layer.name, w.attr, arr)
                 cols = np.moveaxis(arr, w.axis, 0).reshape(arr.shape[w.axis], -1)
-                cols = _part(cols, c.positions, 0)  # the group's part of its outputs
+                cols = _part(cols, c, 0)  # the group's part of its outputs
                 p_init += np.count_nonzero(cols, axis=1)
                 if w.attr == "bias":
                     bias = bias + cols[:, 0].astype(np.float64)
@@ -469,8 +469,8 @@ def eviction_p_init(get, block: ResidualBlock, groups) -> float:
             layer = get(c.layer)
             if c.role == "out":
                 for w in layer_rules.get(layer).out_weights(layer):
-                    total += np.count_nonzero(_part(_np(getattr(layer, w.attr)),
-                                                    c.positions, w.axis))
+                    total += np.count_nonzero(_part(_np(getattr(layer, w.attr)), c,
+                                                    w.axis))
             elif c.role == "channel" and layer_rules.get(layer).normalization == "batch":
                 bns.append(layer)
     if block.final_bn is not None:
