@@ -459,3 +459,49 @@ def test_a_plan_whose_slack_cannot_reach_the_head_says_so():
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="No slack channel")
         deft.plan(_layer_norm_block_model(), percentile=40, verbose=False)
+
+
+def test_a_nested_backbone_under_a_new_head_keeps_its_source_through_fine_tuning():
+    """The transfer-learning layout: a backbone model used as a layer, then a Dense
+    head. The grafted source head reads the head's input (the backbone's features),
+    and the source statistics of the backbone's own BNs are restored for it: after
+    fine-tuning (which moves those statistics) the source logits are unchanged."""
+    from hope_keras.graph.adapter import nested_layers
+
+    backbone = _mobile_block_model(seed=3)
+    backbone = keras.Model(backbone.input, backbone.layers[-2].output, name="backbone")
+    model = keras.Sequential([keras.Input((10, 10, 3)), backbone,
+                              keras.layers.Dense(4, name="head")])
+    p = deft.plan(model, percentile=40, verbose=False)
+    p.apply(model)
+    retention = deft.SourceRetention(model, plan=p)
+    assert "dw_bn" in retention.bn_stats  # a BN of the nested backbone
+    target = deft.replace_head(model, 3, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 10, 10, 3)).astype("float32")
+    y = (np.arange(32) % 3).astype("int64")
+    before = retention.logits(target, x)
+    bn = next(layer for layer in nested_layers(target) if layer.name == "dw_bn")
+    mean = bn.moving_mean.numpy().copy()
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), p)
+    deft.Trainer(target, opt, retention=retention).fit((x, y), epochs=2, batch_size=8,
+                                                       restore_best=False)
+    assert np.any(bn.moving_mean.numpy() != mean)  # fine-tuning moved the statistics
+    np.testing.assert_allclose(retention.logits(target, x), before, rtol=0, atol=1e-5)
+
+
+def test_the_grafted_head_never_reads_a_slack_feature_not_even_a_nan():
+    model = small_resnet(seed=4)
+    p = deft.plan(model, percentile=60, verbose=False, pinned_elasticity=1.0)
+    p.apply(model)
+    retention = deft.SourceRetention(model, plan=p)
+    slack = np.flatnonzero(p.head_input_drift > 0)
+    assert 0 < slack.size < p.head_input_drift.size
+    x = np.random.default_rng(0).normal(size=(8, 10, 10, 3)).astype("float32")
+    before = retention.logits(model, x)
+    feats = retention.feature_model(model)
+    poisoned = keras.Model(feats.input, keras.layers.Lambda(
+        lambda f: f + np.where(np.isin(np.arange(f.shape[-1]), slack), np.nan, 0.0)
+        .astype("float32"))(feats.output))
+    retention._feature_models[id(model)] = poisoned
+    np.testing.assert_array_equal(retention.logits(model, x), before)

@@ -108,10 +108,17 @@ class SourceRetention:
             self.kernel[drift, :] = 0.0
             self.num_masked = int(drift.sum())
         else:
+            drift = np.zeros(self.kernel.shape[0], dtype=bool)
             self.num_masked = 0
+        # The features the grafted head reads: a slack feature is never multiplied
+        # in, not even by zero (a diverged fine-tuning's NaN would pass through 0 · x).
+        self._read = np.flatnonzero(~drift)
+        # Every BN, those of a nested backbone too (a keras.applications model used
+        # as a layer): fine-tuning moves their statistics as much as the others'.
         self.bn_stats = {
             l.name: (np.array(l.moving_mean.numpy()), np.array(l.moving_variance.numpy()))
-            for l in source_model.layers if layer_rules.get(l).normalization == "batch"
+            for l in kg.nested_layers(source_model)
+            if layer_rules.get(l).normalization == "batch"
         }
         self.data = (x, y)
         self._feature_models = {}
@@ -120,31 +127,37 @@ class SourceRetention:
     def source_statistics(self, model):
         """Context in which `model`'s BN moving statistics are the source ones."""
         saved = {}
+        layers = {}
+        for layer in kg.nested_layers(model):
+            layers.setdefault(layer.name, layer)
         try:
             for name, (mean, var) in self.bn_stats.items():
-                try:
-                    bn = model.get_layer(name)
-                except ValueError:
+                bn = layers.get(name)
+                if bn is None:
                     continue
-                saved[name] = (bn.moving_mean.numpy(), bn.moving_variance.numpy())
+                saved[name] = (bn, bn.moving_mean.numpy(), bn.moving_variance.numpy())
                 bn.moving_mean.assign(mean)
                 bn.moving_variance.assign(var)
             yield model
         finally:
-            for name, (mean, var) in saved.items():
-                bn = model.get_layer(name)
+            for bn, mean, var in saved.values():
                 bn.moving_mean.assign(mean)
                 bn.moving_variance.assign(var)
 
     def feature_model(self, model):
+        """`model` up to the features its head reads: the source head's input, or
+        on a target model (whose head `replace_head` renamed) its own head's."""
         key = id(model)
         if key not in self._feature_models:
-            try:
-                out = model.get_layer(self.feature_layer).output
-            except ValueError:
+            names = {layer.name for layer in model.layers}
+            head = self.head if self.head in names else find_head(model)
+            out = model.get_layer(head).input
+            if out.shape[-1] != self.kernel.shape[0]:
                 raise ValueError(
-                    f"Model '{model.name}' has no layer '{self.feature_layer}' (the "
-                    f"input of the source head '{self.head}').") from None
+                    f"Model '{model.name}': its head '{head}' reads {out.shape[-1]} "
+                    f"features, the source head '{self.head}' {self.kernel.shape[0]}: "
+                    "pass the target model made from the source model "
+                    "(deft.replace_head).")
             inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
             self._feature_models[key] = keras.Model(inputs, out)
         return self._feature_models[key]
@@ -156,7 +169,8 @@ class SourceRetention:
         with self.source_statistics(model):
             for start in range(0, len(x), batch_size):
                 f = np.asarray(feats(x[start:start + batch_size], training=False))
-                outs.append(f.reshape(len(f), -1) @ self.kernel + self.bias)
+                f = f.reshape(len(f), -1)[:, self._read]
+                outs.append(f @ self.kernel[self._read] + self.bias)
         return np.concatenate(outs) if outs else np.zeros((0, self.kernel.shape[-1]))
 
     def evaluate(self, model, x=None, y=None, batch_size: int = 512) -> float:
