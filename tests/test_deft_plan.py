@@ -475,3 +475,23 @@ def test_a_convolution_head_is_refused_with_what_to_do_instead():
     with pytest.raises(ValueError, match=r"'logits' is a Conv2D, not a Dense layer.*"
                                          r"include_top=False"):
         deft.plan(model, verbose=False)
+
+
+def test_a_batch_norm_on_axis_3_is_on_the_channel_axis_for_the_plan():
+    """keras.applications' ResNets write ``BatchNormalization(axis=3)``: its slack
+    channels are elastic and drift alone, as with ``axis=-1``."""
+    def build(axis):
+        keras.utils.set_random_seed(0)
+        L = keras.layers
+        inputs = keras.Input((8, 8, 3))
+        x = L.ReLU()(L.BatchNormalization(axis=axis, name="bn1")(L.Conv2D(8, 3, name="c1")(inputs)))
+        x = L.ReLU()(L.BatchNormalization(axis=axis, name="bn2")(L.Conv2D(8, 3, name="c2")(x)))
+        return keras.Model(inputs, L.Dense(3, name="head")(L.GlobalAveragePooling2D()(x)))
+
+    plans = [deft.plan(build(axis), percentile=40, cost="hope", actions=("prune",),
+                       verbose=False) for axis in (-1, 3)]
+    for p in plans:
+        e = np.asarray(p.layer_elasticity["bn2"])
+        assert e.shape == (8,) and 0 < e.sum() < 8
+        np.testing.assert_array_equal(p.head_input_drift > 0, e > 0)
+    assert plans[0].elasticity_map() == plans[1].elasticity_map()

@@ -92,7 +92,10 @@ def elasticities_and_drift(model, graph, elasticity, head, pinned):
         has_weights = bool(getattr(layer, "weights", None))
         # A shared layer, one its rule refuses, or a transposed convolution (its
         # kernel holds the outputs on another axis than the optimizer scales): frozen.
-        if fg.calls[key] > 1 or rule.check(layer) is not None and role != "unsupported" \
+        # The rank: a BatchNormalization on axis 3 of a 4-D tensor (keras.applications'
+        # ResNets, DenseNets, Inceptions) is on the channel axis.
+        rank = len(fg.shapes[node.inputs[0]]) if node.inputs else None
+        if fg.calls[key] > 1 or rule.check(layer, rank) is not None and role != "unsupported" \
                 or role == "source" and getattr(rule, "out_axis", -1) != -1:
             if has_weights:
                 layer_e[key] = 0.0
