@@ -622,9 +622,11 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
         warnings.warn(
             f"No slack channel of this plan reaches the head '{head}': every slack "
             "neuron feeds only core layers, which the masks cut it from, so fine-tuning "
-            "will move the head alone (a model whose residual streams a "
-            "LayerNormalization reads, as ConvNeXt's, keeps them core). Head-only "
-            "fine-tuning does the same.", stacklevel=2)
+            "will move the head alone, as head-only fine-tuning does. With the paper's "
+            "cost the residual streams and concatenations stay core (ResNets, DenseNets, "
+            "Inceptions): cost='hope', actions=('prune',) gives them slack of their own "
+            "(docs/deft.md, 'Limits'); a stream a LayerNormalization reads (ConvNeXt) "
+            "stays core.", stacklevel=2)
     return DeftPlan(
         percentile=float(percentile), eps=float(eps), tau_lock=tau, tau_p=tau_p,
         tau_sup=tau_sup, num_costs=size, head=head, feature_layer=feature_layer,
