@@ -100,6 +100,19 @@ def _img(x):
     return (x.astype(np.float32) / 255.0)[..., None]
 
 
+def fit_inputs(sets, shape):
+    """Each ``(x, y)`` of `sets` with its (N, 28, 28, 1) images zero-padded to the
+    model's input height and width and repeated on its channels (the ResNet-50
+    fixture's 32 × 32 × 3: `scripts/make_benchmark_fixtures.py`'s ``rgb32``)."""
+    h, w, c = (int(d) for d in shape)
+    out = {}
+    for k, (x, y) in sets.items():
+        ph, pw = (h - x.shape[1]) // 2, (w - x.shape[2]) // 2
+        x = np.pad(x, ((0, 0), (ph, h - x.shape[1] - ph), (pw, w - x.shape[2] - pw), (0, 0)))
+        out[k] = (np.repeat(x, c, axis=-1) if c != x.shape[-1] else x, y)
+    return out
+
+
 def source_classes(task):
     return list(range(10)) if task == "digits" else [0, 1, 2, 3, 4]
 
@@ -121,6 +134,12 @@ def load_source(task, n_train, n_val, n_test, seed=0):
 
 
 def load_target(task, seed, args):
+    sets = _load_target(task, seed, args)
+    shape = getattr(args, "input_shape", None)
+    return fit_inputs(sets, shape) if shape is not None else sets
+
+
+def _load_target(task, seed, args):
     if task == "digits":
         return load_digits_target(seed)
     raw = fmnist()
@@ -221,6 +240,9 @@ def train_source(args, src):
 
     from hope_keras import reestimate_batchnorm_statistics
 
+    if args.source_model is not None:  # a model trained elsewhere (Fashion-MNIST)
+        return keras.saving.load_model(args.source_model, compile=False), \
+            args.source_model, None
     path = source_path(args)
     if path.exists():
         return keras.saving.load_model(path, compile=False), path, None
@@ -256,12 +278,13 @@ class Plans:
         from hope_keras import deft
 
         s = {**DEFT_DEFAULTS, **hp}
-        key = (s["cost"], s["threshold"], float(s["percentile"]))
+        actions = tuple(s.get("actions", "prune,merge").split(","))
+        key = (s["cost"], s["threshold"], float(s["percentile"]), actions)
         if key not in self.cache:
             t0 = time.time()
             self.cache[key] = deft.plan(self.source, percentile=s["percentile"],
                                         cost=s["cost"], threshold=s["threshold"],
-                                        compensate=s["compensate"])
+                                        compensate=s["compensate"], actions=actions)
             self.seconds += time.time() - t0
         return self.cache[key], s["compensate"]
 
@@ -419,6 +442,10 @@ def main(argv=None) -> int:
     ap.add_argument("--task", choices=["digits", "split"], default="digits")
     ap.add_argument("--widths", type=int, nargs=4, default=[16, 32, 48, 48])
     ap.add_argument("--bottleneck", type=int, default=64)
+    ap.add_argument("--source-model", type=Path, default=None,
+                    help="a trained Fashion-MNIST classifier (.keras) as the source "
+                         "instead of the VGG (--task digits; its inputs padded and "
+                         "repeated to the model's shape), e.g. the ResNet-50 fixture")
     ap.add_argument("--activation", choices=["relu", "relu6"], default="relu",
                     help="the network's activations (relu6: every group coupled)")
     ap.add_argument("--source-train", type=int, default=20000)
@@ -459,6 +486,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/hope_deft_bench"))
     ap.add_argument("--out", type=Path, default=Path("/tmp/deft_transfer_results.md"))
     args = ap.parse_args(argv)
+    if args.source_model is not None and args.task != "digits":
+        ap.error("--source-model is a 10-class Fashion-MNIST classifier: --task digits")
     if args.quick:  # the first setting of DEFT, EWC, head-only; seeds 0 and 1; small sets
         args.source_train, args.source_epochs, args.epochs, args.seeds = 3000, 1, 1, 2
         if args.methods == ap.get_default("methods"):
@@ -474,7 +503,7 @@ def main(argv=None) -> int:
     fixed_deft = {}
     for item in args.deft:
         k, _, v = item.partition("=")
-        fixed_deft[k] = float(v) if k in ("percentile", "lr") else v
+        fixed_deft[k] = float(v) if k in ("percentile", "lr") else v  # actions=prune,merge
     for key in ("deft", "deft_none"):
         grid = [{**hp, **fixed_deft} for hp in GRIDS[key]]
         GRIDS[key] = [dict(t) for t in dict.fromkeys(tuple(sorted(hp.items()))
@@ -487,16 +516,22 @@ def main(argv=None) -> int:
     t_start = time.time()
     src = load_source(args.task, args.source_train, args.source_val, args.source_test)
     source, path, src_seconds = train_source(args, src)
+    if args.source_model is not None:
+        args.input_shape = tuple(source.input_shape[1:])
+        src = fit_inputs(src, args.input_shape)
     src_test_acc = deft.accuracy(source, *src["test"])
     src_val_acc = deft.accuracy(source, *src["val"])
     print(f"source model {path.name}: test-subset accuracy {src_test_acc:.4f}, val "
           f"{src_val_acc:.4f} (trained in {src_seconds or 0:.0f} s; 0 = cached)")
     header = [
         f"Task {args.task}. Source: Fashion-MNIST classes {source_classes(args.task)}, "
-        f"VGG-BN widths {args.widths} + fc {args.bottleneck}"
-        f"{', every ReLU a ReLU6' if args.activation == 'relu6' else ''}, {args.source_train} "
-        f"training images, {args.source_epochs} epochs, batch {args.source_batch}, L2 "
-        f"{args.source_l2:g}; test-subset accuracy {100 * src_test_acc:.2f}% "
+        + (f"the trained model {path} ('{source.name}', inputs padded to "
+           f"{args.input_shape}); " if args.source_model is not None else
+           f"VGG-BN widths {args.widths} + fc {args.bottleneck}"
+           f"{', every ReLU a ReLU6' if args.activation == 'relu6' else ''}, "
+           f"{args.source_train} training images, {args.source_epochs} epochs, batch "
+           f"{args.source_batch}, L2 {args.source_l2:g}; ")
+        + f"test-subset accuracy {100 * src_test_acc:.2f}% "
         f"({args.source_test} images), validation {100 * src_val_acc:.2f}% "
         f"({args.source_val}).", ""]
 
