@@ -451,11 +451,19 @@ def test_drift_into_a_layer_normalization_reaches_every_channel_after_it():
 
 def test_a_plan_whose_slack_cannot_reach_the_head_says_so():
     """Without the group after the stream, the only slack (the MLP's hidden group)
-    feeds the core stream: fine-tuning would move the head alone."""
+    feeds the core stream: fine-tuning would move the head alone, so the plan keeps
+    every neuron core and its masks cut nothing."""
     import warnings
 
+    model = _layer_norm_block_model(proj=False)
+    before = model.get_weights()
     with pytest.warns(UserWarning, match="No slack channel of this plan reaches the head"):
-        deft.plan(_layer_norm_block_model(proj=False), percentile=40, verbose=False)
+        p = deft.plan(model, percentile=40, verbose=False)
+    # Every neuron core: applying the plan changes nothing (no merge, mask or shift).
+    assert not any(e.any() for e in p.elasticity.values()) and not p.merges
+    p.apply(model)
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="No slack channel")
         deft.plan(_layer_norm_block_model(), percentile=40, verbose=False)

@@ -619,14 +619,21 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     layer_e, drift = elasticities_and_drift(model, graph, elasticity, head,
                                              float(pinned_elasticity))
     if any(e.any() for e in elasticity.values()) and not np.any(drift[head] > 0):
+        # Slack that cannot reach the head learns nothing the target sees, and its
+        # masks and merges only cost the source: the plan keeps every neuron core.
         warnings.warn(
             f"No slack channel of this plan reaches the head '{head}': every slack "
-            "neuron feeds only core layers, which the masks cut it from, so fine-tuning "
-            "will move the head alone, as head-only fine-tuning does. With the paper's "
-            "cost the residual streams and concatenations stay core (ResNets, DenseNets, "
-            "Inceptions): cost='hope', actions=('prune',) gives them slack of their own "
-            "(docs/deft.md, 'Limits'); a stream a LayerNormalization reads (ConvNeXt) "
-            "stays core.", stacklevel=2)
+            "neuron feeds only core layers, which the masks would cut it from. The plan "
+            "keeps every neuron core (no merge, no mask): fine-tuning moves the head "
+            "alone, as head-only fine-tuning does. With the paper's cost the residual "
+            "streams and concatenations stay core (ResNets, DenseNets, Inceptions); "
+            "cost='hope', actions=('prune',) gives them slack of their own, at a larger "
+            "cost to the source (docs/deft.md, 'Limits'). A stream a LayerNormalization "
+            "reads (ConvNeXt) stays core.", stacklevel=2)
+        merges, vessels = [], {g: [] for g in vessels}
+        elasticity = {g: np.zeros_like(e) for g, e in elasticity.items()}
+        layer_e, drift = elasticities_and_drift(model, graph, elasticity, head,
+                                                 float(pinned_elasticity))
     return DeftPlan(
         percentile=float(percentile), eps=float(eps), tau_lock=tau, tau_p=tau_p,
         tau_sup=tau_sup, num_costs=size, head=head, feature_layer=feature_layer,
