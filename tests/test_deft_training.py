@@ -310,14 +310,29 @@ def _mobile_block_model(seed=0):
     x = L.SeparableConv2D(16, 3, padding="same", name="sep")(x)
     x = L.ReLU(6.0)(L.BatchNormalization(name="sep_bn")(x))
     x = L.GlobalAveragePooling2D()(x)
-    model = keras.Model(inputs, L.Dense(4, name="head")(x))
+    return _trained_looking_statistics(keras.Model(inputs, L.Dense(4, name="head")(x)), seed)
+
+
+def _applied_and_retargeted(model, plan):
+    """`plan` applied to `model`; its retention, a 3-class target and 48 inputs."""
+    plan.apply(model)
+    retention = deft.SourceRetention(model, plan=plan)
+    target = deft.replace_head(model, 3, seed=0)
+    shape = tuple(model.inputs[0].shape[1:])
+    x = np.random.default_rng(0).normal(size=(48,) + shape).astype("float32")
+    return retention, target, x, (np.arange(48) % 3).astype("int64")
+
+
+def _trained_looking_statistics(model, seed, gamma=True):
+    """BN moving statistics (and γ) drawn as a trained model's, in place."""
     rng = np.random.default_rng(seed)
     for layer in model.layers:
-        if isinstance(layer, L.BatchNormalization):
+        if isinstance(layer, keras.layers.BatchNormalization):
             n = layer.moving_mean.shape[0]
             layer.moving_mean.assign(rng.normal(0, 0.5, n).astype("float32"))
             layer.moving_variance.assign(rng.uniform(0.5, 2.0, n).astype("float32"))
-            layer.gamma.assign(rng.uniform(0.5, 1.5, n).astype("float32"))
+            if gamma:
+                layer.gamma.assign(rng.uniform(0.5, 1.5, n).astype("float32"))
     return model
 
 
@@ -334,17 +349,12 @@ def test_depthwise_and_separable_layers_keep_their_core_through_fine_tuning(inne
     dw = np.asarray(emap["dw/kernel"])
     assert dw.shape == (12, 1) and 0 < dw.sum() < 12  # core and slack channels
     assert emap["sep/depthwise_kernel"] == 0.0  # some output of 'sep' is core
-    p.apply(model)
+    retention, target, x, y = _applied_and_retargeted(model, p)
     pointwise = model.get_layer("sep").pointwise_kernel.numpy()
     drift = p.input_drift["sep"] > 0  # depth multiplier 1: a row per channel
     core_out = np.asarray(emap["sep"]) == 0
     assert drift.any() and core_out.any()
     assert np.all(pointwise[:, :, drift][..., core_out] == 0)  # the cut rows
-    retention = deft.SourceRetention(model, plan=p)
-    target = deft.replace_head(model, 3, seed=0)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(48, 10, 10, 3)).astype("float32")
-    y = (np.arange(48) % 3).astype("int64")
     before = retention.logits(target, x)
     start = {v.path: v.numpy().copy() for v in target.trainable_variables}
     base = (keras.optimizers.SGD(0.2, momentum=0.9) if inner == "sgd"
@@ -390,13 +400,7 @@ def _layer_norm_block_model(seed=0, proj=True):
         x = L.BatchNormalization(name="proj_bn")(L.Conv2D(16, 1, name="proj")(x))
         x = L.Activation("gelu")(x)
     model = keras.Model(inputs, L.Dense(4, name="head")(L.GlobalAveragePooling2D()(x)))
-    rng = np.random.default_rng(seed)
-    for layer in model.layers:
-        if isinstance(layer, L.BatchNormalization):
-            n = layer.moving_mean.shape[0]
-            layer.moving_mean.assign(rng.normal(0, 0.5, n).astype("float32"))
-            layer.moving_variance.assign(rng.uniform(0.5, 2.0, n).astype("float32"))
-    return model
+    return _trained_looking_statistics(model, seed, gamma=False)
 
 
 def test_a_group_a_layer_normalization_reads_stays_core_and_the_core_keeps_its_outputs():
@@ -414,12 +418,7 @@ def test_a_group_a_layer_normalization_reads_stays_core_and_the_core_keeps_its_o
     assert read_by_norm and read_by_norm != set(p.groups)
     for g in p.groups:
         assert (p.elasticity[g].any()) == (g not in read_by_norm), g
-    p.apply(model)
-    retention = deft.SourceRetention(model, plan=p)
-    target = deft.replace_head(model, 3, seed=0)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(48, 8, 8, 3)).astype("float32")
-    y = (np.arange(48) % 3).astype("int64")
+    retention, target, x, y = _applied_and_retargeted(model, p)
     before = retention.logits(target, x)
     proj = target.get_layer("proj").kernel.numpy().copy()
     slack = p.elasticity["proj"] > 0
