@@ -408,13 +408,13 @@ def test_a_group_a_layer_normalization_reads_stays_core_and_the_core_keeps_its_o
     groups it reads core (the stream), and the source logits survive fine-tuning
     (theorem H.2). The MLP's hidden slack feeds only the core stream, so the mask
     cuts it off (docs/deft.md, "Limits"); the group after the stream learns."""
-    from hope_keras.deft.application import normalised_together
+    from hope_keras.graph.walker import normalised_together
     from hope_keras.graph.walker import walk
 
     model = _layer_norm_block_model()
     p = deft.plan(model, percentile=40, verbose=False)  # no ReLU neuron layer: "hope"
     graph = walk(model)
-    read_by_norm = {g for g in p.groups if normalised_together(graph.flat, graph.groups[g])}
+    read_by_norm = {g for g in p.groups if normalised_together(graph.groups[g], graph.layer)}
     assert read_by_norm and read_by_norm != set(p.groups)
     for g in p.groups:
         assert (p.elasticity[g].any()) == (g not in read_by_norm), g

@@ -158,14 +158,6 @@ def elasticities_and_drift(model, graph, elasticity, head, pinned):
     return layer_e, input_drift
 
 
-def normalised_together(fg, group) -> bool:
-    """Whether a layer that normalises across channels (LayerNormalization) reads
-    `group`: one drifting channel there would move every other, so DEFT keeps such
-    a group core."""
-    return any(getattr(layer_rules.get(fg.node_of(c.layer).op), "normalises_channels", False)
-               for c in group.couplings if c.role == "channel")
-
-
 def variable_elasticities(fg, layer_e) -> Dict[str, object]:
     """``{"layer/variable": elasticity}`` for the variables of a per-channel layer
     elasticity whose channels are not on their last axis (`ElasticOptimizer` scales

@@ -44,7 +44,7 @@ from hope_keras.graph import walker as graph_lib
 from hope_keras.graph import layers as layer_rules
 from hope_keras.deft.application import (  # noqa: F401 - COMPENSATIONS, apply_plan: given here
     COMPENSATIONS, apply_plan, as_vector, check_compensate, elasticities_and_drift,
-    normalised_together, variable_elasticities)
+    variable_elasticities)
 from hope_keras.graph.fingerprint import fingerprint
 from hope_keras.search.trajectory import Step
 from hope_keras.search.encoder import Encoder
@@ -612,7 +612,7 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     flat = graph.flat if getattr(graph, "flat", None) is not None else kg.flatten(model)
     for g, n in sizes.items():
         e = (j_prune[g] < tau_groups[g]).astype(np.float32)
-        if not vessels[g] and normalised_together(flat, graph.groups[g]):
+        if not vessels[g] and graph_lib.normalised_together(graph.groups[g], graph.layer):
             e[:] = 0.0  # a LayerNormalization reads it: one drifting channel moves all
         e[vessels[g]] = 1.0
         elasticity[g] = e

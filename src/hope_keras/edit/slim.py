@@ -74,7 +74,7 @@ def live_channels(model, group: graph_lib.NeuronGroup, graph=None,
         for rows in reader_slices(get(c.layer), c.positions):
             read |= np.any(rows != 0, axis=1)
     keep = ~dead & read
-    if _normalised(get, group):
+    if graph_lib.normalised_together(group, get):
         # A LayerNormalization counts every channel in its statistics: only channels
         # that are exactly zero wherever the group flows can go (they are then counted
         # as zeros by `ZeroPaddedLayerNormalization`).
@@ -82,11 +82,6 @@ def live_channels(model, group: graph_lib.NeuronGroup, graph=None,
     if not keep.any():
         keep[0] = True  # a layer cannot be empty; this channel reads as zero anyway
     return keep
-
-
-def _normalised(get, group) -> bool:
-    return any(getattr(layer_rules.get(get(c.layer)), "normalises_channels", False)
-               for c in group.couplings if c.role == "channel")
 
 
 def _maps_zero_to_zero(fn) -> bool:

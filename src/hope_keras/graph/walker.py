@@ -575,6 +575,15 @@ class _Walker:
         return out
 
 
+def normalised_together(group: NeuronGroup, get) -> bool:
+    """Whether a layer that normalises across channels (LayerNormalization) reads
+    `group` (``get`` looks a layer up by key): its statistics mix every channel, so
+    a removed channel must be counted as a zero (`slim`) and a drifting one would
+    move all the others (DEFT keeps such a group core)."""
+    return any(getattr(layer_rules.get(get(c.layer)), "normalises_channels", False)
+               for c in group.couplings if c.role == "channel")
+
+
 def _as_neurons(fg, group: NeuronGroup) -> NeuronGroup:
     """The group as the paper's neuron layer when it has that shape; otherwise the
     group with ``note`` saying why it is pruned only."""
