@@ -361,6 +361,50 @@ def test_mean_compensation_keeps_the_core_mean_against_monte_carlo(use_bias):
     assert err["mean"].max() < 5e-3, err
 
 
+def test_mean_compensation_counts_a_transposed_convolution_by_its_taps():
+    # A strided transposed convolution reads its drifting inputs at 9 / 4 taps per
+    # output position on average (3 × 3 kernel, stride 2): the cut signal's mean over
+    # positions is that share of its kernel-summed mean. c0's BN statistics are its
+    # exact output moments on N(0, I) inputs (the surrogate exact); "mean" must keep
+    # each core output's mean over positions up to the borders (a few %), where
+    # counting every tap would leave three times the cut mean (Monte Carlo).
+    keras.utils.set_random_seed(3)
+    L = keras.layers
+    inputs = keras.Input((24, 24, 4))
+    x = L.Conv2D(6, 1, name="c0")(inputs)
+    x = L.ReLU()(L.BatchNormalization(epsilon=1e-7, name="c0_bn")(x))
+    x = L.Conv2DTranspose(6, 3, strides=2, padding="same", name="up")(x)
+    x = L.ReLU()(L.BatchNormalization(name="up_bn")(x))
+    model = keras.Model(inputs, L.Dense(3, name="head")(L.GlobalAveragePooling2D()(x)))
+    c0, bn0 = model.get_layer("c0"), model.get_layer("c0_bn")
+    rng = np.random.default_rng(5)
+    bn0.gamma.assign(rng.uniform(0.5, 1.5, 6))
+    bn0.beta.assign(rng.normal(0.0, 0.5, 6))
+    bn0.moving_mean.assign(c0.bias.numpy())
+    bn0.moving_variance.assign((c0.kernel.numpy().astype(np.float64)[0, 0] ** 2).sum(0))
+    p = deft.plan(model, percentile=40, threshold="layer")
+    up = model.get_layer("up")
+    mask = p.mask("up", up.kernel.shape, out_axis=-2)  # (1, 1, outputs, inputs)
+    assert mask is not None and (mask == 0).any()
+    cut_rows = (mask[0, 0] == 0).any(1)
+    data = rng.normal(size=(400, 24, 24, 4)).astype("float32")
+
+    def up_mean(m):
+        out = keras.Model(m.inputs, m.get_layer("up").output).predict(
+            data, batch_size=100, verbose=0)
+        return np.asarray(out, dtype=np.float64).mean((0, 1, 2))
+
+    want = up_mean(model)
+    err = {}
+    for comp in ("none", "mean"):
+        m = copy_model(model)
+        deft.apply_plan(m, p, merges=False, check=False, compensate=comp)
+        err[comp] = np.abs(up_mean(m) - want)
+    assert err["none"][cut_rows].min() > 0.01, err
+    assert np.all(err["mean"][cut_rows] < 0.1 * err["none"][cut_rows]), err
+    assert err["mean"][~cut_rows].max() < 1e-5, err
+
+
 def test_mean_var_compensation_keeps_the_core_variance_against_monte_carlo():
     # fc0 diagonal on N(0, I) inputs: fc0's ReLU outputs are independent with exactly
     # the surrogate's moments, so the variance a cut removes from an fc1 neuron is

@@ -160,6 +160,15 @@ def test_optimizer_refuses_weight_decay_and_bad_maps():
     with pytest.raises(ValueError, match="'fc/kernel' has shape"):
         opt.elasticity_of(v_path)
     del v
+    # (channels, 1) broadcasts over a transposed kernel's inputs; (1, …) never stands
+    # for the channels.
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(), elasticity={
+        "t/kernel": [[1.0], [0.0]], "u/kernel": [[1.0, 0.0, 1.0]]})
+    t_path = type("V", (), {"path": "t/kernel", "shape": (3, 3, 2, 5)})()
+    assert np.asarray(opt.elasticity_of(t_path)).shape == (2, 1)
+    u_path = type("V", (), {"path": "u/kernel", "shape": (3, 3, 2, 3)})()
+    with pytest.raises(ValueError, match="'u/kernel' has shape"):
+        opt.elasticity_of(u_path)
 
 
 def test_a_plan_of_another_model_and_mismatched_labels_are_refused_before_training():
@@ -271,31 +280,6 @@ def test_core_is_bit_identical_after_fine_tuning_with_shock_reduction():
                                               applied[layer.moving_variance.path])
 
 
-def test_a_transposed_convolution_is_frozen_and_its_plan_applies():
-    """A transposed convolution's filters lie on its kernel's axis -2, which the
-    per-neuron elasticity (the last axis) does not address: DEFT freezes the layer,
-    and the rest of its group (the BN after it) still follows the plan."""
-    keras.utils.set_random_seed(0)
-    L = keras.layers
-    inputs = keras.Input((8, 8, 2))
-    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(6, 3, strides=2, padding="same")(inputs)))
-    x = L.Conv2DTranspose(6, 3, strides=2, padding="same", name="up")(x)
-    x = L.ReLU()(L.BatchNormalization(name="up_bn")(x))
-    model = keras.Model(inputs, L.Dense(3, name="head")(L.GlobalAveragePooling2D()(x)))
-    p = deft.plan(model, percentile=30, verbose=False)
-    assert p.elasticity_map()["up"] == 0.0
-    assert isinstance(p.elasticity_map()["up_bn"], list)  # per channel
-    p.apply(model)
-    target = deft.replace_head(model, 2, seed=0)
-    up = target.get_layer("up").kernel.numpy().copy()
-    target.compile(deft.ElasticOptimizer(keras.optimizers.SGD(0.1), p),
-                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.default_rng(0)
-    target.fit(rng.normal(size=(32, 8, 8, 2)).astype("float32"), np.arange(32) % 2,
-               epochs=1, verbose=0)
-    np.testing.assert_array_equal(target.get_layer("up").kernel.numpy(), up)
-
-
 def _mobile_block_model(seed=0):
     """Depthwise and separable convolutions between ReLU6 groups (every group
     coupled, so only the width-free cost prices them), with a residual sum."""
@@ -372,6 +356,51 @@ def test_depthwise_and_separable_layers_keep_their_core_through_fine_tuning(inne
         s = _scale(opt, v)
         np.testing.assert_array_equal(v.numpy()[s == 0], start[v.path][s == 0],
                                       err_msg=v.path)
+
+
+def _transposed_block_model(seed=0):
+    """A decoder step: a strided convolution, a transposed one back up (BN-ReLU
+    neuron layers both), a convolution, a Dense head."""
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+    inputs = keras.Input((8, 8, 3))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(12, 3, padding="same", name="c1")(inputs)))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(16, 3, strides=2, padding="same",
+                                                 name="c2")(x)))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2DTranspose(12, 3, strides=2, padding="same",
+                                                          name="up")(x)))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(10, 3, padding="same", name="c3")(x)))
+    x = L.GlobalAveragePooling2D()(x)
+    return _trained_looking_statistics(keras.Model(inputs, L.Dense(4, name="head")(x)), seed)
+
+
+def test_a_transposed_convolution_keeps_its_core_and_drifts_only_its_slack():
+    """A transposed convolution's outputs lie on its kernel's axis -2: the plan scales
+    them per channel (``(C, 1)``) and cuts its drifting inputs from its core outputs,
+    so only its slack outputs drift on (not every channel, which would cut every
+    input of the core that reads them). Theorem H.2 holds through fine-tuning."""
+    model = _transposed_block_model()
+    p = deft.plan(model, percentile=40, verbose=False)
+    emap = p.elasticity_map()
+    e_up = np.asarray(emap["up"])
+    assert np.asarray(emap["up/kernel"]).shape == (12, 1)
+    assert 0 < e_up.sum() < 12
+    np.testing.assert_array_equal(p.input_drift["c3"] > 0, e_up > 0)
+    retention, target, x, y = _applied_and_retargeted(model, p)
+    kernel = model.get_layer("up").kernel.numpy()  # (3, 3, outputs, inputs)
+    drift_in, core_out = p.input_drift["up"] > 0, e_up == 0
+    assert drift_in.any() and core_out.any()
+    assert np.all(kernel[:, :, core_out][..., drift_in] == 0)  # the cuts
+    assert np.any(kernel[:, :, core_out][..., ~drift_in] != 0)
+    before = retention.logits(target, x)
+    start = {v.path: v.numpy().copy() for v in target.trainable_variables}
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.2, momentum=0.9), p)
+    deft.Trainer(target, opt, retention=retention).fit((x, y), epochs=3, batch_size=8,
+                                                       restore_best=False)
+    np.testing.assert_allclose(retention.logits(target, x), before, rtol=0, atol=1e-5)
+    moved = np.any(target.get_layer("up").kernel.numpy() != start["up/kernel"],
+                   axis=(0, 1, 3))
+    np.testing.assert_array_equal(moved, e_up > 0)  # exactly the slack outputs
 
 
 def test_a_saved_plan_keeps_its_per_variable_elasticities(tmp_path):

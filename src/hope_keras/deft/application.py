@@ -90,13 +90,11 @@ def elasticities_and_drift(model, graph, elasticity, head, pinned):
         any_in = any(np.any(p > 0) for p in parents)
         conservative = np.full(n_out, float(any_in))
         has_weights = bool(getattr(layer, "weights", None))
-        # A shared layer, one its rule refuses, or a transposed convolution (its
-        # kernel holds the outputs on another axis than the optimizer scales): frozen.
-        # The rank: a BatchNormalization on axis 3 of a 4-D tensor (keras.applications'
-        # ResNets, DenseNets, Inceptions) is on the channel axis.
+        # A shared layer, or one its rule refuses: frozen. The rank: a
+        # BatchNormalization on axis 3 of a 4-D tensor (keras.applications' ResNets,
+        # DenseNets, Inceptions) is on the channel axis.
         rank = len(fg.shapes[node.inputs[0]]) if node.inputs else None
-        if fg.calls[key] > 1 or rule.check(layer, rank) is not None and role != "unsupported" \
-                or role == "source" and getattr(rule, "out_axis", -1) != -1:
+        if fg.calls[key] > 1 or rule.check(layer, rank) is not None and role != "unsupported":
             if has_weights:
                 layer_e[key] = 0.0
             drift[out_t] = conservative
@@ -164,7 +162,8 @@ def variable_elasticities(fg, layer_e) -> Dict[str, object]:
     a layer's other variables on that axis).
 
     A depthwise convolution keeps its channels on its kernel's axis −2 (``(*spatial,
-    C, 1)``): its entry is the channels' elasticities shaped ``(C, 1)``. A separable
+    C, 1)``), a transposed convolution too (``(*spatial, C, inputs)``): the entry is
+    the channels' elasticities shaped ``(C, 1)``, broadcast over what follows. A separable
     convolution's depthwise kernel feeds every output channel through the pointwise
     one: it moves only when every output is elastic (the smallest elasticity), so a
     core output keeps its depthwise filters.
@@ -186,12 +185,12 @@ def variable_elasticities(fg, layer_e) -> Dict[str, object]:
             axis = axis_of.get(id(var))
             if axis is None:  # not indexed by the channels: moves with all of them
                 out[name] = float(vec.min())
-            elif axis % ndim != ndim - 1:  # the channels, then axes of size 1
-                trailing = tuple(int(d) for d in var.shape[axis % ndim + 1:])
-                if any(d != 1 for d in trailing) or var.shape[axis] != vec.size:
+            elif axis % ndim != ndim - 1:  # the channels, then axes they broadcast over
+                trailing = ndim - 1 - axis % ndim
+                if var.shape[axis] != vec.size:
                     out[name] = float(vec.min())
                 else:
-                    out[name] = vec.reshape((vec.size,) + trailing)
+                    out[name] = vec.reshape((vec.size,) + (1,) * trailing)
     return out
 
 
@@ -266,7 +265,8 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
         for name in plan.input_drift:
             layer = g.layer(name)
             if getattr(layer, "kernel", None) is not None:
-                m = plan.mask(name, tuple(layer.kernel.shape))
+                m = plan.mask(name, tuple(layer.kernel.shape),
+                              out_axis=layer_rules.output_axis(layer))
                 if m is not None:
                     cuts[name] = m
             elif getattr(layer, "pointwise_kernel", None) is not None:
@@ -290,19 +290,25 @@ def apply_plan(model, plan: DeftPlan, merges: bool = True, mask: bool = True,
 
 def _compensate_cuts(fg, cuts, compensate):
     """Moves the first (and second) moment of every cut signal into its core neuron
-    (see `apply_plan`); `cuts` maps a kernel layer to its eq.-28 mask."""
+    (see `apply_plan`); `cuts` maps a kernel layer to its eq.-28 mask. A transposed
+    convolution's kernel (outputs on axis −2) counts by its taps per output position
+    (`layer_rules.taps_per_output`), as the moment propagation counts it."""
     table = moments_lib.propagate(fg)
     for name, m in cuts.items():
         layer = fg.layers[name]
         node = fg.node_of(name)
         kernel = np.asarray(layer.kernel.numpy(), dtype=np.float64)
+        m = np.asarray(m)
+        if layer_rules.output_axis(layer) % kernel.ndim != kernel.ndim - 1:
+            kernel, m = np.swapaxes(kernel, -1, -2), np.swapaxes(m, -1, -2)
         n_in, n_out = kernel.shape[-2], kernel.shape[-1]
         k = kernel.reshape(-1, n_in, n_out)
-        cut = np.broadcast_to(np.asarray(m).reshape(-1, n_out) == 0, (n_in, n_out))
+        taps = layer_rules.taps_per_output(layer)
+        cut = np.broadcast_to(m.reshape(-1, n_out) == 0, (n_in, n_out))
         mean, var = table[node.inputs[0]]
         if mean.shape != (n_in,):
             continue  # positions we cannot map: leave uncompensated
-        shift = (np.where(cut, k.sum(0), 0.0) * mean[:, None]).sum(0)
+        shift = taps * (np.where(cut, k.sum(0), 0.0) * mean[:, None]).sum(0)
         kids = fg.children(node)
         bn = (kids[0].op if len(kids) == 1 and fg.calls[kids[0].key] == 1
               and layer_rules.get(kids[0].op).normalization == "batch" else None)
@@ -313,7 +319,7 @@ def _compensate_cuts(fg, cuts, compensate):
             mm = bn.moving_mean.numpy()
             bn.moving_mean.assign((mm - shift).astype(mm.dtype))
         if compensate == "mean_var" and bn is not None:
-            sq = (k ** 2).sum(0) * var[:, None]
+            sq = taps * (k ** 2).sum(0) * var[:, None]
             total = sq.sum(0)
             kept = np.where(total > 0, 1.0 - np.where(cut, sq, 0.0).sum(0) /
                             np.where(total > 0, total, 1.0), 1.0)

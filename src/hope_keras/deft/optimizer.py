@@ -51,8 +51,8 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
         plan: A `hope_keras.deft.DeftPlan` (its ``elasticity_map()`` is used).
         elasticity: Or a map ``{layer or "layer/variable": number or list over the
             output channels}`` (a nested list over a variable's last axes where its
-            channels are not last: ``(C, 1)`` for a depthwise kernel); entries here
-            override the plan's.
+            channels are not last, 1 where it broadcasts: ``(C, 1)`` for a depthwise
+            or a transposed convolution's kernel); entries here override the plan's.
         default: Elasticity of variables found in neither.
         name: Optimizer name.
 
@@ -130,12 +130,16 @@ class ElasticOptimizer(keras.optimizers.Optimizer):
                 if isinstance(value, list):
                     value = np.asarray(value, dtype=np.float64)
                     shape = tuple(int(d) for d in variable.shape)
-                    if value.ndim > len(shape) or value.shape != shape[len(shape) - value.ndim:]:
+                    last = shape[len(shape) - value.ndim:]
+                    if value.ndim > len(shape) or any(
+                            v != s and (v != 1 or k == 0)
+                            for k, (v, s) in enumerate(zip(value.shape, last))):
                         raise ValueError(
                             f"Elasticity of '{key}' has shape {value.shape} but variable "
                             f"'{path}' has shape {shape}: a list must match its last "
-                            "(output-channel) axis, or its last axes (a depthwise kernel's "
-                            "channels and multiplier).")
+                            "(output-channel) axis, or its last axes, the channels first "
+                            "and 1 where it broadcasts (a depthwise or transposed "
+                            "convolution's kernel: (channels, 1)).")
                     if np.all(value == value.ravel()[0]):
                         return float(value.ravel()[0])
                 return value

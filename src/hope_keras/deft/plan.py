@@ -259,15 +259,20 @@ class DeftPlan:
         return float(sum(np.count_nonzero(e > 0) for e in self.elasticity.values())
                      / max(total, 1))
 
-    def mask(self, layer: str, kernel_shape, expand: int = 1) -> Optional[np.ndarray]:
+    def mask(self, layer: str, kernel_shape, expand: int = 1,
+             out_axis: int = -1) -> Optional[np.ndarray]:
         """The structural mask (eq. 28) of a kernel layer, broadcastable to its kernel,
         or None when it masks nothing. ``expand``: kernel rows per input channel (a
-        separable convolution's pointwise kernel: its depth multiplier)."""
+        separable convolution's pointwise kernel: its depth multiplier). ``out_axis``:
+        the kernel axis of the outputs, −1, or −2 for a transposed convolution
+        (``(*spatial, outputs, inputs)``)."""
         if layer not in self.input_drift:
             return None
+        if out_axis not in (-1, -2):
+            raise ValueError(f"out_axis must be -1 or -2. Received: out_axis={out_axis!r}")
         d_in = np.repeat(np.asarray(self.input_drift[layer]) > 0, expand)
-        e_out = as_vector(self.layer_elasticity.get(layer, 1.0), kernel_shape[-1])
-        cut = np.outer(d_in, e_out == 0)
+        e_out = as_vector(self.layer_elasticity.get(layer, 1.0), kernel_shape[out_axis])
+        cut = np.outer(d_in, e_out == 0) if out_axis == -1 else np.outer(e_out == 0, d_in)
         if not cut.any():
             return None
         m = (~cut).astype(np.float32)
