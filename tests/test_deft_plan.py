@@ -539,3 +539,48 @@ def test_a_batch_norm_on_axis_3_is_on_the_channel_axis_for_the_plan():
         assert e.shape == (8,) and 0 < e.sum() < 8
         np.testing.assert_array_equal(p.head_input_drift > 0, e > 0)
     assert plans[0].elasticity_map() == plans[1].elasticity_map()
+
+
+class _Subclassed(keras.Model):
+    """A subclassed model without ``get_config``: Keras cannot clone it."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        L = keras.layers
+        self.fc = L.Dense(16, name="fc")
+        self.bn = L.BatchNormalization(name="fc_bn")
+        self.head = L.Dense(units, name="head")
+
+    def call(self, x):
+        return self.head(keras.ops.relu(self.bn(self.fc(x))))
+
+
+def test_a_model_keras_cannot_clone_is_planned_in_place_and_put_back(monkeypatch):
+    """`plan` runs the encoder on a clone; a subclassed model cannot be cloned, so it
+    runs on the model and puts its weights back, after a Ctrl-C too."""
+    keras.utils.set_random_seed(0)
+    model = _Subclassed(3, name="sub")
+    model(np.zeros((1, 6), "float32"))
+    rng = np.random.default_rng(0)
+    bn = model.bn
+    bn.moving_mean.assign(rng.normal(0, 0.5, 16).astype("float32"))
+    bn.moving_variance.assign(rng.uniform(0.5, 2.0, 16).astype("float32"))
+    with pytest.raises(NotImplementedError):
+        keras.models.clone_model(model)
+    weights = [w.copy() for w in model.get_weights()]
+    p = deft.plan(model, percentile=40, verbose=False)
+    assert p.counts() and len(p.trajectory) > 0
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), weights))
+    from hope_keras.search.encoder import Encoder
+
+    run = Encoder.run
+
+    def interrupted(self, *args, **kwargs):
+        run(self, steps=3)
+        assert not all(np.array_equal(a, b) for a, b in zip(model.get_weights(), weights))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Encoder, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        deft.plan(model, percentile=40, verbose=False)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), weights))

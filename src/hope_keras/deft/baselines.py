@@ -63,7 +63,15 @@ def replace_head(model, units: int, head: Optional[str] = None, name: Optional[s
     ((None, 5), 'head_target')
     """
     head = head or find_head(model)
-    clone = keras.models.clone_model(model)
+    try:
+        clone = keras.models.clone_model(model)
+    except NotImplementedError as e:  # a subclassed model without get_config
+        raise ValueError(
+            f"replace_head copies the backbone with keras.models.clone_model, which "
+            f"cannot copy model '{model.name}' ({type(model).__name__}: {str(e).strip()[:120]}"
+            f"…). Build the target model yourself: the same backbone layers (their "
+            f"names are the plan's keys) and a new Dense head, trained with "
+            f"ElasticOptimizer(optimizer, plan).") from None
     clone.set_weights(model.get_weights())
     old = clone.get_layer(head)
     if activation is None:

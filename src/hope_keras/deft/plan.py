@@ -26,6 +26,7 @@ Decisions (the paper leaves them open; see docs/deft.md):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -45,6 +46,7 @@ from hope_keras.graph import layers as layer_rules
 from hope_keras.deft.application import (  # noqa: F401 - COMPENSATIONS, apply_plan: given here
     COMPENSATIONS, apply_plan, as_vector, check_compensate, elasticities_and_drift,
     variable_elasticities)
+from hope_keras.edit.editor import defer_keyboard_interrupt
 from hope_keras.graph.fingerprint import fingerprint
 from hope_keras.search.trajectory import Step
 from hope_keras.search.encoder import Encoder
@@ -519,7 +521,9 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
     Runs the HOPE encoder on a copy of `model` until no action is admissible, reads
     each neuron's ``J_prune``, and derives ``τ_lock`` (eqs. 25–26), the merges to
     replay, the elasticities (eq. 27) and the structural masks (eq. 28). The model
-    itself is not changed; call `DeftPlan.apply` for that.
+    itself is not changed (one Keras cannot clone, a subclassed model without
+    ``get_config``, is run on and its weights put back); call `DeftPlan.apply` for
+    that.
 
     Args:
         model: A built Functional/Sequential model with Conv/Dense → BN → ReLU
@@ -586,12 +590,13 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
             f"The head '{head}' must be a Dense layer. Received: "
             f"{type(head_layer).__name__}.")
     feature_layer = feature_layer_of(model, head)
-    copy = keras.models.clone_model(model)
-    copy.set_weights(model.get_weights())
     # Only the trajectory's costs are read: the copy's BN statistics do not matter.
-    cost = costs.get(_auto_cost(copy) if isinstance(cost, str) and cost == "auto" else cost)
-    encoder = Encoder(copy, cost=cost, actions=actions, correction=False, verbose=verbose)
-    encoder.run()
+    with _scratch_copy(model) as copy:
+        cost = costs.get(_auto_cost(copy) if isinstance(cost, str) and cost == "auto"
+                         else cost)
+        encoder = Encoder(copy, cost=cost, actions=actions, correction=False,
+                          verbose=verbose)
+        encoder.run()
     traj = encoder.trajectory
     graph = encoder.analysis.graph
     scope = getattr(cost, "groups", "all")
@@ -654,6 +659,28 @@ def plan(model, percentile: float = 10.0, *, head: Optional[str] = None,
         trajectory=traj, tau_groups=tau_groups,
         variable_elasticity=variable_elasticities(flat, layer_e),
     )
+
+
+@contextlib.contextmanager
+def _scratch_copy(model):
+    """A model with `model`'s weights for the encoder to edit: a clone, or, for a
+    model Keras cannot clone (a subclassed model without ``get_config``), `model`
+    itself, its weights put back when the block ends (after an error or a Ctrl-C
+    too), so `plan` never changes the model either way."""
+    try:
+        copy = keras.models.clone_model(model)
+        copy.set_weights(model.get_weights())
+    except Exception:  # noqa: BLE001 - any clone failure: edit the model, then restore
+        copy = None
+    if copy is not None:
+        yield copy
+        return
+    saved = model.get_weights()
+    try:
+        yield model
+    finally:
+        with defer_keyboard_interrupt():
+            model.set_weights(saved)
 
 
 def layer_threshold(j_prune, c_rem, percentile: float, eps: float = 1e-6) -> float:

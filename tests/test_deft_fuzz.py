@@ -1,0 +1,101 @@
+"""DEFT on the fuzzer's random networks (tests/fuzz_plan.py): every pattern the
+compression fuzzing draws — residual sums, concatenations, Flatten, depthwise,
+separable and transposed convolutions, LayerNormalization, nested and subclassed
+models — planned, applied and fine-tuned, and checked against what DEFT promises:
+
+* `deft.plan` (the default, and ``cost="hope", actions=("prune",)``, which gives the
+  residual streams and concatenations slack of their own) leaves the model's weights
+  as they were, or refuses with one of its documented errors (and changes nothing);
+* after `apply`, two epochs of `ElasticOptimizer` leave every frozen parameter
+  bit-identical and the grafted source logits where `apply` put them (theorem H.2);
+* `replace_head` refuses a model Keras cannot clone with an error that says what to do.
+
+`make test` runs `FAST_SEEDS`; the slow tier runs the first `SLOW_N` networks.
+Networks with a second input are left out (`SourceRetention` takes one input).
+"""
+
+import numpy as np
+import pytest
+
+import keras
+
+import fuzz_networks
+import fuzz_plan
+import hope_keras
+from hope_keras import deft
+
+# Functional, Sequential and subclassed networks with residual sums, concatenations,
+# transposed and depthwise convolutions among them (seeds chosen by their plans).
+FAST_SEEDS = (6, 9, 13, 18, 20, 21, 28, 32)
+SLOW_N = 160
+REFUSALS = ("outputs; pass head=", "no compressible neuron group", "No Dense head found",
+            "must be a Dense layer", "no neuron group the cost")
+
+
+def _weights_equal(model, weights):
+    return all(np.array_equal(a, b) for a, b in zip(model.get_weights(), weights,
+                                                    strict=True))
+
+
+VARIANTS = {"default": {}, "hope_prune": {"cost": "hope", "actions": ("prune",)}}
+
+
+def _check(seed, variant):
+    plan = fuzz_plan.draw(seed)
+    if plan.second_input:
+        pytest.skip("two inputs")
+    model = fuzz_networks.build(plan)
+    rng = np.random.default_rng([seed, 7])
+    x = rng.normal(size=(24,) + tuple(plan.shape)).astype("float32")
+    if plan.bn_free:
+        model = hope_keras.calibrate(model, rng.normal(size=(64,) + tuple(plan.shape))
+                                     .astype("float32"))
+    weights = model.get_weights()
+    try:
+        p = deft.plan(model, percentile=30, verbose=False, **VARIANTS[variant])
+    except ValueError as e:
+        assert any(r in str(e) for r in REFUSALS), f"seed {seed}: {e}"
+        assert _weights_equal(model, weights), f"seed {seed}: a refused plan changed the model"
+        return "refused"
+    assert _weights_equal(model, weights), f"seed {seed}: plan changed the model"
+    p.apply(model)
+    retention = deft.SourceRetention(model, plan=p)
+    try:
+        target = deft.replace_head(model, 3, seed=0)
+    except ValueError as e:
+        assert isinstance(model, fuzz_networks.FuzzNet), f"seed {seed}: {e}"
+        assert "Build the target model yourself" in str(e)
+        return "subclassed"
+    before = retention.logits(target, x)
+    start = {v.path: v.numpy().copy() for v in target.trainable_variables}
+    opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), p)
+    y = (np.arange(24) % 3).astype("int64")
+    deft.Trainer(target, opt, retention=retention).fit((x, y), epochs=2, batch_size=8,
+                                                       restore_best=False, verbose=False)
+    after = retention.logits(target, x)
+    assert np.all(np.isfinite(after)), f"seed {seed}"
+    scale = max(1.0, float(np.max(np.abs(before))))
+    np.testing.assert_allclose(after, before, rtol=0, atol=1e-5 * scale,
+                               err_msg=f"seed {seed}: the source moved")
+    for v in target.trainable_variables:
+        frozen = np.broadcast_to(np.asarray(opt.elasticity_of(v), dtype=np.float64),
+                                 v.shape) == 0
+        np.testing.assert_array_equal(v.numpy()[frozen], start[v.path][frozen],
+                                      err_msg=f"seed {seed}: {v.path}")
+    return "trained"
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:No slack channel of this plan")
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("seed", FAST_SEEDS)
+def test_deft_keeps_its_promises_on_random_networks(seed, variant):
+    assert _check(seed, variant) in ("trained", "subclassed", "refused")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("seed", range(SLOW_N))
+def test_deft_keeps_its_promises_on_more_random_networks(seed, variant):
+    assert _check(seed, variant) in ("trained", "subclassed", "refused")
