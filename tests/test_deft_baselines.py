@@ -40,6 +40,40 @@ def test_fisher_is_the_mean_of_per_example_squared_gradients(method):
     assert not np.allclose(F["fc0/kernel"], np.square(g["fc0/kernel"].numpy()))
 
 
+@pytest.mark.parametrize("method", ["auto", "vmap"])
+def test_a_two_input_model_is_scored_and_trained_one_array_per_input(method):
+    """Keras takes a multi-input model's data as a list of arrays: the Fisher is the
+    per-example mean over the examples (not over the arrays), accuracy counts
+    examples, and `Trainer.fit` takes ``([x1, x2], y)``."""
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    a, b = keras.Input((4,)), keras.Input((3,))
+    h = L.ReLU()(L.BatchNormalization(name="bn")(L.Dense(6, name="fc")(
+        L.Concatenate()([a, b]))))
+    model = keras.Model([a, b], L.Dense(3, name="head")(h))
+    rng = np.random.default_rng(1)
+    x = [rng.normal(size=(10, 4)).astype("float32"), rng.normal(size=(10, 3)).astype("float32")]
+    y = (np.arange(10) % 3).astype("int64")
+    F = deft.diagonal_fisher(model, x, y, batch_size=4, method=method)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    variables = [v for l in model.layers if l.name != "head" for v in l.trainable_weights]
+    expected = {v.path: np.zeros(v.shape) for v in variables}
+    for i in range(10):
+        with tf.GradientTape() as tape:
+            li = loss(y[i:i + 1], model([x[0][i:i + 1], x[1][i:i + 1]], training=False))
+        for v, g in zip(variables, tape.gradient(li, variables)):
+            expected[v.path] += np.square(g.numpy()) / 10
+    for p, f in F.items():
+        np.testing.assert_allclose(f, expected[p], rtol=1e-4, atol=1e-7, err_msg=p)
+    pred = np.argmax(model.predict(x, verbose=0), axis=-1)
+    assert deft.accuracy(model, x, y, batch_size=4) == pytest.approx(np.mean(pred == y))
+    history = deft.Trainer(model, keras.optimizers.SGD(0.1)).fit(
+        (x, y), epochs=1, batch_size=4, target_val=(x, y))
+    assert 0.0 <= history.best["target_acc"] <= 1.0
+    with pytest.raises(ValueError, match="holds 10, 9 examples"):
+        deft.Trainer(model, keras.optimizers.SGD(0.1)).fit(([x[0], x[1][:9]], y), epochs=1)
+
+
 def test_layerwise_fisher_matches_vmap_on_a_convolutional_resnet():
     model = small_resnet(seed=3)
     x, y = _data(model, n=10, classes=4)

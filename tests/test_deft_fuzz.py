@@ -11,7 +11,6 @@ models — planned, applied and fine-tuned, and checked against what DEFT promis
 * `replace_head` refuses a model Keras cannot clone with an error that says what to do.
 
 `make test` runs `FAST_SEEDS`; the slow tier runs the first `SLOW_N` networks.
-Networks with a second input are left out (`SourceRetention` takes one input).
 """
 
 import numpy as np
@@ -25,8 +24,9 @@ import hope_keras
 from hope_keras import deft
 
 # Functional, Sequential and subclassed networks with residual sums, concatenations,
-# transposed and depthwise convolutions among them (seeds chosen by their plans).
-FAST_SEEDS = (6, 9, 13, 18, 20, 21, 28, 32)
+# transposed and depthwise convolutions and a second input among them (seeds chosen
+# by their plans).
+FAST_SEEDS = (6, 9, 13, 18, 20, 21, 27, 28, 32)
 SLOW_N = 160
 REFUSALS = ("outputs; pass head=", "no compressible neuron group", "No Dense head found",
             "must be a Dense layer", "no neuron group the cost")
@@ -42,14 +42,17 @@ VARIANTS = {"default": {}, "hope_prune": {"cost": "hope", "actions": ("prune",)}
 
 def _check(seed, variant):
     plan = fuzz_plan.draw(seed)
-    if plan.second_input:
-        pytest.skip("two inputs")
     model = fuzz_networks.build(plan)
     rng = np.random.default_rng([seed, 7])
-    x = rng.normal(size=(24,) + tuple(plan.shape)).astype("float32")
+    shapes = [plan.shape] + ([plan.second_input["shape"]] if plan.second_input else [])
+
+    def inputs(n):
+        xs = [rng.normal(size=(n,) + tuple(s)).astype("float32") for s in shapes]
+        return xs if len(xs) > 1 else xs[0]
+
+    x = inputs(24)
     if plan.bn_free:
-        model = hope_keras.calibrate(model, rng.normal(size=(64,) + tuple(plan.shape))
-                                     .astype("float32"))
+        model = hope_keras.calibrate(model, inputs(64))
     weights = model.get_weights()
     try:
         p = deft.plan(model, percentile=30, verbose=False, **VARIANTS[variant])
@@ -70,8 +73,9 @@ def _check(seed, variant):
     start = {v.path: v.numpy().copy() for v in target.trainable_variables}
     opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), p)
     y = (np.arange(24) % 3).astype("int64")
-    deft.Trainer(target, opt, retention=retention).fit((x, y), epochs=2, batch_size=8,
-                                                       restore_best=False, verbose=False)
+    history = deft.Trainer(target, opt, retention=retention).fit(
+        (x, y), epochs=2, batch_size=8, target_val=(x, y), restore_best=False)
+    assert 0.0 <= history.best["target_acc"] <= 1.0, f"seed {seed}"  # one array per input
     after = retention.logits(target, x)
     assert np.all(np.isfinite(after)), f"seed {seed}"
     scale = max(1.0, float(np.max(np.abs(before))))

@@ -183,7 +183,7 @@ def test_a_plan_of_another_model_and_mismatched_labels_are_refused_before_traini
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         other.fit(x, y, epochs=1, verbose=0)
     trainer = deft.Trainer(target, deft.ElasticOptimizer(keras.optimizers.SGD(0.1), p))
-    with pytest.raises(ValueError, match=f"{len(x)} inputs and 5 labels"):
+    with pytest.raises(ValueError, match=f"{len(x)} examples .per input array. and 5 labels"):
         trainer.fit((x, y[:5]), epochs=1)
     for a, b in zip(before, target.get_weights()):
         np.testing.assert_array_equal(a, b)

@@ -23,6 +23,7 @@ import keras
 import numpy as np
 
 from hope_keras.deft.plan import find_head
+from hope_keras.deft.retention import example_slice, num_examples
 from hope_keras.graph import adapter as kg
 from hope_keras.graph import layers as layer_rules
 
@@ -231,10 +232,11 @@ def diagonal_fisher(model, x, y, batch_size: int = 128, variables=None,
         batch_sum = _vmap_fisher_fn(model, variables, loss_fn)
 
     total = [np.zeros(v.shape, np.float64) for v in variables]
-    n = len(x)
+    n = num_examples(x)
     y = np.asarray(y).astype(np.int64).reshape(-1)
     for start in range(0, n, batch_size):
-        parts = batch_sum(tf.convert_to_tensor(x[start:start + batch_size]),
+        parts = batch_sum(tf.nest.map_structure(tf.convert_to_tensor,
+                                                example_slice(x, start, start + batch_size)),
                           tf.convert_to_tensor(y[start:start + batch_size]))
         for t, p in zip(total, parts):
             t += p.numpy()
@@ -251,7 +253,7 @@ def _vmap_fisher_fn(model, variables, loss_fn):
         def one(args):
             xi, yi = args
             with tf.GradientTape() as tape:
-                out = model(xi[None], training=False)
+                out = model(tf.nest.map_structure(lambda t: t[None], xi), training=False)
                 loss = loss_fn(yi[None], out)[0]
             grads = tape.gradient(loss, variables)
             return [tf.zeros(v.shape, v.dtype) if g is None else tf.square(g)

@@ -28,14 +28,34 @@ def h_score(acc_target: float, acc_source: float) -> float:
     return 0.0 if s <= 0 else 2.0 * float(acc_target) * float(acc_source) / s
 
 
+def num_examples(x) -> int:
+    """Examples in model inputs `x`: one array, or a list, tuple or dict of arrays
+    (one per input of a multi-input model, as Keras takes them)."""
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (list, tuple)):
+        return len(x[0]) if len(x) else 0
+    return len(x)
+
+
+def example_slice(x, start: int, stop: int):
+    """Examples ``start:stop`` of model inputs `x` (see `num_examples`)."""
+    if isinstance(x, dict):
+        return {k: v[start:stop] for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [v[start:stop] for v in x]
+    return x[start:stop]
+
+
 def accuracy(model, x, y, batch_size: int = 512) -> float:
-    """Top-1 accuracy of `model` in inference mode (argmax of its outputs)."""
-    correct = 0
+    """Top-1 accuracy of `model` in inference mode (argmax of its outputs); `x` one
+    array, or one per model input."""
+    correct, n = 0, num_examples(x)
     y = np.asarray(y).reshape(-1)
-    for start in range(0, len(x), batch_size):
-        out = np.asarray(model(x[start:start + batch_size], training=False))
+    for start in range(0, n, batch_size):
+        out = np.asarray(model(example_slice(x, start, start + batch_size), training=False))
         correct += int(np.sum(np.argmax(out, axis=-1) == y[start:start + batch_size]))
-    return correct / max(len(x), 1)
+    return correct / max(n, 1)
 
 
 def _input_means(model, head, rows):
@@ -167,8 +187,9 @@ class SourceRetention:
         feats = self.feature_model(model)
         outs = []
         with self.source_statistics(model):
-            for start in range(0, len(x), batch_size):
-                f = np.asarray(feats(x[start:start + batch_size], training=False))
+            for start in range(0, num_examples(x), batch_size):
+                f = np.asarray(feats(example_slice(x, start, start + batch_size),
+                                     training=False))
                 f = f.reshape(len(f), -1)[:, self._read]
                 outs.append(f @ self.kernel[self._read] + self.bias)
         return np.concatenate(outs) if outs else np.zeros((0, self.kernel.shape[-1]))

@@ -141,13 +141,18 @@ class Trainer:
                                  f"batched tf.data.Dataset. Received: {type(data).__name__}"
                                  + (f" of {len(data)}" if isinstance(data, (tuple, list))
                                     else ""))
-            x, y = np.asarray(data[0]), np.asarray(data[1])
-            if len(x) != len(y):
-                raise ValueError(f"Training data holds {len(x)} inputs and {len(y)} labels; "
-                                 "give one label per input.")
+            # x: one array, or one per model input (a list, tuple or dict of them).
+            x = _as_structure(data[0])
+            y = np.asarray(data[1])
+            sizes = [len(a) for a in keras.tree.flatten(x)]
+            if set(sizes) != {len(y)}:
+                raise ValueError(
+                    f"Training data holds {', '.join(map(str, sizes))} examples (per "
+                    f"input array) and {len(y)} labels; give every input array and the "
+                    "labels the same number of examples.")
             ds = tf.data.Dataset.from_tensor_slices((x, y))
             if shuffle:
-                ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+                ds = ds.shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
             ds = ds.batch(batch_size)
         return self.strategy.experimental_distribute_dataset(ds)
 
@@ -180,7 +185,9 @@ class Trainer:
         """Trains for `epochs`, evaluating after each; keeps the best epoch.
 
         Args:
-            train: ``(x, y)`` arrays or a batched `tf.data.Dataset` (global batches).
+            train: ``(x, y)`` arrays (``x`` one array, or a list of arrays for a
+                model of several inputs) or a batched `tf.data.Dataset` (global
+                batches).
             epochs: Number of epochs.
             batch_size: Global batch size for array data.
             target_val: ``(x, y)`` target validation data.
@@ -228,3 +235,13 @@ class Trainer:
         if restore_best and best_weights is not None:
             self.model.set_weights(best_weights)
         return TrainHistory(history, best_epoch, best)
+
+
+def _as_structure(x):
+    """Inputs as tf.data slices them: an array, or a tuple (or dict) of arrays, one
+    per model input (a list would be read as one stacked tensor)."""
+    if isinstance(x, dict):
+        return {k: np.asarray(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return tuple(np.asarray(v) for v in x)
+    return np.asarray(x)
