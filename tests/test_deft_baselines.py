@@ -74,6 +74,51 @@ def test_a_two_input_model_is_scored_and_trained_one_array_per_input(method):
         deft.Trainer(model, keras.optimizers.SGD(0.1)).fit(([x[0], x[1][:9]], y), epochs=1)
 
 
+def _per_example_fisher(model, x, y, variables):
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    out = {v.path: np.zeros(v.shape) for v in variables}
+    for i in range(len(y)):
+        with tf.GradientTape() as tape:
+            li = loss(y[i:i + 1], model(x[i:i + 1], training=False))
+        for v, g in zip(variables, tape.gradient(li, variables)):
+            out[v.path] += np.square(np.asarray(g, np.float64)) / len(y)
+    return out
+
+
+def test_fisher_of_a_grouped_convolution_and_of_mixed_precision_layers():
+    """TensorFlow's vectorisation mis-shapes a grouped 3-D convolution at run time:
+    the Fisher then goes one example after another, with the same values. Under a
+    mixed-precision policy the closed form computes in float32."""
+    L = keras.layers
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4, 4, 4, 4))
+    h = L.ReLU()(L.BatchNormalization(name="bn")(
+        L.Conv3D(4, 3, groups=4, padding="same", name="g")(inputs)))
+    model = keras.Model(inputs, L.Dense(3, name="head")(L.GlobalAveragePooling3D()(h)))
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(6, 4, 4, 4, 4)).astype("float32"), np.arange(6) % 3
+    variables = [v for l in model.layers if l.name != "head" for v in l.trainable_weights]
+    F = deft.diagonal_fisher(model, x, y, batch_size=4, method="vmap")
+    want = _per_example_fisher(model, x, y, variables)
+    for p in want:
+        np.testing.assert_allclose(F[p], want[p], rtol=1e-4, atol=1e-8, err_msg=p)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((5,))
+        h = L.ReLU()(L.BatchNormalization(name="bn")(L.Dense(6, name="fc")(inputs)))
+        model = keras.Model(inputs, L.Dense(3, name="head", dtype="float32")(h))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    x = rng.normal(size=(8, 5)).astype("float32")
+    y = np.arange(8) % 3
+    a = deft.diagonal_fisher(model, x, y, batch_size=4, method="layerwise")
+    b = deft.diagonal_fisher(model, x, y, batch_size=4, method="vmap")
+    for p in b:
+        np.testing.assert_allclose(a[p], b[p], rtol=2e-2, atol=1e-6 * float(b[p].max()),
+                                   err_msg=p)
+
+
 def test_layerwise_fisher_matches_vmap_on_a_convolutional_resnet():
     model = small_resnet(seed=3)
     x, y = _data(model, n=10, classes=4)

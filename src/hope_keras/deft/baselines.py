@@ -246,21 +246,39 @@ def diagonal_fisher(model, x, y, batch_size: int = 128, variables=None,
 
 
 def _vmap_fisher_fn(model, variables, loss_fn):
+    """Per-example squared gradients, vectorised (`tf.vectorized_map`); where the
+    vectorisation fails at run time (TensorFlow's converter mis-shapes grouped
+    convolutions), one example after another (`tf.map_fn`) from then on."""
     import tensorflow as tf
 
-    @tf.function(reduce_retracing=True)
-    def batch_sum(xb, yb):
-        def one(args):
-            xi, yi = args
-            with tf.GradientTape() as tape:
-                out = model(tf.nest.map_structure(lambda t: t[None], xi), training=False)
-                loss = loss_fn(yi[None], out)[0]
-            grads = tape.gradient(loss, variables)
-            return [tf.zeros(v.shape, v.dtype) if g is None else tf.square(g)
-                    for g, v in zip(grads, variables)]
+    def one(args):
+        xi, yi = args
+        with tf.GradientTape() as tape:
+            out = model(tf.nest.map_structure(lambda t: t[None], xi), training=False)
+            loss = loss_fn(yi[None], out)[0]
+        grads = tape.gradient(loss, variables)
+        return [tf.zeros(v.shape, v.dtype) if g is None else tf.square(g)
+                for g, v in zip(grads, variables)]
 
-        sq = tf.vectorized_map(one, (xb, yb))
+    @tf.function(reduce_retracing=True)
+    def vectorised(xb, yb):
+        return [tf.reduce_sum(s, axis=0) for s in tf.vectorized_map(one, (xb, yb))]
+
+    @tf.function(reduce_retracing=True)
+    def looped(xb, yb):
+        spec = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+        sq = tf.map_fn(one, (xb, yb), fn_output_signature=spec)
         return [tf.reduce_sum(s, axis=0) for s in sq]
+
+    state = {"fn": vectorised}
+
+    def batch_sum(xb, yb):
+        if state["fn"] is vectorised:
+            try:
+                return vectorised(xb, yb)
+            except tf.errors.InvalidArgumentError:
+                state["fn"] = looped
+        return looped(xb, yb)
 
     return batch_sum
 
@@ -322,7 +340,9 @@ def _layerwise_fisher_fn(model, variables, loss_fn):
         result = []
         for v in variables:
             layer = owner[id(v)]
-            a, d, kind = inputs[layer.name], deltas[layer.name], kinds[layer.name]
+            # float32 (a mixed-precision layer computes in float16)
+            a, d = (tf.cast(t, tf.float32) for t in (inputs[layer.name], deltas[layer.name]))
+            kind = kinds[layer.name]
             b = tf.shape(d)[0]
             if kind == "bn":
                 xhat = (a - layer.moving_mean) * tf.math.rsqrt(
