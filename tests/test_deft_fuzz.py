@@ -7,8 +7,9 @@ models — planned, applied and fine-tuned, and checked against what DEFT promis
   residual streams and concatenations slack of their own) leaves the model's weights
   as they were, or refuses with one of its documented errors (and changes nothing);
 * a saved plan loads with the same elasticities; `diagonal_fisher`'s closed form
-  (Dense, Conv2D and BN variables) equals the per-example gradients of ``vmap``
-  (every fourth network of the slow tier);
+  (Dense, Conv2D and BN variables) equals the per-example gradients of ``vmap``, and
+  the head-only, PEFT and EWC baselines train what they free (`BASELINE_SEEDS` and
+  every fourth network of the slow tier);
 * after `apply`, two epochs of `ElasticOptimizer` leave every frozen parameter
   bit-identical and the grafted source logits where `apply` put them (theorem H.2);
 * `replace_head` refuses a model Keras cannot clone with an error that says what to do.
@@ -31,6 +32,9 @@ from hope_keras.deft.retention import example_slice
 # transposed and depthwise convolutions and a second input among them (seeds chosen
 # by their plans).
 FAST_SEEDS = (6, 9, 13, 18, 20, 21, 27, 28, 32)
+# ... of which these also check the Fisher and the baselines (the costliest checks;
+# the slow tier: every fourth network).
+BASELINE_SEEDS = (9, 18, 27)
 SLOW_N = 120
 REFUSALS = ("outputs; pass head=", "no compressible neuron group", "No Dense head found",
             "must be a Dense layer", "no neuron group the cost")
@@ -77,7 +81,7 @@ def _check(seed, variant, tmp_path):
         assert isinstance(model, fuzz_networks.FuzzNet), f"seed {seed}: {e}"
         assert "Build the target model yourself" in str(e)
         return "subclassed"
-    if variant == "default" and (seed in FAST_SEEDS or seed % 4 == 0):
+    if variant == "default" and (seed in BASELINE_SEEDS or seed % 4 == 0):
         # The closed-form Fisher where it applies, else vmap's (the costliest check).
         xs, ys = example_slice(x, 0, 10), y[:10]
         auto = deft.diagonal_fisher(target, xs, ys, batch_size=5)
@@ -87,6 +91,7 @@ def _check(seed, variant, tmp_path):
             np.testing.assert_allclose(auto[k], vmap[k], rtol=2e-3,
                                        atol=1e-6 * max(float(vmap[k].max()), 1e-30),
                                        err_msg=f"seed {seed}: {k}")
+        _check_baselines(model, auto, x, y, seed)
     before = retention.logits(target, x)
     start = {v.path: v.numpy().copy() for v in target.trainable_variables}
     opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), p)
@@ -104,6 +109,31 @@ def _check(seed, variant, tmp_path):
         np.testing.assert_array_equal(v.numpy()[frozen], start[v.path][frozen],
                                       err_msg=f"seed {seed}: {v.path}")
     return "trained"
+
+
+def _check_baselines(model, fisher, x, y, seed):
+    """The baselines on another target of the same source: ``"head"`` and ``"peft"``
+    move only what they free (the head; every tensor of rank < 2 and the head), and
+    EWC trains with its penalty."""
+    for method in ("head", "peft", "ewc"):
+        target = deft.replace_head(model, 3, seed=1)
+        opt = deft.ElasticOptimizer(keras.optimizers.SGD(0.05),
+                                    elasticity=deft.method_elasticity(method, target))
+        penalties = [deft.EWCPenalty(target, fisher, 10.0)] if method == "ewc" else []
+        start = {v.path: v.numpy().copy() for v in target.trainable_variables}
+        history = deft.Trainer(target, opt, penalties=penalties).fit(
+            (x, y), epochs=1, batch_size=8, restore_best=False)
+        assert np.isfinite(history.epochs[-1]["loss"]), f"seed {seed}: {method}"
+        for v in target.trainable_variables:
+            frozen = np.broadcast_to(np.asarray(opt.elasticity_of(v), dtype=np.float64),
+                                     v.shape) == 0
+            if method == "head":
+                assert "_target" in v.path or frozen.all(), f"seed {seed}: {v.path}"
+            if method == "peft":
+                assert frozen.all() == (len(v.shape) >= 2 and "_target" not in v.path), \
+                    f"seed {seed}: {v.path}"
+            np.testing.assert_array_equal(v.numpy()[frozen], start[v.path][frozen],
+                                          err_msg=f"seed {seed}: {method} {v.path}")
 
 
 pytestmark = pytest.mark.filterwarnings("ignore:No slack channel of this plan")

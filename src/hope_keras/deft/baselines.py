@@ -17,6 +17,7 @@ retention restores the source BN statistics (appendix G.5).
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Optional
 
 import keras
@@ -103,7 +104,8 @@ def method_elasticity(method: str, model, plan=None, head: Optional[str] = None
 
     Returns:
         ``{layer name or 'layer/variable': elasticity}`` for `ElasticOptimizer`'s
-        ``elasticity=``.
+        ``elasticity=`` (``"head"`` and ``"peft"``: each frozen variable by its path,
+        a nested backbone's included).
 
     Raises:
         ValueError: An unknown method, ``"deft"`` without a plan, or a plan that
@@ -131,17 +133,14 @@ def method_elasticity(method: str, model, plan=None, head: Optional[str] = None
         return _plan_map_for(model, plan, head)
     if method in ("full", "ewc"):
         return {}
+    # Keyed by variable path: the layers of a nested backbone are not `model.layers`.
+    in_head = {id(v) for v in model.get_layer(head).trainable_weights}
     out = {}
-    for layer in model.layers:
-        if layer.name == head or not layer.trainable_weights:
+    for v in model.trainable_variables:
+        if id(v) in in_head:
             continue
-        if method == "head":
-            out[layer.name] = 0.0
-        else:  # peft: freeze tensors of rank ≥ 2
-            for v in layer.trainable_weights:
-                if len(v.shape) >= 2:
-                    out[v.path if v.path.count("/") == 1 else
-                        f"{layer.name}/{v.name}"] = 0.0
+        if method == "head" or len(v.shape) >= 2:  # peft: freeze tensors of rank ≥ 2
+            out[v.path] = 0.0
     return out
 
 
@@ -379,7 +378,9 @@ class EWCPenalty:
     Args:
         model: The target model; its current values of the Fisher's variables are the
             anchor ``θ*`` (create the penalty before fine-tuning).
-        fisher: ``{variable path: Fisher diagonal}`` (`diagonal_fisher`).
+        fisher: ``{variable path: Fisher diagonal}`` (`diagonal_fisher`, usually of
+            the source model; a weight Keras named by its counter, ``"variable_2"``,
+            is matched to the model's within its layer, in creation order).
         lam: ``λ``.
     """
 
@@ -387,14 +388,11 @@ class EWCPenalty:
         import tensorflow as tf
 
         by_path = {v.path: v for v in model.trainable_variables}
-        missing = [p for p in fisher if p not in by_path]
-        if missing:
-            raise ValueError(
-                f"EWC: model '{model.name}' has no trainable variables {missing[:5]} "
-                "(Fisher keys are variable paths of the source model).")
+        match = _match_paths(model, fisher)
         self.lam = float(lam)
-        self.paths = sorted(fisher)
-        self.fisher = [tf.constant(fisher[p]) for p in self.paths]
+        keys = sorted(fisher)
+        self.paths = [match[k] for k in keys]
+        self.fisher = [tf.constant(fisher[k]) for k in keys]
         self.anchor = [tf.constant(by_path[p].numpy()) for p in self.paths]
 
     def __call__(self, model):
@@ -405,6 +403,47 @@ class EWCPenalty:
         for p, f, a in zip(self.paths, self.fisher, self.anchor):
             total += tf.reduce_sum(f * tf.square(by_path[p] - a))
         return 0.5 * self.lam * total
+
+
+_UNNAMED = re.compile(r"variable(_\d+)?$")
+
+
+def _match_paths(model, fisher) -> Dict[str, str]:
+    """``{Fisher key: path of the same variable in model}``. Keras names a weight
+    created without a name after a process-wide counter (``"layer/variable_2"``), so
+    a copy of the source (`replace_head`) names it differently: those are matched
+    within their layer, in creation order, by shape."""
+    by_path = {v.path: v for v in model.trainable_variables}
+    out = {k: k for k in fisher if k in by_path}
+    missing = [k for k in fisher if k not in by_path]
+
+    def unnamed(path):
+        return _UNNAMED.match(path.rsplit("/", 1)[-1]) is not None
+
+    def order(path):
+        tail = path.rsplit("_", 1)[-1]
+        return int(tail) if tail.isdigit() else 0
+
+    free = {}
+    for path in by_path:
+        if path not in out.values() and unnamed(path):
+            free.setdefault(path.rsplit("/", 1)[0], []).append(path)
+    wanted = {}
+    for k in missing:
+        if unnamed(k):
+            wanted.setdefault(k.rsplit("/", 1)[0], []).append(k)
+    for layer, keys in wanted.items():
+        keys, paths = sorted(keys, key=order), sorted(free.get(layer, []), key=order)
+        if len(keys) == len(paths) and all(
+                tuple(by_path[p].shape) == tuple(np.shape(fisher[k]))
+                for k, p in zip(keys, paths)):
+            out.update(zip(keys, paths))
+    unmatched = [k for k in fisher if k not in out]
+    if unmatched:
+        raise ValueError(
+            f"EWC: model '{model.name}' has no trainable variables {unmatched[:5]} "
+            "(Fisher keys are variable paths of the source model).")
+    return out
 
 
 class L2Penalty:
