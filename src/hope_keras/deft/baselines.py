@@ -177,13 +177,16 @@ def diagonal_fisher(model, x, y, batch_size: int = 128, variables=None,
       BN: sums of ``δ·x̂`` and ``δ``). Dense, Conv2D (linear activation, groups=1,
       channels-last) and BatchNormalization variables only.
     * ``"vmap"``: ``tf.vectorized_map`` over per-example gradient tapes (any layer;
-      TF runs ``Conv2DBackpropFilter`` in a while_loop inside it, slower).
+      TF runs ``Conv2DBackpropFilter`` in a while_loop inside it, slower). Where
+      TensorFlow's vectorisation fails at run time (a grouped 3-D convolution), the
+      examples go one after another (`tf.map_fn`), with the same values.
 
     ``"auto"`` uses ``"layerwise"`` when every scored variable allows it.
 
     Args:
         model: The source model (with its source head).
-        x, y: Source training inputs and integer labels.
+        x, y: Source training inputs (one array, or a list of arrays for a model of
+            several inputs) and integer labels.
         batch_size: Examples per vectorised batch.
         variables: Variables to score (default: trainable variables of every layer
             but the head).
