@@ -8,12 +8,26 @@ import tensorflow as tf
 
 from conftest import mlp, small_resnet
 from hope_keras import deft
+from hope_keras.deft.retention import example_slice
 
 
 def _data(model, n=12, seed=0, classes=3):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n,) + tuple(model.inputs[0].shape[1:])).astype("float32")
     return x, (np.arange(n) % classes).astype("int64")
+
+
+def _per_example_fisher(model, x, y, variables):
+    """The Fisher diagonal by an explicit loop over the examples (one or several
+    input arrays)."""
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    out = {v.path: np.zeros(v.shape) for v in variables}
+    for i in range(len(y)):
+        with tf.GradientTape() as tape:
+            li = loss(y[i:i + 1], model(example_slice(x, i, i + 1), training=False))
+        for v, g in zip(variables, tape.gradient(li, variables)):
+            out[v.path] += np.square(np.asarray(g, np.float64)) / len(y)
+    return out
 
 
 @pytest.mark.parametrize("method", ["layerwise", "vmap"])
@@ -24,16 +38,11 @@ def test_fisher_is_the_mean_of_per_example_squared_gradients(method):
     head = "head"
     variables = [v for l in model.layers if l.name != head for v in l.trainable_weights]
     assert set(F) == {v.path for v in variables}
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    expected = {v.path: np.zeros(v.shape) for v in variables}
-    for i in range(len(x)):
-        with tf.GradientTape() as tape:
-            li = loss(y[i:i + 1], model(x[i:i + 1], training=False))
-        for v, g in zip(variables, tape.gradient(li, variables)):
-            expected[v.path] += np.square(g.numpy()) / len(x)
+    expected = _per_example_fisher(model, x, y, variables)
     for p, f in F.items():
         np.testing.assert_allclose(f, expected[p], rtol=1e-4, atol=1e-7, err_msg=p)
     # ... and not the square of the batch-mean gradient.
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     with tf.GradientTape() as tape:
         lb = loss(y, model(x, training=False))
     g = dict(zip([v.path for v in variables], tape.gradient(lb, variables)))
@@ -55,14 +64,8 @@ def test_a_two_input_model_is_scored_and_trained_one_array_per_input(method):
     x = [rng.normal(size=(10, 4)).astype("float32"), rng.normal(size=(10, 3)).astype("float32")]
     y = (np.arange(10) % 3).astype("int64")
     F = deft.diagonal_fisher(model, x, y, batch_size=4, method=method)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     variables = [v for l in model.layers if l.name != "head" for v in l.trainable_weights]
-    expected = {v.path: np.zeros(v.shape) for v in variables}
-    for i in range(10):
-        with tf.GradientTape() as tape:
-            li = loss(y[i:i + 1], model([x[0][i:i + 1], x[1][i:i + 1]], training=False))
-        for v, g in zip(variables, tape.gradient(li, variables)):
-            expected[v.path] += np.square(g.numpy()) / 10
+    expected = _per_example_fisher(model, x, y, variables)
     for p, f in F.items():
         np.testing.assert_allclose(f, expected[p], rtol=1e-4, atol=1e-7, err_msg=p)
     pred = np.argmax(model.predict(x, verbose=0), axis=-1)
@@ -72,17 +75,6 @@ def test_a_two_input_model_is_scored_and_trained_one_array_per_input(method):
     assert 0.0 <= history.best["target_acc"] <= 1.0
     with pytest.raises(ValueError, match="holds 10, 9 examples"):
         deft.Trainer(model, keras.optimizers.SGD(0.1)).fit(([x[0], x[1][:9]], y), epochs=1)
-
-
-def _per_example_fisher(model, x, y, variables):
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    out = {v.path: np.zeros(v.shape) for v in variables}
-    for i in range(len(y)):
-        with tf.GradientTape() as tape:
-            li = loss(y[i:i + 1], model(x[i:i + 1], training=False))
-        for v, g in zip(variables, tape.gradient(li, variables)):
-            out[v.path] += np.square(np.asarray(g, np.float64)) / len(y)
-    return out
 
 
 def test_fisher_of_a_grouped_convolution_and_of_mixed_precision_layers():

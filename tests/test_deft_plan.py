@@ -325,6 +325,17 @@ def test_per_layer_threshold_and_summary(tmp_path):
         deft.plan(model, compensate="median")
 
 
+def _errors_by_compensation(model, p, measure, compensations):
+    """Per compensation, ``|measure(applied copy) − measure(model)|``."""
+    want = measure(model)
+    err = {}
+    for comp in compensations:
+        m = copy_model(model)
+        deft.apply_plan(m, p, merges=False, check=False, compensate=comp)
+        err[comp] = np.abs(measure(m) - want)
+    return err
+
+
 @pytest.mark.parametrize("use_bias", [True, False])
 def test_mean_compensation_keeps_the_core_mean_against_monte_carlo(use_bias):
     # Inputs N(0, I) and fc0_bn's moving statistics set to fc0's exact output moments
@@ -350,12 +361,7 @@ def test_mean_compensation_keeps_the_core_mean_against_monte_carlo(use_bias):
         return np.asarray(probe.predict(x, batch_size=20_000, verbose=0),
                           dtype=np.float64).mean(0)
 
-    want = fc1_bn_mean(model)
-    err = {}
-    for comp in ("none", "mean"):
-        m = copy_model(model)
-        deft.apply_plan(m, p, merges=False, check=False, compensate=comp)
-        err[comp] = np.abs(fc1_bn_mean(m) - want)
+    err = _errors_by_compensation(model, p, fc1_bn_mean, ("none", "mean"))
     cut_cols = (mask == 0).any(0)
     assert err["none"][cut_cols].max() > 0.1, err
     assert err["mean"].max() < 5e-3, err
@@ -394,12 +400,7 @@ def test_mean_compensation_counts_a_transposed_convolution_by_its_taps():
             data, batch_size=100, verbose=0)
         return np.asarray(out, dtype=np.float64).mean((0, 1, 2))
 
-    want = up_mean(model)
-    err = {}
-    for comp in ("none", "mean"):
-        m = copy_model(model)
-        deft.apply_plan(m, p, merges=False, check=False, compensate=comp)
-        err[comp] = np.abs(up_mean(m) - want)
+    err = _errors_by_compensation(model, p, up_mean, ("none", "mean"))
     assert err["none"][cut_rows].min() > 0.01, err
     assert np.all(err["mean"][cut_rows] < 0.1 * err["none"][cut_rows]), err
     assert err["mean"][~cut_rows].max() < 1e-5, err
