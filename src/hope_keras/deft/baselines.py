@@ -67,13 +67,13 @@ def replace_head(model, units: int, head: Optional[str] = None, name: Optional[s
     head = head or find_head(model)
     try:
         clone = keras.models.clone_model(model)
-    except NotImplementedError as e:  # a subclassed model without get_config
+    except NotImplementedError:  # a subclassed model without get_config
         raise ValueError(
             f"replace_head copies the backbone with keras.models.clone_model, which "
-            f"cannot copy model '{model.name}' ({type(model).__name__}: {str(e).strip()[:120]}"
-            f"…). Build the target model yourself: the same backbone layers (their "
-            f"names are the plan's keys) and a new Dense head, trained with "
-            f"ElasticOptimizer(optimizer, plan).") from None
+            f"cannot copy model '{model.name}' (a {type(model).__name__}, subclassed "
+            f"without get_config). Build the target model yourself: the same backbone "
+            f"layers (their names are the plan's keys) and a new Dense head, trained "
+            f"with ElasticOptimizer(optimizer, plan).") from None
     clone.set_weights(model.get_weights())
     old = clone.get_layer(head)
     if activation is None:
