@@ -20,6 +20,9 @@ inside what the run can reach —, statistics correction, search options) and as
 * a BN-free network's `calibrate`d model computes the same function;
 * flops= and `profile` refuse a model with unknown spatial dimensions;
 * shared layers, and the layers the registry does not know, lie in no group;
+* with ``round_to``, every group the run narrowed ends at a multiple of it (or
+  whole), budgets are met between rounds only, and no group goes below it but by an
+  eviction;
 * compressed again, a model starts from what is left (counts equal to slim's), a
   budget it meets is refused and a lower one continues, slim still exact.
 
@@ -57,7 +60,7 @@ FLOAT32_RTOL = 1e-5
 RUN_PATTERNS = frozenset(k for k in fuzz_plan.PATTERNS if k.startswith((
     "api_", "cost_", "merge_scale", "kernel_", "mean_comp", "budget_", "two_budgets",
     "actions_", "correction_", "data_", "refresh_", "merge_candidates", "merge_search",
-    "compress_again")))
+    "compress_again", "round_to")))
 # Patterns whose layers the docs say are pinned: no group may flow through them.
 PINNED_PATTERNS = frozenset(("shared_producer", "shared_inside_group", "pinned_layer"))
 # Patterns of the whole model: no layer of their own for a group to flow through.
@@ -440,6 +443,15 @@ def _compress(case: _Case):
         actions = fuzz_plan.ACTION_SETS["actions_all"]
         enc = encoder(cost, actions, data)
         targets, reachable = choose_targets(run["budgets"], enc)
+        if not reachable and run["search"].get("round_to", 1) > 1:
+            # Groups of round_to channels or fewer stay whole: refused again, then
+            # any width.
+            info["refusals"].append(_expect_refusal(
+                lambda: enc.compress(**targets), ["out of reach", "already met"], model,
+                case.original, f"seed {seed}: unreachable {targets} with round_to"))
+            run["search"] = {k: v for k, v in run["search"].items() if k != "round_to"}
+            enc = encoder(cost, actions, data)
+            targets, reachable = choose_targets(run["budgets"], enc)
         assert reachable, f"seed {seed}: nothing reachable with every action"
     info.update(actions=actions, targets=targets, cost=cost)
     start = (enc.active, enc.sizes.params_ratio, enc.sizes.flops_ratio)
@@ -517,12 +529,39 @@ def _check_result(case: _Case, result, data):
         if targets.get(kind) is not None and result.stopped == "budget" and \
                 getattr(result, f"{kind}_ratio") <= targets[kind] + 1e-12:
             assert trajectory.step_for(**{kind: targets[kind]}) == len(steps), seed
+    _check_rounded(case, result.trajectory, result.stopped)
     lines = []
     result.analysis.summary(print_fn=lines.append)
     text = "\n".join(lines)
     assert all(name in text for name in result.analysis.graph.groups), seed
     if case.run["again"] is not None and steps:
         _check_again(case, result)
+
+
+def _check_rounded(case: _Case, trajectory, stopped):
+    """With ``round_to = r`` (docs/hope.md, "Widths that suit the hardware"): followed
+    step by step from the trajectory, outside a round every group is a multiple of
+    `r` or as it started, inside one exactly one group is not, and no group goes below
+    `r` channels but by an eviction."""
+    r = trajectory.meta["options"].get("round_to", 1)
+    if r == 1:
+        return
+    width = {g: n for g, n in trajectory.meta["groups"]}
+    whole = dict(width)
+    inside = set(trajectory.meta.get("unrounded_steps", ()))
+    active = trajectory.meta["num_neurons"]
+    for k, s in enumerate(trajectory.steps, start=1):
+        if s.kind == "evict":
+            for g in trajectory.meta["block_groups"][s.unit]:
+                width[g] = 0
+        else:
+            width[s.unit] -= active - s.active_after
+            assert width[s.unit] >= min(r, whole[s.unit]), (case.seed, k, s.unit)
+        active = s.active_after
+        off = sorted(g for g, n in width.items() if n % r and n != whole[g])
+        expected = 1 if k in inside else 0
+        assert len(off) == expected or (k == len(trajectory.steps) and stopped == "steps"
+                                        and len(off) <= 1), (case.seed, k, r, off)
 
 
 def _check_unchanged(case: _Case):
@@ -598,13 +637,21 @@ def _check_stop(seed, result, targets, start, encoder, actions):
     ``encoder()``: the run's encoder, or one on the compressed model."""
     steps = result.trajectory.steps
     n = result.trajectory.meta["num_neurons"]
+    rounded = result.trajectory.meta["options"].get("round_to", 1) > 1
+    # With round_to, budgets are tested between rounds only (docs/hope.md).
+    inside = set(result.trajectory.meta.get("unrounded_steps", ()))
     end = (_met(targets, n, steps[-1].active_after, steps[-1].params_after,
                 steps[-1].flops_after, len(steps)) if steps else set())
-    before = (_met(targets, n, steps[-2].active_after, steps[-2].params_after,
-                   steps[-2].flops_after, len(steps) - 1) if len(steps) > 1
+    k = max((k for k in range(len(steps)) if k not in inside), default=0)
+    before = (_met(targets, n, steps[k - 1].active_after, steps[k - 1].params_after,
+                   steps[k - 1].flops_after, k) - {"steps"} if k
               else _met(targets, n, *start, 0))
+    if len(steps) > 1:
+        before |= _met({"steps": targets.get("steps")}, n, 0, 0, 0, len(steps) - 1)
     where = f"seed {seed}: {result} targets {targets}"
     assert not before, f"{where}: went on after {before} was met"
+    if result.stopped != "steps":  # a steps= budget may stop inside a round
+        assert len(steps) not in inside, f"{where}: stopped inside a round"
     assert not steps or math.isclose(result.density, steps[-1].active_after / n), where
     if steps:
         assert result.params_ratio == steps[-1].params_after, where
@@ -631,7 +678,9 @@ def _check_stop(seed, result, targets, start, encoder, actions):
             following = enc.next_action(None)
             assert following is None or following.kind == "evict", (where, following)
         assert enc.next_action(left) is None, where
-    if "density" in end:  # met exactly: an eviction that would overshoot is skipped
+    if "density" in end and not rounded:
+        # Met exactly (without round_to, which meets it from below by at most a
+        # round): an eviction that would overshoot is skipped.
         target = math.floor(targets["density"] * n + 1e-9)
         last = steps[-1]
         assert last.active_after == target or (

@@ -130,6 +130,7 @@ PATTERNS = {
     "merge_candidates_k": "search merge_candidates=k",
     "merge_candidates_none": "search merge_candidates=None (exhaustive)",
     "merge_search_top_k": "search merge_search='top_k'",
+    "round_to": "search round_to=2, 4 or 8 (narrowed widths end at multiples)",
     "compress_again": "compress the compressed model again (starts from what is left)",
 }
 
@@ -633,6 +634,11 @@ def draw(seed: int) -> Plan:
     if not chain and not bn_free and rng.random() < 0.4:
         nested = _draw_nested(rng, stages, d.tags, first=1 if early else 0)
     run = _draw_run(d, d.tags)
+    # (its own stream of draws, as `unknown`: the other choices stay as they were)
+    r_rng = np.random.default_rng([seed, 53])
+    if run["api"] == "encoder" and r_rng.random() < 0.3:
+        run["search"]["round_to"] = int(r_rng.choice([2, 4, 8]))
+        d.tags.add("round_to")
     return Plan(seed=seed, container=container, dims=dims, shape=shape, mixed=mixed,
                 bn_free=bn_free, unknown_spatial=unknown, stages=stages, vector=vector, head_stages=head_stages,
                 second_input=second, nested=nested, run=run, patterns=frozenset(d.tags))
