@@ -6,10 +6,11 @@ compresses it with the plan's run (API, cost, actions, budgets — each target d
 inside what the run can reach —, statistics correction, search options) and asserts:
 
 * budgets already met or out of reach are refused before any edit (weights
-  unchanged), and so is ``data=`` on a model with several inputs (documented);
+  unchanged); ``data=`` is an array (one per input) or a ``tf.data.Dataset``;
 * the run stops at the first budget met and not a step later; a density budget is
-  met exactly (or one below after a merge whose parent is inactive); a run stops
-  for want of actions only where none is admissible;
+  met exactly (or one below after a merge whose parent is inactive; from below by at
+  most a round with ``round_to``); a run stops for want of actions only where none
+  is admissible;
 * `slim(model)` computes what the edited model computes, on every output (1e-5
   relative in float32, `MIXED_RTOL` where float16 computes);
 * its parameter count is the engine's live count, and `profile`'s FLOPs ratio of
