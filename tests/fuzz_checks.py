@@ -24,6 +24,8 @@ inside what the run can reach —, statistics correction, search options) and as
 * with ``round_to``, every group the run narrowed ends at a multiple of it (or
   whole), budgets are met between rounds only, and no group goes below it but by an
   eviction;
+* ``latency=`` (a deterministic timer) from the original weights: met or a
+  documented stop, its rounds recorded, the trajectory replayed bit for bit;
 * compressed again, a model starts from what is left (counts equal to slim's), a
   budget it meets is refused and a lower one continues, slim still exact.
 
@@ -39,6 +41,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -356,6 +359,8 @@ def check(seed):
     if result is None:  # the walker's groups all lack statistics: refused, nothing changed
         return _check_unchanged(case)
     _check_result(case, result, data)
+    if case.run["latency"] is not None:
+        _check_latency(case, data)
     case.info["seconds"] = time.perf_counter() - case.t0
     return case.info
 
@@ -563,6 +568,74 @@ def _check_rounded(case: _Case, trajectory, stopped):
         expected = 1 if k in inside else 0
         assert len(off) == expected or (k == len(trajectory.steps) and stopped == "steps"
                                         and len(off) <= 1), (case.seed, k, r, off)
+
+
+class _FlopsTimer:
+    """A deterministic latency timer: the FLOPs ratio plus what does not shrink."""
+
+    OVERHEAD = 0.05
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, small, reference):
+        value = hope_keras.profile(small, reference=reference,
+                                   latency=False).ratio("flops") + self.OVERHEAD
+        self.calls.append(value)
+        return value
+
+
+def _check_latency(case: _Case, data):
+    """docs/hope.md, "A latency budget": from the original weights, `latency=` with
+    the run's options lowers the FLOPs target round by round until the timer's ratio
+    of the slimmed model is met (or a documented stop), records its rounds, and the
+    trajectory replays bit for bit; refused, nothing changed, without fixed shapes."""
+    model, info, seed = case.model, case.info, case.seed
+    model.set_weights(case.original)
+    timer = _FlopsTimer()
+    enc = hope_keras.Encoder(model, cost=info["cost"], actions=info["actions"], data=data,
+                             correction={"off": False, "data": "auto"}.get(
+                                 case.run["correction"], case.run["correction"]),
+                             search=case.run["search"] or None, verbose=False)
+    floor = enc.min_reachable()[2] if not case.plan.unknown_spatial else 0.0
+    ratio = floor + _FlopsTimer.OVERHEAD + case.run["latency"] * (
+        1.0 - floor - _FlopsTimer.OVERHEAD)
+    if case.plan.unknown_spatial:
+        info["refusals"].append(_expect_refusal(
+            lambda: enc.compress(latency=0.5), ["fixed input shape"], model,
+            case.original, f"seed {seed}: latency= with unknown spatial dimensions"))
+        return
+    where = f"seed {seed}: latency={ratio:.4f}"
+    if not ratio <= 1.0:  # the timer's overhead alone is above any ratio allowed
+        info["refusals"].append(_expect_refusal(
+            lambda: enc.compress(latency=ratio), ["latency must be in (0, 1]"], model,
+            case.original, where))
+        return
+    budget = hope_keras.LatencyBudget(ratio, timer=timer, min_flops=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a documented stop above the ratio
+        result = enc.compress(latency=budget)
+    meta = result.trajectory.meta["latency"]
+    rounds = meta["rounds"]
+    assert [t for r in rounds for t in r["times"]] == timer.calls, where
+    assert result.latency_ratio == meta["measured"] == rounds[-1]["measured"], where
+    assert meta["step"] == len(result.trajectory) == rounds[-1]["step"], where
+    if result.stopped == "budget":
+        assert result.latency_ratio <= ratio, where
+    else:
+        assert result.stopped in ("min_flops", "no_action", "steps"), where
+        assert result.latency_ratio > ratio, where
+    for before, after in zip(rounds, rounds[1:]):
+        assert after["flops_target"] < before["flops_target"], where
+        assert after["step"] >= before["step"], where
+    small = hope_keras.slim(model)
+    assert _max_rel_err(model, small, case.x) <= case.rtol, where
+    assert math.isclose(result.latency_ratio, timer(small, model), rel_tol=1e-9), where
+    compressed = model.get_weights()
+    model.set_weights(case.original)
+    result.trajectory.replay(model, step=len(result.trajectory), data=data)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), compressed)), where
+    info["latency_stopped"] = result.stopped
 
 
 def _check_unchanged(case: _Case):

@@ -131,6 +131,7 @@ PATTERNS = {
     "merge_candidates_none": "search merge_candidates=None (exhaustive)",
     "merge_search_top_k": "search merge_search='top_k'",
     "round_to": "search round_to=2, 4 or 8 (narrowed widths end at multiples)",
+    "budget_latency": "then latency= from the original (a timer: FLOPs ratio + 0.05)",
     "compress_again": "compress the compressed model again (starts from what is left)",
 }
 
@@ -639,6 +640,10 @@ def draw(seed: int) -> Plan:
     if run["api"] == "encoder" and r_rng.random() < 0.3:
         run["search"]["round_to"] = int(r_rng.choice([2, 4, 8]))
         d.tags.add("round_to")
+    l_rng = np.random.default_rng([seed, 54])
+    run["latency"] = float(l_rng.uniform(0.05, 0.95)) if l_rng.random() < 0.12 else None
+    if run["latency"] is not None:
+        d.tags.add("budget_latency")
     return Plan(seed=seed, container=container, dims=dims, shape=shape, mixed=mixed,
                 bn_free=bn_free, unknown_spatial=unknown, stages=stages, vector=vector, head_stages=head_stages,
                 second_input=second, nested=nested, run=run, patterns=frozenset(d.tags))
