@@ -25,6 +25,7 @@ import pytest
 
 import fuzz_checks
 import fuzz_plan
+import fuzz_report
 
 N = os.environ.get("HOPE_FUZZ_N")
 START = int(os.environ.get("HOPE_FUZZ_START", "0"))
@@ -88,8 +89,8 @@ def _info(seed):
 
 def test_fuzz_coverage():
     infos = [_info(seed) for seed in SEEDS]
-    rows, table = fuzz_checks.coverage_table(SEEDS, infos)
-    summary = fuzz_checks.summarize(infos)
+    rows, table = fuzz_report.coverage_table(SEEDS, infos)
+    summary = fuzz_report.summarize(infos)
     print(f"\n{len(SEEDS)} networks (seeds {SEEDS[0]}..{SEEDS[-1]}): {summary}\n{table}")
     if len(SEEDS) >= 500:
         low = {r["pattern"]: r["drawn"] for r in rows if r["drawn"] < MIN_DRAWS}
