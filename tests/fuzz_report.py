@@ -41,7 +41,8 @@ def coverage_table(seeds, infos=None):
 
 def summarize(infos):
     """What the checks found: networks compressed, the share of those whose actions
-    allowed prune / merge / evict in which one happened, why runs stopped, documented
+    allowed prune / merge / evict in which one happened, why runs stopped (and why
+    the latency runs did), documented
     refusals met, slims with a zero-padded LayerNormalization, the largest slim
     errors (relative to each output's scale) and the mean seconds per network."""
     out = {"networks": len(infos)}
@@ -52,6 +53,8 @@ def summarize(infos):
         out[kind] = round(sum(i["kinds"][kind] > 0 for i in allowed) / max(len(allowed), 1), 3)
     out["stopped"] = dict(collections.Counter(i["stopped"] for i in infos))
     out["refusals"] = sum(len(i["refusals"]) for i in infos)
+    out["latency_stopped"] = dict(collections.Counter(
+        i["latency_stopped"] for i in infos if i.get("latency_stopped")))
     out["layer_norm_zero_padded"] = sum(bool(i.get("zero_padded_ln")) for i in infos)
     for what, mixed in (("float32", False), ("mixed", True)):
         errs = [i["slim_rel_err"] for i in infos if i.get("mixed") == mixed]
