@@ -179,3 +179,20 @@ def plant_duplicate(model, producer, consumer, src, dst, noise=0.05, seed=0):
     u[dst] = u[src] * (1 + noise * rng.normal(size=u[src].shape))
     c.kernel.assign(u)
     return model
+
+
+def widths_by_step(trajectory):
+    """``(k, step, widths)`` after each step ``k`` (from 1) of `trajectory`:
+    ``widths`` maps every group to its live channels, followed from the trajectory's
+    metadata alone (an eviction empties its block's groups). One dict, updated in
+    place between yields."""
+    width = dict(trajectory.meta["groups"])
+    active = trajectory.meta["num_neurons"]
+    for k, s in enumerate(trajectory.steps, start=1):
+        if s.kind == "evict":
+            for g in trajectory.meta["block_groups"][s.unit]:
+                width[g] = 0
+        else:
+            width[s.unit] -= active - s.active_after
+        active = s.active_after
+        yield k, s, width

@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 import fuzz_networks  # noqa: E402
 import fuzz_plan  # noqa: E402
 import hope_keras  # noqa: E402
+from conftest import widths_by_step  # noqa: E402
 from hope_keras.graph import adapter as kg  # noqa: E402
 
 L = keras.layers
@@ -552,18 +553,11 @@ def _check_rounded(case: _Case, trajectory, stopped):
     r = trajectory.meta["options"].get("round_to", 1)
     if r == 1:
         return
-    width = {g: n for g, n in trajectory.meta["groups"]}
-    whole = dict(width)
+    whole = dict(trajectory.meta["groups"])
     inside = set(trajectory.meta.get("unrounded_steps", ()))
-    active = trajectory.meta["num_neurons"]
-    for k, s in enumerate(trajectory.steps, start=1):
-        if s.kind == "evict":
-            for g in trajectory.meta["block_groups"][s.unit]:
-                width[g] = 0
-        else:
-            width[s.unit] -= active - s.active_after
+    for k, s, width in widths_by_step(trajectory):
+        if s.kind != "evict":
             assert width[s.unit] >= min(r, whole[s.unit]), (case.seed, k, s.unit)
-        active = s.active_after
         off = sorted(g for g, n in width.items() if n % r and n != whole[g])
         expected = 1 if k in inside else 0
         assert len(off) == expected or (k == len(trajectory.steps) and stopped == "steps"

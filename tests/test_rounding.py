@@ -8,7 +8,7 @@ import pytest
 import hope_keras
 from hope_keras.search.encoder import Encoder
 from hope_keras.search.rounding import WidthRounding
-from conftest import L, bn_relu, copy_model, mlp, outputs_equal, randomize_bn
+from conftest import L, bn_relu, copy_model, mlp, outputs_equal, randomize_bn, widths_by_step
 from conftest import conv_net as shared_conv_net
 
 KERNEL_LAYERS = (L.Dense, L.Conv2D, L.SeparableConv2D, L.DepthwiseConv2D)
@@ -213,16 +213,8 @@ def test_every_step_outside_a_round_leaves_every_group_rounded(name):
     r = 4
     _, _, result = _compress(MODELS[name], {"flops": 0.3}, r)
     t = result.trajectory
-    width = {g: n for g, n in t.meta["groups"]}
-    whole = dict(width)
+    whole = dict(t.meta["groups"])
     inside = set(t.meta["unrounded_steps"])
-    active = t.meta["num_neurons"]
-    for k, s in enumerate(t.steps, start=1):
-        if s.kind == "evict":
-            for g in t.meta["block_groups"][s.unit]:
-                width[g] = 0
-        else:
-            width[s.unit] -= active - s.active_after
-        active = s.active_after
+    for k, _, width in widths_by_step(t):
         off = [g for g, n in width.items() if n % r and n != whole[g]]
         assert len(off) == (1 if k in inside else 0), (k, off)
