@@ -42,9 +42,9 @@ def coverage_table(seeds, infos=None):
 def summarize(infos):
     """What the checks found: networks compressed, the share of those whose actions
     allowed prune / merge / evict in which one happened, why runs stopped (and why
-    the latency runs did), documented
-    refusals met, slims with a zero-padded LayerNormalization, the largest slim
-    errors (relative to each output's scale) and the mean seconds per network."""
+    the latency runs did), documented refusals met, slims with a zero-padded
+    LayerNormalization, the largest slim errors (relative to each output's scale) and
+    the mean seconds per network."""
     out = {"networks": len(infos)}
     done = [i for i in infos if sum(i["kinds"].values())]
     out["compressed"] = len(done)
