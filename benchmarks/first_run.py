@@ -28,7 +28,9 @@ writes from the synthetic inputs and from the data, reader by reader, at densiti
 (`compare_readers`; ``first_run_readers.json``).
 ``--quick``: density 0.9 only. ``--moments backend``: the corrections measure the BN
 inputs' moments with the backend's float32 reductions instead of the compiled kernel
-(results files ``..._backend_moments``). ``--original-pass in-turn``: ``data=`` measures
+(results files ``..._backend_moments``). ``--synthesis xla``: the synthetic inputs' Adam step compiled by XLA
+(`synthetic.SYNTHESIS_XLA`; results files ``..._xla_synthesis``).
+``--original-pass in-turn``: ``data=`` measures
 the original model before the first edit instead of on a thread beside the run
 (`correction.MEASURE_ALONGSIDE`; results files ``..._in_turn``).
 ``--compare-original-pass``: both ways alternated in one process (``--repeats``), for
@@ -580,6 +582,9 @@ def main():
                    help="how the corrections measure the BN inputs' moments: the library's "
                         "compiled kernel, or the backend's float32 reductions (its path "
                         "for tensors in an accelerator's memory)")
+    p.add_argument("--synthesis", choices=("plain", "xla"), default="plain",
+                   help="the synthetic inputs' Adam step as a plain graph (the library's "
+                        "default) or compiled by XLA where `synthetic.xla_pays`")
     p.add_argument("--original-pass", choices=("alongside", "in-turn"), default="alongside",
                    help="data=: the original model's pass on a thread beside the run (the "
                         "library's), or before the first edit")
@@ -636,6 +641,11 @@ def main():
 
         synthetic._host_view = lambda x: None
         suffix += "_backend_moments"
+    if args.synthesis == "xla":
+        from hope_keras.stats import synthetic
+
+        synthetic.SYNTHESIS_XLA = True
+        suffix += "_xla_synthesis"
     if args.original_pass == "in-turn":
         from hope_keras.stats import correction
 

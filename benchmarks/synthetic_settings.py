@@ -73,6 +73,15 @@ benchmarks/results/synthetic_coarse_<model>.json. ``--seeds N``: the first N see
 and ``coarse_steps=0`` alternated twice. Writes
 benchmarks/results/synthetic_coarse_cost.json.
 
+``--xla-cost [MODEL@SIZE ...]``: what compiling the Adam step with XLA saves or costs:
+the whole ``synthesize_inputs`` (the defaults, tracing and compiling included) with
+the step compiled by XLA and as a plain graph, alternated, on ResNet-50 at 224 and 32,
+MobileNetV2 at 32 (depthwise convolutions), and a small residual net at 32, 16 and 8
+(its 3 × 3 convolutions dense or, ``grouped@32``, in two groups; `_xla_model`), with
+each model's values of BN inputs per input and what `synthetic.xla_pays` says. Writes
+benchmarks/results/synthetic_xla_cost.json (other models: named after them,
+``synthetic_xla_cost_grouped@32.json``).
+
 ``--steps resnet50``: 100 or 200 Adam steps, three seeds each (16 inputs). Writes
 benchmarks/results/synthetic_steps_resnet50.json. With values (``--steps
 resnet50_128 100 200``) density 0.6 is added to the points and the JSON's name lists
@@ -327,6 +336,66 @@ def coarse_cost(repeats=2):
                    "rows": rows}, f, indent=1)
 
 
+def _xla_model(spec):
+    """A model for `xla_cost`: ``resnet50@S``, ``mobilenetv2@S`` (keras.applications,
+    weights=None) or ``blocks@S`` / ``grouped@S`` (a conv stem and four bottleneck
+    blocks of 8-16-8 channels, the 3 x 3 convolution dense or in 2 groups), at S x S."""
+    import keras
+    name, size = spec.split("@")
+    size = int(size)
+    if name == "resnet50":
+        return keras.applications.ResNet50(weights=None, input_shape=(size, size, 3))
+    if name == "mobilenetv2":
+        return keras.applications.MobileNetV2(weights=None, input_shape=(size, size, 3))
+    L = keras.layers
+    inputs = keras.Input((size, size, 3))
+    x = L.ReLU()(L.BatchNormalization()(L.Conv2D(8, 3, padding="same")(inputs)))
+    for _ in range(4):
+        y = L.ReLU()(L.BatchNormalization()(L.Conv2D(16, 1)(x)))
+        y = L.Conv2D(16, 3, padding="same", groups=2 if name == "grouped" else 1)(y)
+        y = L.BatchNormalization()(L.Conv2D(8, 1)(L.ReLU()(L.BatchNormalization()(y))))
+        x = L.ReLU()(L.Add()([x, y]))
+    return keras.Model(inputs, L.Dense(10)(L.GlobalAveragePooling2D()(x)))
+
+
+XLA_MODELS = ("resnet50@224", "resnet50@32", "mobilenetv2@32", "grouped@32", "blocks@32",
+              "blocks@16", "blocks@8")
+
+
+def xla_cost(specs=XLA_MODELS, repeats=1):
+    """Seconds of the whole `synthesize_inputs` (the defaults, tracing and compiling
+    included) with its step compiled by XLA and as a plain graph, alternated, on each
+    model; the values of BN inputs per input and whether the default uses XLA."""
+    from hope_keras.graph import adapter as kg
+    from hope_keras.graph.blocks import is_batch_norm
+
+    pays = synthetic.xla_pays
+    rows = []
+    for spec in specs:
+        model = _xla_model(spec)
+        flat = kg.flatten(model)
+        bns = [n for n in flat.nodes if is_batch_norm(n.op) and n.inputs]
+        values = sum(int(np.prod(flat.shapes[n.inputs[0]][1:])) for n in bns)
+        rule = pays(flat, bns)
+        hope_keras.synthesize_inputs(model, num=16, steps=1, verbose=False)  # warm-up
+        for rep in range(repeats):
+            for xla in (True, False):
+                synthetic.SYNTHESIS_XLA = True
+                synthetic.xla_pays = lambda flat, bns, xla=xla: xla
+                t = time.perf_counter()
+                hope_keras.synthesize_inputs(model, verbose=False)
+                rows.append(dict(model=spec, bn_values=values, xla_pays=rule, xla=xla,
+                                 repeat=rep, seconds=round(time.perf_counter() - t, 2),
+                                 load=round(os.getloadavg()[0], 2)))
+                print(json.dumps(rows[-1]), flush=True)
+        synthetic.xla_pays = pays
+    synthetic.SYNTHESIS_XLA = False
+    name = "" if tuple(specs) == XLA_MODELS else "_" + "_".join(specs)
+    with open(os.path.join(os.path.dirname(OUT), f"synthetic_xla_cost{name}.json"), "w") as f:
+        json.dump({"steps": synthetic.SYNTHETIC_STEPS, "num": synthetic.SYNTHETIC_INPUTS,
+                   "rows": rows}, f, indent=1)
+
+
 def relative_correction(b, compressed, x, tensors_of):
     """{key: accuracy}: an experiment, not the library's correction. Each stream
     reader whose input moved gets ``μ ← μ₀ + (m_new − m₀)``, ``σ² ← σ₀² · v_new / v₀``
@@ -453,6 +522,10 @@ def main():
         return prior_cost()
     if "--coarse-cost" in sys.argv:
         return coarse_cost()
+    if "--xla-cost" in sys.argv:
+        specs = [v for v in sys.argv[sys.argv.index("--xla-cost") + 1:]
+                 if not v.startswith("--")]
+        return xla_cost(tuple(specs) or XLA_MODELS)
     if "--real-reference" in sys.argv:
         return real_reference(sys.argv[sys.argv.index("--real-reference") + 1])
     if "--which-bns" in sys.argv:

@@ -9,7 +9,9 @@ import pytest
 from conftest import small_resnet
 
 import hope_keras
-from hope_keras.stats import bn_stats
+from hope_keras.graph import adapter as kg
+from hope_keras.graph.blocks import is_batch_norm
+from hope_keras.stats import bn_stats, synthetic
 from hope_keras.stats.synthetic import StreamReference, correct_stream_readers, stream_readers
 
 L = keras.layers
@@ -40,10 +42,14 @@ def _mismatch(model, x):
     return total
 
 
-def test_synthetic_inputs_match_the_moving_statistics_better_than_their_start():
+@pytest.mark.parametrize("xla", [False, True])
+def test_synthetic_inputs_match_the_moving_statistics_better_than_their_start(
+        xla, monkeypatch):
     """Statistics of real inputs (uniform on [0, 2], not the normal noise the
     synthesis starts from) are matched to within a small fraction of the start's
-    mismatch."""
+    mismatch, with the step as a plain graph (the default) and compiled by XLA."""
+    monkeypatch.setattr(synthetic, "SYNTHESIS_XLA", xla)
+    monkeypatch.setattr(synthetic, "XLA_MIN_VALUES", 0)  # this model is below it
     model = small_resnet(seed=1)
     data = np.random.default_rng(0).uniform(0, 2, (64, 10, 10, 3)).astype("float32")
     bn_stats.reestimate_batchnorm_statistics(model, data)
@@ -57,6 +63,58 @@ def test_synthetic_inputs_match_the_moving_statistics_better_than_their_start():
         np.testing.assert_array_equal(w.numpy(), v)
     again = hope_keras.synthesize_inputs(model, num=16, steps=60, verbose=False)
     np.testing.assert_allclose(again, x, rtol=1e-5, atol=1e-5)  # seeded
+
+
+def test_a_step_xla_cannot_compile_runs_as_a_plain_graph(monkeypatch):
+    """Fractional max pooling has no XLA kernel: the first compiled step fails before
+    it changes anything, and the steps run as a plain graph, giving the inputs the
+    plain graph gives."""
+    import tensorflow as tf
+
+    inputs = keras.Input((8, 8, 3))
+    x = L.BatchNormalization()(L.Conv2D(4, 3, padding="same")(inputs))
+    x = L.Lambda(lambda t: tf.nn.fractional_max_pool(
+        t, [1.0, 1.5, 1.5, 1.0], pseudo_random=True, seed=1)[0],
+        output_shape=(5, 5, 4))(x)
+    x = L.BatchNormalization()(L.Conv2D(4, 1)(L.ReLU()(x)))
+    model = keras.Model(inputs, x)
+    for bn in (model.layers[2], model.layers[-1]):
+        bn.moving_mean.assign(np.linspace(-0.5, 0.5, 4).astype("float32"))
+        bn.moving_variance.assign(np.linspace(0.5, 2.0, 4).astype("float32"))
+    with pytest.raises(tf.errors.InvalidArgumentError):  # what the fallback catches
+        tf.function(lambda: model(tf.zeros((2, 8, 8, 3))), jit_compile=True)()
+    monkeypatch.setattr(synthetic, "SYNTHESIS_XLA", True)
+    monkeypatch.setattr(synthetic, "XLA_MIN_VALUES", 0)
+    flat = kg.flatten(model)
+    assert synthetic.xla_pays(flat, [n for n in flat.nodes if is_batch_norm(n.op)])
+    compiled = hope_keras.synthesize_inputs(model, num=4, steps=5, verbose=False)
+    monkeypatch.setattr(synthetic, "SYNTHESIS_XLA", False)
+    plain = hope_keras.synthesize_inputs(model, num=4, steps=5, verbose=False)
+    start = hope_keras.synthesize_inputs(model, num=4, steps=0, verbose=False)
+    np.testing.assert_array_equal(compiled, plain)
+    assert not np.allclose(plain, start)
+
+
+def test_xla_is_used_on_dense_convolutions_with_enough_values():
+    """`xla_pays`: not with a depthwise or separable convolution (a grouped one with
+    a group per channel included), nor below `XLA_MIN_VALUES` values of BN inputs per
+    input; otherwise yes, grouped convolutions included."""
+    def model_with(conv, size):
+        inputs = keras.Input((size, size, 8))
+        x = L.BatchNormalization()(conv(inputs))
+        return keras.Model(inputs, L.BatchNormalization()(L.Conv2D(8, 1)(L.ReLU()(x))))
+
+    def pays(model):
+        flat = kg.flatten(model)
+        return synthetic.xla_pays(flat, [n for n in flat.nodes if is_batch_norm(n.op)])
+
+    side = int(np.ceil(np.sqrt(synthetic.XLA_MIN_VALUES / 16)))  # two BNs of 8 channels
+    assert pays(model_with(L.Conv2D(8, 3, padding="same"), side))
+    assert not pays(model_with(L.Conv2D(8, 3, padding="same"), side - 2))
+    assert pays(model_with(L.Conv2D(8, 3, padding="same", groups=2), side))
+    for conv in (L.DepthwiseConv2D(3, padding="same"), L.SeparableConv2D(8, 3, padding="same"),
+                 L.Conv2D(8, 3, padding="same", groups=8)):
+        assert not pays(model_with(conv, side))
 
 
 @pytest.mark.parametrize("axes", [[0, 1, 2], [0, 2, 3], [0]])

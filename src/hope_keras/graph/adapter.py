@@ -463,15 +463,19 @@ def run_through_graph(functional, x, operation_fn):
     return functional._run_through_graph(inputs, operation_fn=operation_fn)
 
 
-def graph_function(fn):
+def graph_function(fn, jit_compile: bool = False):
     """``fn`` compiled with ``tf.function``, without autograph.
 
     The library's compiled steps walk the graph in Python and call each layer.
     Autograph would convert the walk, which needs no conversion, at most of the
     tracing time (half a small model's `compress`), and it leaves the layers' calls
     as they are: Keras layer code is not converted either way, so a layer that
-    branches in Python on a tensor fails in both.
+    branches in Python on a tensor fails in both. ``jit_compile=True`` has XLA
+    compile the whole function (slower to compile, faster to run; a graph with an
+    operation XLA has no kernel for raises ``tf.errors.InvalidArgumentError`` on
+    the first call, before anything runs).
     """
     import tensorflow as tf
 
-    return tf.function(fn, reduce_retracing=True, autograph=False)
+    return tf.function(fn, reduce_retracing=True, autograph=False,
+                       jit_compile=bool(jit_compile))

@@ -62,6 +62,16 @@ COARSE_SCALE = 2
 MEASURE_SCALE = 1
 #: ... with this many Adam steps there (None: `SYNTHETIC_STEPS`).
 MEASURE_STEPS = None
+#: Whether `synthesize_inputs` has XLA compile its Adam step (TensorFlow's
+#: ``jit_compile``) where `xla_pays`. Off: on ResNet-50 the synthesis ran 1.4–2 times faster
+#: on two CPU cores, but the inputs it made corrected the ResNet-50 fixture far
+#: worse with one of three synthetic seeds and no better with the other two
+#: (docs/benchmarks.md, "Stream readers' correction", "Compiled by XLA"). A model
+#: with an operation XLA cannot compile runs the steps as a plain graph either way.
+SYNTHESIS_XLA = False
+#: `xla_pays`: the values of BN inputs per input below which compiling costs more
+#: than 100 steps save.
+XLA_MIN_VALUES = 100_000
 
 
 def release_plan(flat) -> dict:
@@ -334,7 +344,8 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
     ``‖m − μ‖ / ‖μ‖ + ‖s − σ‖ / ‖σ‖`` over the layers; ZeroQ's distilled data). Images
     are parameterised by their Fourier spectrum, amplitudes falling as 1/f like
     natural images' (``prior``). The model runs in inference mode and is not
-    changed. It costs ``steps`` forward and backward passes of the batch.
+    changed. It costs ``steps`` forward and backward passes of the batch (compiled
+    by XLA with `SYNTHESIS_XLA`, off by default).
 
     Args:
         model: A Keras model with one input of fully defined shape and at least
@@ -490,20 +501,30 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
         print(f"synthesize_inputs: {num} inputs matched to the BatchNormalization "
               f"statistics of '{model.name}' ({steps} Adam steps{at_half})")
     bar = WorkBar(steps, "step", verbose=verbose)
+    xla = [SYNTHESIS_XLA and xla_pays(flat, bns)]
 
     def optimise(x, inputs, n_steps, done):
         optimizer = keras.optimizers.Adam(learning_rate)
         optimizer.build([x])  # its slots made here, or the step would be traced twice
 
-        @kg.graph_function
         def step():
             with tf.GradientTape() as tape:
                 loss = loss_fn(inputs)
             optimizer.apply_gradients([(tape.gradient(loss, x), x)])
             return loss
 
+        compiled = kg.graph_function(step, jit_compile=xla[0])
         for k in range(n_steps):
-            loss = step()
+            try:
+                loss = compiled()
+            except tf.errors.InvalidArgumentError:
+                # XLA could not compile the step (it fails before anything runs):
+                # the plain graph, for this size and the next.
+                if k or not xla[0]:
+                    raise
+                xla[0] = False
+                compiled = kg.graph_function(step)
+                loss = compiled()
             bar.update(done + k + 1, loss=float(loss))
 
     done, previous = 0, None
@@ -523,6 +544,24 @@ def synthesize_inputs(model, num: int = SYNTHETIC_INPUTS, steps: int = SYNTHETIC
                          f"'{model.name}' (non-finite inputs after {steps} steps at "
                          f"learning_rate={learning_rate}); try a smaller learning_rate.")
     return out
+
+
+def xla_pays(flat, bns) -> bool:
+    """Whether XLA is expected to make `synthesize_inputs`' steps faster on `flat`
+    (with `SYNTHESIS_XLA`): no depthwise convolution (XLA's ran several times slower
+    on two CPU cores: MobileNetV2), a grouped one with a group per channel included,
+    and the inputs of the BNs `bns` at least `XLA_MIN_VALUES` values per input
+    (docs/benchmarks.md, "Compiled by XLA")."""
+    separable = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D,
+                 keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
+    for node in flat.nodes:
+        groups = getattr(node.op, "groups", 1) or 1
+        if isinstance(node.op, separable) or (
+                groups > 1 and groups == getattr(node.op, "filters", None)):
+            return False
+    values = sum(int(np.prod([d or 1 for d in flat.shapes[node.inputs[0]][1:]]))
+                 for node in bns)
+    return values >= XLA_MIN_VALUES
 
 
 def stream_readers(graph) -> list:
