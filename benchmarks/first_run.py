@@ -28,9 +28,9 @@ writes from the synthetic inputs and from the data, reader by reader, at densiti
 (`compare_readers`; ``first_run_readers.json``).
 ``--quick``: density 0.9 only. ``--moments backend``: the corrections measure the BN
 inputs' moments with the backend's float32 reductions instead of the compiled kernel
-(results files ``..._backend_moments``). ``--synthesis xla``: the synthetic inputs' Adam step compiled by XLA
-(`synthetic.SYNTHESIS_XLA`; results files ``..._xla_synthesis``).
-``--original-pass in-turn``: ``data=`` measures
+(results files ``..._backend_moments``). ``--synthesis xla``: the synthetic inputs'
+Adam step compiled by XLA (`synthetic.SYNTHESIS_XLA`; results files
+``..._xla_synthesis``). ``--original-pass in-turn``: ``data=`` measures
 the original model before the first edit instead of on a thread beside the run
 (`correction.MEASURE_ALONGSIDE`; results files ``..._in_turn``).
 ``--compare-original-pass``: both ways alternated in one process (``--repeats``), for

@@ -95,7 +95,7 @@ def test_a_step_xla_cannot_compile_runs_as_a_plain_graph(monkeypatch):
     assert not np.allclose(plain, start)
 
 
-def test_xla_is_used_on_dense_convolutions_with_enough_values():
+def test_xla_pays_without_depthwise_convolutions_and_with_enough_values():
     """`xla_pays`: not with a depthwise or separable convolution (a grouped one with
     a group per channel included), nor below `XLA_MIN_VALUES` values of BN inputs per
     input; otherwise yes, grouped convolutions included."""
