@@ -365,7 +365,7 @@ XLA_MODELS = ("resnet50@224", "resnet50@32", "mobilenetv2@32", "grouped@32", "bl
 def xla_cost(specs=XLA_MODELS, repeats=1):
     """Seconds of the whole `synthesize_inputs` (the defaults, tracing and compiling
     included) with its step compiled by XLA and as a plain graph, alternated, on each
-    model; the values of BN inputs per input and whether the default uses XLA."""
+    model; the values of BN inputs per input and what `synthetic.xla_pays` says."""
     from hope_keras.graph import adapter as kg
     from hope_keras.graph.blocks import is_batch_norm
 
