@@ -1,5 +1,9 @@
-"""Saved trajectories re-run bit for bit: a change meant to move code (not to
-change behaviour) must leave every run's steps and final weights exactly equal.
+"""Saved trajectories re-run: a change meant to move code (not to change behaviour)
+must leave every run's actions and final weights exactly equal, and its float fields
+equal to within `FLOAT_RTOL` relative (bit for bit on the machine that wrote the file;
+on another CPU the vector width changes the order of some sums, and the last bits
+move: up to 2e-14 relative on an AVX2-only machine against the AVX-512 one that wrote
+it, with the same actions and weights).
 
 tests/data/saved_trajectories.npz holds, per run below, every step field (kind,
 unit, i, j, J, DR, P_init, capacities, live counts and ratios, parent coefficients)
@@ -21,6 +25,7 @@ from conftest import mlp, small_resnet
 DATA = os.path.join(os.path.dirname(__file__), "data", "saved_trajectories.npz")
 INT_FIELDS = ("i", "j", "active_after")
 FLOAT_FIELDS = ("J", "DR", "P_init", "c_before", "c_after", "params_after", "flops_after")
+FLOAT_RTOL = 1e-12
 #: Module attributes a run sets: every group sketched (`hope_keras.scoring.cache.SketchCache`,
 #: pairs re-priced from exact entries), or dense tables stored compact (float32).
 SKETCHED = (("hope_keras.scoring.cache", "SKETCH_WIDTH", 16),)
@@ -85,15 +90,19 @@ def _run(name, setattr_) -> dict:
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_saved_trajectories_rerun_bit_for_bit(name, monkeypatch):
+def test_saved_trajectories_rerun(name, monkeypatch):
     saved = np.load(DATA)
     got = _run(name, monkeypatch.setattr)
     assert got["kind"].size > 0
     for field, value in got.items():
         want = saved[f"{name}/{field}"]
         assert value.shape == want.shape, (name, field)
-        # Bit for bit: the bytes, so that NaN == NaN and -0.0 != 0.0.
-        assert value.tobytes() == want.astype(value.dtype).tobytes(), (name, field)
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(value, want, rtol=FLOAT_RTOL, atol=0,
+                                       err_msg=f"{name}/{field}")
+            assert np.array_equal(np.isnan(value), np.isnan(want)), (name, field)
+        else:  # actions, counts and the final weights' digests: exactly
+            assert value.tobytes() == want.astype(value.dtype).tobytes(), (name, field)
 
 
 def _write(path=DATA, names=None):

@@ -552,11 +552,10 @@ def xla_pays(flat, bns) -> bool:
     on two CPU cores: MobileNetV2), a grouped one with a group per channel included,
     and the inputs of the BNs `bns` at least `XLA_MIN_VALUES` values per input
     (docs/benchmarks.md, "Compiled by XLA")."""
-    separable = (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D,
-                 keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
     for node in flat.nodes:
         groups = getattr(node.op, "groups", 1) or 1
-        if isinstance(node.op, separable) or (
+        # Depthwise and separable convolutions have a depth multiplier.
+        if hasattr(node.op, "depth_multiplier") or (
                 groups > 1 and groups == getattr(node.op, "filters", None)):
             return False
     values = sum(int(np.prod([d or 1 for d in flat.shapes[node.inputs[0]][1:]]))
