@@ -94,11 +94,12 @@ def test_family(name, tmp_path):
     # changes the float32 rounding, which these random deep networks amplify about as
     # much as they amplify their own (MobileNetV2 here: the slimmed model is 8e-5 of the
     # output scale from its own float64 evaluation, the folded one 9e-5, the two 1e-4
-    # apart); a wrong fold is off by the output's own scale.
+    # apart; ResNet50 1.1e-3 on an AVX2-only CPU, whose sums run in another order); a
+    # wrong fold is off by the output's own scale.
     folded = hope_keras.fold_batchnorm(small)
     yf = folded.predict(x, verbose=0)
     error = np.abs(yf - ys).max() / max(1.0, float(np.abs(ys).max()))
-    assert error <= 1e-3, error
+    assert error <= 2e-3, error
     bns = [layer for layer in small.layers if isinstance(layer, L.BatchNormalization)]
     left = [layer for layer in folded.layers if isinstance(layer, L.BatchNormalization)]
     assert len(left) == len(bns) - len(hope_keras.deploy.fold.foldable_pairs(small))
